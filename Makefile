@@ -1,0 +1,31 @@
+# staleopt — the two commands a fresh machine needs: `make demo` and `make test`.
+PY      ?= python3
+VENV    := .venv
+BIN     := $(VENV)/bin
+STAMP   := $(VENV)/.installed
+# Torch is pinned here (not in setup.cfg): these wheels are known to work together.
+TORCH   := torch==2.14.1 torchvision==0.29.1
+THREADS ?= 2
+
+.PHONY: install test demo bench clean
+
+install: $(STAMP)
+
+$(STAMP): setup.cfg pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q $(TORCH)
+	$(BIN)/pip install -q -e '.[test]'
+	touch $(STAMP)
+
+test: install
+	OMP_NUM_THREADS=$(THREADS) $(BIN)/python -m pytest -q tests
+
+demo: install
+	$(BIN)/staleopt demo --out runs/demo
+
+bench: install
+	$(BIN)/python experiments/bench_overhead.py --out runs/bench
+
+clean:
+	rm -rf $(VENV) runs *.egg-info

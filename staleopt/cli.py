@@ -1,0 +1,45 @@
+"""The ``staleopt`` command line: ``staleopt <command> --help`` for each command.
+
+Subcommands live in :mod:`staleopt.commands`, one module each; this module
+only discovers them, parses the arguments and sets the torch thread count.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import pkgutil
+import sys
+
+from . import commands
+from .errors import StaleoptError
+
+__all__ = ["main", "build_parser"]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="staleopt",
+        description="Simulate asynchronous pipeline-parallel training (stale weights) on one process.",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch intra-op threads (default: torch's choice; sweeps use 1 per worker)")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for info in sorted(pkgutil.iter_modules(commands.__path__), key=lambda m: m.name):
+        importlib.import_module(f"{commands.__name__}.{info.name}").register(sub)
+    return parser
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.threads is not None:
+        import torch
+        torch.set_num_threads(max(1, args.threads))
+    try:
+        return int(args.func(args) or 0)
+    except StaleoptError as e:
+        print(f"staleopt {args.command}: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

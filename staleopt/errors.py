@@ -1,0 +1,40 @@
+"""Typed errors: every bad input raises one of these, with a message that says how to fix the call."""
+
+__all__ = ["StaleoptError", "ConfigError", "StageError", "ScheduleError", "DelayError",
+           "OptimizerMismatchError", "CorrectionError", "SweepConfigError", "DataError"]
+
+
+class StaleoptError(Exception):
+    """Base class of every error staleopt raises on purpose."""
+
+
+class ConfigError(StaleoptError, ValueError):
+    """A value is out of range or of the wrong kind."""
+
+
+class StageError(ConfigError):
+    """Bad stage count or cut points for the model at hand."""
+
+
+class ScheduleError(ConfigError):
+    """Unknown schedule or method name, or bad schedule arguments."""
+
+
+class DelayError(ConfigError):
+    """Custom delays that are negative, non-integer or of the wrong length."""
+
+
+class OptimizerMismatchError(StaleoptError, ValueError):
+    """The base optimizer and the model disagree about which parameters exist."""
+
+
+class CorrectionError(StaleoptError, ValueError):
+    """A correction got a bad argument or cannot find the optimizer state it needs."""
+
+
+class SweepConfigError(ConfigError):
+    """A sweep file names a bad key or value."""
+
+
+class DataError(StaleoptError, RuntimeError):
+    """A dataset cannot be found or loaded."""

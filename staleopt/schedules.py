@@ -1,0 +1,239 @@
+"""Pipeline schedules: where the weight delays come from (DESIGN §2).
+
+A schedule turns ``(P, N)`` — stages and microbatches per minibatch — into
+per-stage delays ``tau_fwd[i]`` and ``tau_bkwd[i]``, counted in optimizer steps.
+Stage ``i`` is 0-based, stage 0 next to the input.
+
+==========  ==========================================  ========================  ==========
+name        meaning                                     tau_fwd[i]                tau_bkwd[i]
+==========  ==========================================  ========================  ==========
+sync        flush every minibatch (GPipe, PD-Flush)     0                         0
+dataflow    fully asynchronous dataflow accelerator     ceil((2(P-1-i)+1)/N)      0
+            (PipeMare §2, App. A.1)
+1f1b        one-forward-one-backward, no stashing       ceil((P-1-i)/N)           0
+            (PipeOptim §II "Vanilla-1F1B")
+pb          pipelined backprop, 2P-1 accelerators       2(P-1-i)                  0
+            (stale-weights paper §3)
+2bw         PipeDream-2BW double-buffered weights       1 (0 when P = 1)          = tau_fwd
+            (2BW paper §3.1)
+hogwild     per-stage random delays, truncated          random each step          = tau_fwd
+            exponential (PipeMare App. E)
+custom      user-given arrays                           given                     given
+==========  ==========================================  ========================  ==========
+
+For example ``P=4, N=1``::
+
+    schedule   tau_fwd        tau_bkwd
+    dataflow   [7, 5, 3, 1]   [0, 0, 0, 0]
+    1f1b       [3, 2, 1, 0]   [0, 0, 0, 0]
+    pb         [6, 4, 2, 0]   [0, 0, 0, 0]
+
+Weight stashing, vertical sync and the phases (warmup, hybrid) are
+corrections, not schedules (``staleopt.corrections``); named methods bundle a
+schedule with corrections (``staleopt.methods``). A method name is accepted
+wherever a schedule name is: :func:`staleopt.methods.resolve` does the lookup.
+"""
+from __future__ import annotations
+
+import math
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+import torch
+
+from .errors import ConfigError, DelayError, ScheduleError
+
+__all__ = ["Schedule", "Sync", "Dataflow", "OneFOneB", "PipelinedBackprop", "TwoBW", "Hogwild",
+           "Custom", "get", "names", "register"]
+
+Delays = Tuple[List[int], List[int]]
+
+
+def _check_pn(stages: int, microbatches: int) -> None:
+    if isinstance(stages, bool) or not isinstance(stages, int) or stages < 1:
+        raise ConfigError(f"stages must be an int >= 1, got {stages!r}")
+    if isinstance(microbatches, bool) or not isinstance(microbatches, int) or microbatches < 1:
+        raise ConfigError(f"microbatches must be an int >= 1 (microbatches per minibatch), got {microbatches!r}")
+
+
+class Schedule:
+    """Base class. Subclasses implement :meth:`delays`; random schedules also :meth:`sample`."""
+
+    name: str = "schedule"
+    description: str = ""
+    paper: str = ""
+    #: True when delays change from step to step (then :meth:`sample` draws them).
+    random: bool = False
+
+    def delays(self, stages: int, microbatches: int = 1) -> Delays:
+        """Per-stage ``(tau_fwd, tau_bkwd)``; for random schedules, the largest possible delays."""
+        raise NotImplementedError
+
+    def sample(self, stages: int, microbatches: int, generator: torch.Generator) -> Delays:
+        """Delays for one step. Deterministic schedules return :meth:`delays`."""
+        return self.delays(stages, microbatches)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"
+
+
+class Sync(Schedule):
+    name, paper = "sync", "GPipe; PipeDream-2BW §2 (PipeDream-Flush)"
+    description = "synchronous: the pipeline is flushed every minibatch, no staleness"
+
+    def delays(self, stages, microbatches=1):
+        _check_pn(stages, microbatches)
+        return [0] * stages, [0] * stages
+
+
+class Dataflow(Schedule):
+    name, paper = "dataflow", "PipeMare §2, App. A.1"
+    description = "fully asynchronous dataflow pipeline: tau_fwd = ceil((2(P-1-i)+1)/N), tau_bkwd = 0"
+
+    def delays(self, stages, microbatches=1):
+        _check_pn(stages, microbatches)
+        return ([math.ceil((2 * (stages - 1 - i) + 1) / microbatches) for i in range(stages)], [0] * stages)
+
+
+class OneFOneB(Schedule):
+    name, paper = "1f1b", "PipeOptim §II (Vanilla-1F1B); PipeDream §3.2 without stashing"
+    description = "one-forward-one-backward without weight stashing: tau_fwd = ceil((P-1-i)/N), tau_bkwd = 0"
+
+    def delays(self, stages, microbatches=1):
+        _check_pn(stages, microbatches)
+        return [math.ceil((stages - 1 - i) / microbatches) for i in range(stages)], [0] * stages
+
+
+class PipelinedBackprop(Schedule):
+    name, paper = "pb", "Pipelined training with stale weights of deep CNNs, §3"
+    description = "pipelined backpropagation on 2P-1 accelerators: tau_fwd = 2(P-1-i), tau_bkwd = 0"
+
+    def delays(self, stages, microbatches=1):
+        _check_pn(stages, microbatches)
+        return [2 * (stages - 1 - i) for i in range(stages)], [0] * stages
+
+
+class TwoBW(Schedule):
+    name, paper = "2bw", "PipeDream-2BW §3.1"
+    description = "double-buffered weights: every stage reads the previous version, forward = backward"
+
+    # With one stage there is no pipeline and so no second buffer in use: delay 0.
+
+    def delays(self, stages, microbatches=1):
+        _check_pn(stages, microbatches)
+        if stages == 1:
+            return [0], [0]
+        return [1] * stages, [1] * stages
+
+
+class Hogwild(Schedule):
+    """Per-stage delays drawn each step from an exponential truncated at ``tau_max`` (PipeMare App. E).
+
+    Stage ``i`` has mean ``means[i]`` (default: the dataflow delays, so later
+    stages are less stale). A draw is ``floor(X)`` with ``X ~ Exp(mean)``
+    conditioned on ``X < tau_max + 1``, by inverse-CDF sampling, so every delay
+    lies in ``0..tau_max``. Forward and backward use the same version (eq. 16).
+    Draws come from the optimizer's seeded generator, so runs are reproducible.
+    """
+
+    name, paper, random = "hogwild", "PipeMare App. E", True
+    description = "random per-stage delays, exponential truncated at tau_max, forward = backward"
+
+    def __init__(self, tau_max: Optional[int] = None, means: Optional[Sequence[float]] = None):
+        if tau_max is not None and (isinstance(tau_max, bool) or not isinstance(tau_max, int) or tau_max < 0):
+            raise ScheduleError(f"hogwild tau_max must be an int >= 0, got {tau_max!r}")
+        if means is not None and any(float(m) <= 0 for m in means):
+            raise ScheduleError(f"hogwild means must be > 0, got {list(means)!r}")
+        self.tau_max, self.means = tau_max, None if means is None else [float(m) for m in means]
+
+    def _params(self, stages, microbatches):
+        _check_pn(stages, microbatches)
+        means = self.means or [max(float(t), 0.5) for t in Dataflow().delays(stages, microbatches)[0]]
+        if len(means) != stages:
+            raise ScheduleError(f"hogwild got {len(means)} means for {stages} stages: give one per stage")
+        tau_max = self.tau_max if self.tau_max is not None else math.ceil((2 * stages - 1) / microbatches)
+        return means, tau_max
+
+    def delays(self, stages, microbatches=1):
+        _, tau_max = self._params(stages, microbatches)
+        return [tau_max] * stages, [tau_max] * stages
+
+    def sample(self, stages, microbatches, generator):
+        means, tau_max = self._params(stages, microbatches)
+        u = torch.rand(stages, generator=generator, dtype=torch.float64)
+        rates = 1.0 / torch.tensor(means, dtype=torch.float64)
+        # Inverse CDF of Exp(rate) truncated to [0, tau_max + 1).
+        mass = -torch.expm1(-rates * (tau_max + 1))
+        x = -torch.log1p(-u * mass) / rates
+        tau = [min(int(v), tau_max) for v in x.floor().tolist()]
+        return tau, list(tau)
+
+    def __repr__(self):
+        return f"Hogwild(tau_max={self.tau_max}, means={self.means})"
+
+
+class Custom(Schedule):
+    """User-given delays; ``tau_bkwd`` defaults to zeros."""
+
+    name, paper = "custom", "DESIGN §2"
+    description = "user-given per-stage delays"
+
+    def __init__(self, tau_fwd: Sequence[int], tau_bkwd: Optional[Sequence[int]] = None):
+        self.tau_fwd = self._check("tau_fwd", tau_fwd)
+        self.tau_bkwd = self._check("tau_bkwd", [0] * len(self.tau_fwd) if tau_bkwd is None else tau_bkwd)
+        if len(self.tau_bkwd) != len(self.tau_fwd):
+            raise DelayError(f"tau_fwd has {len(self.tau_fwd)} entries but tau_bkwd has {len(self.tau_bkwd)}: "
+                             "give one delay per stage in each")
+
+    @staticmethod
+    def _check(what, values):
+        try:
+            values = list(values)
+        except TypeError:
+            raise DelayError(f"{what} must be a list of ints (one delay per stage), got {values!r}") from None
+        out = []
+        for v in values:
+            if isinstance(v, bool) or not (isinstance(v, int) or (hasattr(v, "is_integer") and v.is_integer())):
+                raise DelayError(f"{what} entries must be integers (delays count optimizer steps), got {v!r}")
+            if v < 0:
+                raise DelayError(f"{what} entries must be >= 0 (a delay counts steps into the past), got {v}")
+            out.append(int(v))
+        return out
+
+    def delays(self, stages, microbatches=1):
+        _check_pn(stages, microbatches)
+        if len(self.tau_fwd) != stages:
+            raise DelayError(f"custom delays have {len(self.tau_fwd)} entries but the model is split into "
+                             f"{stages} stages: give exactly one delay per stage")
+        return list(self.tau_fwd), list(self.tau_bkwd)
+
+    def __repr__(self):
+        return f"Custom(tau_fwd={self.tau_fwd}, tau_bkwd={self.tau_bkwd})"
+
+
+_REGISTRY: Dict[str, Callable[..., Schedule]] = {}
+
+
+def register(name: str, factory: Callable[..., Schedule]) -> None:
+    """Add a schedule factory under ``name`` (used by extensions)."""
+    _REGISTRY[name] = factory
+
+
+for _cls in (Sync, Dataflow, OneFOneB, PipelinedBackprop, TwoBW, Hogwild, Custom):
+    register(_cls.name, _cls)
+
+
+def names() -> List[str]:
+    return sorted(_REGISTRY)
+
+
+def get(name: str, **kwargs) -> Schedule:
+    """Build the schedule registered under ``name``; e.g. ``get("custom", tau_fwd=[2, 0])``."""
+    if isinstance(name, Schedule):
+        return name
+    if name not in _REGISTRY:
+        raise ScheduleError(f"unknown schedule {name!r}; valid schedules: {', '.join(names())} "
+                            "(method names such as 'pipemare' are resolved by staleopt.methods)")
+    try:
+        return _REGISTRY[name](**kwargs)
+    except TypeError as e:
+        raise ScheduleError(f"bad arguments for schedule {name!r}: {e}") from None
