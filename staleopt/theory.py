@@ -1,0 +1,321 @@
+"""The quadratic model of fixed-delay pipeline-parallel SGD (PipeMare §3, App. B, App. D.1).
+
+PipeMare analyses asynchronous pipeline-parallel SGD on the one-dimensional
+quadratic ``f(w) = curvature * w**2 / 2`` with gradient samples
+
+    g_t = (lam + Delta) u_fwd - (Delta - Phi) u_bkwd - Phi u_recomp - eta_t     (§3.2 eq. 5, App. D.1)
+    u_fwd = w_{t-tau_fwd},  u_bkwd = w_{t-tau_bkwd},  u_recomp = w_{t-tau_recomp}
+
+and the heavy-ball update ``w_{t+1} - w_t = beta (w_t - w_{t-1}) - alpha g_t``
+(App. B.2; ``beta = 0`` is plain SGD, eq. 1). ``Delta`` is the gradient's
+sensitivity to forward/backward delay discrepancy, ``Phi`` its sensitivity to
+the recompute delay. With ``u_fwd == u_bkwd`` the sample is ``lam * w`` whatever
+``Delta`` is.
+
+T2 (PipeMare §3.2, App. B.4, D.1) replaces the stale backward (and recompute)
+weights by an extrapolation along the accumulator ``delta_t``::
+
+    u_bkwd = w_{t-tau_bkwd}   - (tau_fwd - tau_bkwd)   delta_{t-tau_bkwd}
+    u_recomp = w_{t-tau_recomp} - (tau_fwd - tau_recomp) delta_{t-tau_recomp}
+    delta_{t+1} = gamma delta_t + (1 - gamma)(w_{t+1} - w_t),   gamma = D**(1/(tau_fwd - tau_bkwd))
+
+The backward pass of the gradient applied at step ``t`` runs at step
+``t - tau_bkwd`` and reads the accumulator as it is then: this is the
+convention whose characteristic polynomial App. B.4 prints,
+
+    p(w) = (w-1)(w-gamma) w^tau_fwd + alpha(lam+Delta)(w-gamma)
+           - alpha Delta w^(tau_fwd-tau_bkwd) (w-gamma)
+           + alpha Delta w^(tau_fwd-tau_bkwd) (tau_fwd-tau_bkwd)(1-gamma)(w-1);
+
+with ``tau_bkwd = 0`` (every schedule T2 is used with) it is DESIGN §3's
+``delta_t``. The correction acts only where ``tau_fwd > tau_bkwd``.
+
+Everything is numpy float64. The recurrence is linear, so it is stable for
+every bounded noise exactly when the spectral radius of its companion matrix is
+below 1 (PipeMare §3.1).
+"""
+from __future__ import annotations
+
+import math
+from typing import Optional, Sequence
+
+import numpy as np
+
+from .errors import ConfigError
+
+__all__ = ["companion_matrix", "spectral_radius", "max_stable_lr", "lemma1_bound", "lemma2_bound",
+           "lemma3_bound", "t2_gamma", "invariant_decay", "simulate_quadratic",
+           "regression_curvature", "delayed_sgd_regression"]
+
+
+def _delay(name: str, value) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
+        raise ConfigError(f"{name} must be an int >= 0 (a delay in optimizer steps), got {value!r}")
+    return int(value)
+
+
+def t2_gamma(correction_decay: float, tau_fwd: int, tau_bkwd: int) -> float:
+    """T2's per-stage decay rate ``gamma = D**(1/(tau_fwd - tau_bkwd))`` (PipeMare §3.2); needs ``tau_fwd > tau_bkwd``."""
+    d = float(correction_decay)
+    if not 0.0 <= d < 1.0:
+        raise ConfigError(f"correction_decay D must lie in [0, 1), got {correction_decay!r} "
+                          "(D = 1 never updates the accumulator; PipeMare uses D near 0.1)")
+    if tau_fwd <= tau_bkwd:
+        raise ConfigError(f"T2 needs tau_fwd > tau_bkwd, got tau_fwd={tau_fwd}, tau_bkwd={tau_bkwd}")
+    return d ** (1.0 / (tau_fwd - tau_bkwd))
+
+
+def invariant_decay(tau_fwd: int, tau_bkwd: int) -> float:
+    """The decay ``D = gamma**(tau_fwd - tau_bkwd)`` with ``gamma = 1 - 2/(tau_fwd - tau_bkwd + 1)`` (PipeMare App. B.4 eq. 14).
+
+    With this ``gamma`` the second derivative at ``w = 1`` of the T2 characteristic
+    polynomial does not depend on ``Delta``; as the delay gap grows, ``D -> exp(-2) ~ 0.135``.
+    """
+    k = _delay("tau_fwd", tau_fwd) - _delay("tau_bkwd", tau_bkwd)
+    if k < 1:
+        raise ConfigError(f"invariant_decay needs tau_fwd > tau_bkwd, got {tau_fwd} and {tau_bkwd}")
+    return (1.0 - 2.0 / (k + 1)) ** k
+
+
+def _system(lr, curvature, tau_fwd, tau_bkwd, delta, momentum, correction_decay, tau_recomp, phi):
+    """Coefficients of ``w_{t+1} = sum_k a[k] w_{t-k} + sum_k b[k] d_{t-k}``, and ``gamma`` (None without T2)."""
+    tf = _delay("tau_fwd", tau_fwd)
+    tb = tf if tau_bkwd is None else _delay("tau_bkwd", tau_bkwd)
+    if tau_recomp is None:
+        if phi != 0.0:
+            raise ConfigError(f"phi={phi!r} is the sensitivity to the recompute delay: also pass tau_recomp")
+        tr = tb
+    else:
+        tr = _delay("tau_recomp", tau_recomp)
+    alpha, lam, dlt, phi, beta = float(lr), float(curvature), float(delta), float(phi), float(momentum)
+    corrected = correction_decay is not None and tf > tb
+    gamma = t2_gamma(correction_decay, tf, tb) if corrected else None
+    a = np.zeros(max(tf, tb, tr, 1 if beta else 0) + 1)
+    b = np.zeros(max(tb, tr) + 1) if corrected else None
+    a[0] += 1.0 + beta                       # w_t + beta (w_t - w_{t-1})
+    a[1 if len(a) > 1 else 0] -= beta
+    a[tf] -= alpha * (lam + dlt)             # - alpha (lam + Delta) u_fwd
+    a[tb] += alpha * (dlt - phi)             # + alpha (Delta - Phi) u_bkwd
+    a[tr] += alpha * phi                     # + alpha Phi u_recomp
+    if corrected:                            # u_bkwd, u_recomp extrapolated with delta (T2)
+        b[tb] -= alpha * (dlt - phi) * (tf - tb)
+        b[tr] -= alpha * phi * (tf - tr)
+    return a, b, gamma
+
+
+def companion_matrix(lr: float, curvature: float, tau_fwd: int, tau_bkwd: Optional[int] = None,
+                     delta: float = 0.0, momentum: float = 0.0, correction_decay: Optional[float] = None,
+                     tau_recomp: Optional[int] = None, phi: float = 0.0) -> np.ndarray:
+    """Companion matrix ``C`` of the quadratic model: ``X_{t+1} = C X_t`` (+ noise), float64.
+
+    The state is ``X_t = [w_t, w_{t-1}, ..., w_{t-L}]`` and, with T2, also
+    ``[delta_t, ..., delta_{t-M}]`` (``L`` the largest delay, at least 1 with
+    momentum; ``M = max(tau_bkwd, tau_recomp)``). ``tau_bkwd=None`` means
+    ``tau_bkwd = tau_fwd`` (no discrepancy). Its characteristic polynomial is,
+    up to a factor ``w**k``:
+
+    * plain delayed SGD: ``w^(tau+1) - w^tau + alpha lam`` (PipeMare eq. 3);
+    * momentum: ``w^(tau+1) - (1+beta) w^tau + beta w^(tau-1) + alpha lam`` (App. B.2 eq. 13);
+    * discrepancy: ``w^(tf+1) - w^tf + alpha (lam+Delta) - alpha Delta w^(tf-tb)`` (§3.2 eq. 5);
+    * T2 with ``correction_decay=D``: App. B.4's polynomial (module docstring);
+    * recompute (``tau_recomp``, ``phi``), with or without T2: App. D.1's polynomial.
+    """
+    a, b, gamma = _system(lr, curvature, tau_fwd, tau_bkwd, delta, momentum, correction_decay, tau_recomp, phi)
+    nw = len(a)
+    nd = 0 if b is None else len(b)
+    c = np.zeros((nw + nd, nw + nd))
+    c[0, :nw] = a
+    c[1:nw, :nw - 1] += np.eye(nw - 1)       # shift the w history
+    if nd:
+        c[0, nw:] = b
+        # delta_{t+1} = gamma delta_t + (1 - gamma)(w_{t+1} - w_t)
+        c[nw, :nw] = (1.0 - gamma) * a
+        c[nw, 0] -= 1.0 - gamma
+        c[nw, nw:] = (1.0 - gamma) * b
+        c[nw, nw] += gamma
+        c[nw + 1:, nw:nw + nd - 1] += np.eye(nd - 1)
+    return c
+
+
+def spectral_radius(lr: float, curvature: float, tau_fwd: int, tau_bkwd: Optional[int] = None,
+                    delta: float = 0.0, momentum: float = 0.0, correction_decay: Optional[float] = None,
+                    tau_recomp: Optional[int] = None, phi: float = 0.0) -> float:
+    """Largest eigenvalue magnitude of :func:`companion_matrix` (same arguments); < 1 means stable."""
+    c = companion_matrix(lr, curvature, tau_fwd, tau_bkwd, delta, momentum, correction_decay, tau_recomp, phi)
+    return float(np.max(np.abs(np.linalg.eigvals(c))))
+
+
+def max_stable_lr(curvature: float, tau_fwd: int, tau_bkwd: Optional[int] = None, delta: float = 0.0,
+                  momentum: float = 0.0, correction_decay: Optional[float] = None,
+                  tau_recomp: Optional[int] = None, phi: float = 0.0, *, grid: int = 96,
+                  rtol: float = 1e-12) -> float:
+    """The first step size at which the quadratic model stops being stable (spectral radius < 1).
+
+    Returns ``sup{a : spectral_radius(x) < 1 for all 0 < x < a}``: the end of the
+    stable interval that starts at ``lr -> 0+``. Found by scanning ``grid``
+    geometrically spaced step sizes from ``~1e-6/(curvature (tau+1))`` up to the
+    first unstable one (doubling from ``4/curvature`` to bracket it) and then
+    bisecting to relative width ``rtol``. For plain delayed SGD this is Lemma 1's
+    bound exactly (the stable set is an interval, App. B).
+
+    Edge cases of the non-monotone stable set (``Delta < 0``, recompute):
+    stable islands above the first unstable step size are ignored, and an
+    unstable gap narrower than the grid spacing (about 13% at the default) can be
+    missed. Returns ``0.0`` when the system is unstable for arbitrarily small
+    step sizes (e.g. ``momentum=1``), and ``inf`` when no unstable step size
+    exists below ``2**64 * 4/curvature``.
+    """
+    lam = float(curvature)
+    if not lam > 0.0 or not math.isfinite(lam):
+        raise ConfigError(f"curvature must be a finite number > 0, got {curvature!r} "
+                          "(a direction with curvature <= 0 puts no bound on the step size)")
+    if grid < 2:
+        raise ConfigError(f"grid must be >= 2, got {grid}")
+    args = (curvature, tau_fwd, tau_bkwd, delta, momentum, correction_decay, tau_recomp, phi)
+
+    def stable(lr):
+        return spectral_radius(lr, *args) < 1.0
+
+    taus = [t for t in (tau_fwd, tau_bkwd, tau_recomp) if t is not None]
+    lo = 1e-6 / ((lam + abs(float(delta)) + abs(float(phi))) * (max(taus) + 1))
+    if not stable(lo):
+        return 0.0
+    hi = 4.0 / lam
+    for _ in range(64):
+        if not stable(hi):
+            break
+        hi *= 2.0
+    else:
+        return math.inf
+    lrs = np.geomspace(lo, hi, grid)
+    for x in lrs[1:]:
+        if not stable(x):
+            hi = float(x)
+            break
+        lo = float(x)
+    while hi - lo > rtol * lo:
+        mid = 0.5 * (lo + hi)
+        if stable(mid):
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+def lemma1_bound(curvature, tau):
+    """PipeMare Lemma 1 (§3.1): delayed SGD is stable iff ``0 < alpha < (2/lam) sin(pi/(4 tau + 2))``.
+
+    Tight: at this step size a root of eq. 3 reaches the unit circle at
+    ``exp(i pi/(2 tau + 1))`` (App. B). Accepts numpy arrays.
+    """
+    return 2.0 / np.asarray(curvature, dtype=float) * np.sin(np.pi / (4.0 * np.asarray(tau, dtype=float) + 2.0))
+
+
+def lemma2_bound(curvature: float, tau_fwd: int, tau_bkwd: int, delta: float) -> float:
+    """PipeMare Lemma 2 (§3.2): for ``Delta > 0`` some step size at or below this bound is unstable.
+
+    ``min(2/(Delta (tau_fwd - tau_bkwd)), (2/lam) sin(pi/(4 tau_fwd + 2)))``, with
+    ``tau_fwd > tau_bkwd``; it is an upper bound on :func:`max_stable_lr`, not tight.
+    """
+    tf, tb = _delay("tau_fwd", tau_fwd), _delay("tau_bkwd", tau_bkwd)
+    if tf <= tb or not float(delta) > 0.0:
+        raise ConfigError(f"Lemma 2 needs tau_fwd > tau_bkwd and delta > 0, got tau_fwd={tau_fwd}, "
+                          f"tau_bkwd={tau_bkwd}, delta={delta!r}")
+    return float(min(2.0 / (float(delta) * (tf - tb)), lemma1_bound(curvature, tf)))
+
+
+def lemma3_bound(curvature, tau):
+    """PipeMare Lemma 3 (App. B.2): with momentum ``0 < beta <= 1`` some ``alpha <= (4/lam) sin(pi/(4 tau + 2))`` is unstable.
+
+    An upper bound on :func:`max_stable_lr` with momentum, for every ``beta``.
+    """
+    return 2.0 * lemma1_bound(curvature, tau)
+
+
+def simulate_quadratic(lr: float, curvature: float, tau_fwd: int, tau_bkwd: Optional[int] = None,
+                       delta: float = 0.0, steps: int = 200, noise_std: float = 1.0, seed: int = 0,
+                       correction_decay: Optional[float] = None, momentum: float = 0.0,
+                       tau_recomp: Optional[int] = None, phi: float = 0.0, w0: float = 1.0) -> np.ndarray:
+    """Run the quadratic model for ``steps`` steps; returns ``[w_0, ..., w_steps]`` (PipeMare Fig. 5a, 6a).
+
+    Written from the update rule, independently of :func:`companion_matrix`::
+
+        g_t = (lam + Delta) u_fwd - (Delta - Phi) u_bkwd - Phi u_recomp - eta_t,  eta_t ~ N(0, noise_std^2)
+        w_{t+1} = w_t + beta (w_t - w_{t-1}) - alpha g_t
+
+    with ``w_{t-k} = w_0`` and ``delta_{t-k} = 0`` before step 0 and T2's views
+    as in the module docstring. A diverging run overflows to ``inf``/``nan``.
+    """
+    tf = _delay("tau_fwd", tau_fwd)
+    tb = tf if tau_bkwd is None else _delay("tau_bkwd", tau_bkwd)
+    tr = tb if tau_recomp is None else _delay("tau_recomp", tau_recomp)
+    if tau_recomp is None and phi != 0.0:
+        raise ConfigError(f"phi={phi!r} is the sensitivity to the recompute delay: also pass tau_recomp")
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
+        raise ConfigError(f"steps must be an int >= 0, got {steps!r}")
+    corrected = correction_decay is not None and tf > tb
+    gamma = t2_gamma(correction_decay, tf, tb) if corrected else 0.0
+    rng = np.random.default_rng(seed)
+    noise = rng.normal(0.0, noise_std, size=steps) if noise_std else np.zeros(steps)
+    w = np.empty(steps + 1)
+    d = np.zeros(steps + 1)
+    w[0] = w0
+    past = lambda arr, t, k: arr[t - k] if t >= k else (w0 if arr is w else 0.0)  # noqa: E731
+    with np.errstate(over="ignore", invalid="ignore"):
+        for t in range(steps):
+            u_fwd = past(w, t, tf)
+            u_bkwd = past(w, t, tb) - ((tf - tb) * past(d, t, tb) if corrected else 0.0)
+            u_rec = past(w, t, tr) - ((tf - tr) * past(d, t, tr) if corrected else 0.0)
+            g = (curvature + delta) * u_fwd - (delta - phi) * u_bkwd - phi * u_rec - noise[t]
+            w[t + 1] = w[t] + momentum * (w[t] - past(w, t, 1)) - lr * g
+            d[t + 1] = gamma * d[t] + (1.0 - gamma) * (w[t + 1] - w[t])
+    return w
+
+
+def regression_curvature(X: np.ndarray) -> float:
+    """Largest curvature of the least-squares loss ``(1/2n) ||X w - y||^2``: top eigenvalue of ``X^T X / n``."""
+    X = np.asarray(X, dtype=float)
+    return float(np.linalg.eigvalsh(X.T @ X / X.shape[0])[-1])
+
+
+def delayed_sgd_regression(X: np.ndarray, y: np.ndarray, lrs: Sequence[float], taus: Sequence[int],
+                           steps: int = 3000, batch_size: int = 32, seed: int = 0,
+                           diverged_above: float = 1e6) -> np.ndarray:
+    """Final loss of fixed-delay minibatch SGD on least squares, for every ``(lr, tau)`` (PipeMare Fig. 5b).
+
+    Runs ``w_{t+1} = w_t - alpha grad f_{B_t}(w_{t-tau})`` from ``w_0 = 0`` with
+    ``f(w) = (1/2n) ||X w - y||^2`` and the same seeded minibatches ``B_t`` for
+    every cell (all cells at once, vectorized). Returns an array of shape
+    ``(len(lrs), len(taus))`` holding the final full-data loss, ``inf`` where the
+    loss exceeded ``diverged_above`` times the initial loss.
+    """
+    X, y = np.asarray(X, dtype=float), np.asarray(y, dtype=float)
+    n, dim = X.shape
+    lrs = np.asarray(lrs, dtype=float)
+    tau = np.array([_delay("tau", t) for t in taus])
+    grid_lr = np.repeat(lrs, len(tau))                    # run r = (i_lr, i_tau), row-major
+    grid_tau = np.tile(tau, len(lrs))
+    runs, slots = len(grid_lr), int(tau.max()) + 1
+    hist = np.zeros((slots, runs, dim))                   # ring buffer of w_{t-k}; w_{t<0} = w_0 = 0
+    w = np.zeros((runs, dim))
+    alive = np.ones(runs, dtype=bool)
+    rng = np.random.default_rng(seed)
+    rows = np.arange(runs)
+    limit = math.sqrt(diverged_above * float(y @ y) / n) * 1e3
+    with np.errstate(over="ignore", invalid="ignore"):
+        for t in range(steps):
+            hist[t % slots] = w
+            stale = hist[(t - grid_tau) % slots, rows]
+            idx = rng.integers(0, n, size=batch_size)
+            xb, yb = X[idx], y[idx]
+            grad = (stale @ xb.T - yb) @ xb / batch_size
+            w = w - grid_lr[:, None] * grad
+            blown = ~(np.abs(w).max(axis=1) < limit)
+            if blown.any():                                # freeze diverged runs at 0, mark them
+                alive &= ~blown
+                w[blown] = 0.0
+                hist[:, blown] = 0.0
+        loss = 0.5 * np.mean((w @ X.T - y) ** 2, axis=1)
+    loss0 = 0.5 * float(y @ y) / n
+    loss[~alive | ~(loss < diverged_above * loss0)] = np.inf
+    return loss.reshape(len(lrs), len(tau))
