@@ -1,0 +1,522 @@
+"""The stale-weight optimizer: a ``torch.optim.Optimizer`` that simulates a pipeline exactly.
+
+Semantics (DESIGN §1, PipeMare §2). Step ``t`` computes one gradient and
+produces ``w_{t+1}``::
+
+    g_t = grad f_t(u_fwd_t, u_bkwd_t)
+    (u_fwd_t)_i  = w_{t - tau_fwd_i, i}        # stage i's forward weights
+    (u_bkwd_t)_i = w_{t - tau_bkwd_i, i}       # (a correction may change either view)
+    w_{t+1} = base_optimizer_step(w_t, g_t)
+
+``grad f(u_fwd, u_bkwd)``: activations come from the forward pass with
+``u_fwd``; in the backward pass the products that propagate the error to
+earlier layers (``W^T delta``) use ``u_bkwd``, while each weight gradient uses
+the stored forward activations (``delta x^T``). ``w_{t-tau}`` with ``t-tau < 0``
+is ``w_0``.
+
+Mechanism
+---------
+The user's loop stays ``zero_grad(); loss = crit(model(x), y); loss.backward(); step()``.
+
+* A forward pre-hook on the model copies each stage's forward view into the
+  parameters' own storage (through ``p.data`` aliases, so autograd's version
+  counters are not bumped) before the forward pass runs.
+* A forward hook registers a tensor hook on every output that requires grad;
+  the first one to fire — when the backward pass reaches the model output, before
+  any layer's backward runs — copies the backward views into the same storage.
+  Autograd saved the *parameter tensors* for ``W^T delta``, so the backward
+  reads ``u_bkwd``; the weight gradients use the saved activations, computed
+  with ``u_fwd``.
+* ``step()`` restores ``w_t``, pushes it into the history, runs the base
+  optimizer on ``w_t`` and advances the history.
+* Evaluation (``model.eval()`` or grad disabled), ``model.state_dict()`` and the
+  :meth:`PipelineOptimizer.current_weights` context see ``w_t``.
+
+History: per stage (and per device/dtype within a stage) one contiguous buffer
+of ``H_i + 1`` versions, ``H_i = max_t max(tau_fwd_i, tau_bkwd_i)``: the ``H_i``
+past versions the delays need plus one slot that holds ``w_t`` while the
+parameters hold a stale view. Stages with no delay keep nothing. All copies of
+one phase go to a single ``torch._foreach_copy_`` call.
+
+Limits (documented, not checked):
+
+* only ops that save the *parameter tensor itself* for their backward see
+  ``u_bkwd``; an op that saves a transformed copy of a weight (weight norm,
+  ``W * 2``, parametrizations) uses the forward view in its backward;
+* activation checkpointing inside the model recomputes with the backward view;
+* buffers (BatchNorm running statistics) are not delayed;
+* a loss term that reads parameters directly (an explicit L2 penalty) sees
+  whichever view is loaded when its backward runs;
+* call ``backward`` before the next training forward of a different step;
+  several forward/backward passes per step (gradient accumulation) are fine;
+* create the optimizer after moving the model to its device (checked).
+"""
+from __future__ import annotations
+
+import contextlib
+import warnings
+from typing import Dict, Iterable, List, Optional, Sequence, Tuple, Union
+
+import torch
+from torch import nn
+from torch.utils._pytree import tree_flatten
+
+from .corrections.base import Correction
+from .errors import ConfigError, CorrectionError, OptimizerMismatchError, StaleoptError
+from .partition import Partition, partition_model
+from .schedules import Schedule
+
+__all__ = ["PipelineOptimizer"]
+
+
+def _copy(dst: List[torch.Tensor], src: List[torch.Tensor], foreach: bool) -> None:
+    if not dst:
+        return
+    if foreach:
+        torch._foreach_copy_(dst, src)
+    else:
+        for d, s in zip(dst, src):
+            d.copy_(s)
+
+
+class _Chunk:
+    """The parameters of one stage that share a device and dtype, and their history.
+
+    ``ring[s]`` is one flat version; the version of age ``a`` (``w_{t-a}``,
+    ``1 <= a <= H``) is in slot ``(head + a - 1) % S`` and the spare slot
+    ``(head - 1) % S`` receives ``w_t`` when the parameters leave it.
+    """
+
+    def __init__(self, stage: int, params: List[nn.Parameter], history: int):
+        self.stage, self.params, self.H = stage, params, history
+        self.data = [p.data for p in params]  # aliases: writes skip autograd's version counter
+        self.ptrs = [p.data_ptr() for p in params]
+        self.numel = sum(p.numel() for p in params)
+        self.S = history + 1 if history > 0 else 0
+        self.head = 0
+        self.ring = None
+        self.views: List[List[torch.Tensor]] = []
+        if self.S:
+            p0 = params[0]
+            self.ring = torch.empty((self.S, self.numel), dtype=p0.dtype, device=p0.device)
+            for s in range(self.S):
+                views, off = [], 0
+                for p in params:
+                    views.append(self.ring[s, off:off + p.numel()].view_as(p))
+                    off += p.numel()
+                self.views.append(views)
+            with torch.no_grad():
+                for s in range(self.S):  # w_{t-tau} = w_0 for t - tau < 0
+                    torch._foreach_copy_(self.views[s], self.data)
+        self.reset()
+
+    def reset(self) -> None:
+        self.key = None  # view held by the parameters: None is w_t
+        self.spare_holds_current = False
+
+    @property
+    def spare(self) -> int:
+        return (self.head - 1) % self.S
+
+    def slot(self, age: int) -> int:
+        return self.spare if age == 0 else (self.head + age - 1) % self.S
+
+    @property
+    def nbytes(self) -> int:
+        return 0 if self.ring is None else self.ring.numel() * self.ring.element_size()
+
+
+class PipelineOptimizer(torch.optim.Optimizer):
+    r"""Wrap ``base_optimizer`` so that training ``model`` simulates a pipeline-parallel run.
+
+    Args:
+        model: the module whose forward/backward the training loop calls.
+        base_optimizer: any ``torch.optim.Optimizer`` over (a subset of) the model's parameters.
+        stages: a stage count ``P`` or a :class:`~staleopt.partition.Partition`.
+        schedule: a schedule or method name (``"dataflow"``, ``"1f1b"``, ``"pipemare"``, ...)
+            or a :class:`~staleopt.schedules.Schedule`.
+        microbatches: ``N``, microbatches per minibatch (enters the delay formulas).
+        corrections: extra :class:`~staleopt.corrections.base.Correction` objects, applied
+            after a method's own.
+        seed: seeds the generator of random schedules (Hogwild).
+        partition: ``"ops"`` or ``"params"`` when ``stages`` is a count.
+        foreach: batch the history copies with ``torch._foreach_copy_`` (default);
+            ``False`` runs the reference per-tensor loop.
+
+    The update rule is the base optimizer's, applied to ``w_t`` with the gradient
+    ``grad f_t(u_fwd_t, u_bkwd_t)`` (module docstring).
+    """
+
+    def __init__(self, model: nn.Module, base_optimizer: torch.optim.Optimizer,
+                 stages: Union[int, Partition] = 1, schedule: Union[str, Schedule] = "dataflow",
+                 microbatches: int = 1, corrections: Iterable[Correction] = (), seed: Optional[int] = None,
+                 partition: str = "ops", foreach: bool = True):
+        from . import methods  # methods imports the corrections, which import this package
+
+        if not isinstance(model, nn.Module):
+            raise ConfigError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+        if not isinstance(base_optimizer, torch.optim.Optimizer):
+            raise ConfigError(f"base_optimizer must be a torch.optim.Optimizer (e.g. torch.optim.SGD(model."
+                              f"parameters(), lr=0.1)), got {type(base_optimizer).__name__}")
+        if isinstance(base_optimizer, PipelineOptimizer):
+            raise ConfigError("base_optimizer is already a PipelineOptimizer: wrap the plain optimizer once")
+        if isinstance(microbatches, bool) or not isinstance(microbatches, int) or microbatches < 1:
+            raise ConfigError(f"microbatches must be an int >= 1 (microbatches per minibatch), got {microbatches!r}")
+        corrections = list(corrections)
+        for c in corrections:
+            if not isinstance(c, Correction):
+                raise CorrectionError(f"corrections must be Correction objects (e.g. staleopt.corrections."
+                                      f"Stashing()), got {c!r}")
+        self._base = base_optimizer
+        self._model = model
+        self._initialized = False
+        super().__init__([p for g in base_optimizer.param_groups for p in g["params"]], base_optimizer.defaults)
+
+        self._schedule, method_corrections = methods.resolve(schedule)
+        self._corrections: List[Correction] = method_corrections + corrections
+        self._partition = stages if isinstance(stages, Partition) else partition_model(model, stages, partition)
+        self._microbatches = microbatches
+        self._foreach = foreach
+        self._seed = seed
+        self._generator = torch.Generator()
+        self._generator.manual_seed(0 if seed is None else int(seed))
+        self._step = 0
+        self._delays: Optional[Tuple[List[int], List[int]]] = None
+        self._check_parameters()
+
+        P = self._partition.num_stages
+        tf, tb = self._schedule.delays(P, microbatches)
+        for c in self._corrections:
+            tf, tb = c.delays(list(tf), list(tb), None)
+        self._max_delays = (list(tf), list(tb))
+        self._chunks: List[_Chunk] = []
+        for stage in self._partition:
+            groups: Dict[tuple, List[nn.Parameter]] = {}
+            for p in stage.params:
+                groups.setdefault((p.device, p.dtype), []).append(p)
+            for ps in groups.values():
+                self._chunks.append(_Chunk(stage.index, ps, max(tf[stage.index], tb[stage.index])))
+
+        self._stage_of_param = {id(p): s.index for s in self._partition for p in s.params}
+        self._split_groups = any(type(c).lr_factors is not Correction.lr_factors for c in self._corrections)
+        if self._split_groups:
+            self._base.param_groups[:] = [g for group in self._base.param_groups for g in self._by_stage(group)]
+        self._initialized = True
+        for c in self._corrections:
+            c.bind(self)
+        self._hooks = [model.register_forward_pre_hook(self._on_forward_start),
+                       model.register_forward_hook(self._on_forward_end),
+                       model.register_state_dict_pre_hook(lambda *_: self._restore())]
+
+    # ------------------------------------------------------------------ torch.optim plumbing
+    @property
+    def param_groups(self):
+        return self._base.param_groups if self.__dict__.get("_initialized") else self.__dict__.get("_pg", [])
+
+    @param_groups.setter
+    def param_groups(self, value):
+        if self.__dict__.get("_initialized"):
+            self._base.param_groups = value
+        else:
+            self.__dict__["_pg"] = value
+
+    @property
+    def state(self):
+        return self._base.state
+
+    @state.setter
+    def state(self, value):
+        if self.__dict__.get("_initialized"):
+            self._base.state = value
+
+    @property
+    def defaults(self):
+        return self._base.defaults
+
+    @defaults.setter
+    def defaults(self, value):
+        pass  # the base optimizer's defaults are the only ones
+
+    def add_param_group(self, param_group: dict) -> None:
+        if not self.__dict__.get("_initialized"):
+            return  # Optimizer.__init__: the base already holds these groups
+        params = param_group["params"]
+        params = [params] if isinstance(params, torch.Tensor) else list(params)
+        outside = [p for p in params if id(p) not in self._stage_of_param]
+        if outside:
+            raise OptimizerMismatchError(
+                f"add_param_group got {len(outside)} parameter(s) that are not in the pipeline partition "
+                "(not in the model, or frozen when the PipelineOptimizer was built): set requires_grad "
+                "before building the PipelineOptimizer, or build a new one")
+        n = len(self._base.param_groups)
+        self._base.add_param_group({**param_group, "params": params})
+        if self._split_groups:
+            self._base.param_groups[n:] = self._by_stage(self._base.param_groups[n])
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self._base.zero_grad(set_to_none=set_to_none)
+
+    def _by_stage(self, group: dict) -> List[dict]:
+        """One group per stage present in ``group`` (per-stage step sizes need it)."""
+        by: Dict[int, list] = {}
+        for p in group["params"]:
+            by.setdefault(self._stage_of_param.get(id(p), -1), []).append(p)
+        return [{**group, "params": ps} for _, ps in sorted(by.items())]
+
+    def _check_parameters(self) -> None:
+        in_model = {id(p) for p in self._model.parameters()}
+        in_base = [p for g in self._base.param_groups for p in g["params"]]
+        foreign = [p for p in in_base if id(p) not in in_model]
+        if foreign:
+            raise OptimizerMismatchError(
+                f"the base optimizer holds {len(foreign)} parameter(s) that are not in the model "
+                f"(first shape {tuple(foreign[0].shape)}): build the base optimizer from model.parameters() "
+                "of the model you pass to PipelineOptimizer")
+        base_ids = {id(p) for p in in_base}
+        missing = [p for s in self._partition for p in s.params if id(p) not in base_ids]
+        if missing:
+            warnings.warn(f"{len(missing)} trainable model parameter(s) are not in the base optimizer and will "
+                          "not train (their history still follows the delays); add them to the base optimizer "
+                          "if that is not intended", stacklevel=3)
+
+    # ------------------------------------------------------------------ read-only properties
+    @property
+    def base_optimizer(self) -> torch.optim.Optimizer:
+        return self._base
+
+    @property
+    def partition(self) -> Partition:
+        return self._partition
+
+    @property
+    def schedule(self) -> Schedule:
+        return self._schedule
+
+    @property
+    def corrections(self) -> Tuple[Correction, ...]:
+        return tuple(self._corrections)
+
+    @property
+    def microbatches(self) -> int:
+        return self._microbatches
+
+    @property
+    def step_count(self) -> int:
+        """Optimizer steps taken: the current weights are ``w_{step_count}``."""
+        return self._step
+
+    @property
+    def tau_fwd(self) -> List[int]:
+        """Per-stage forward delays of the current step."""
+        return list(self._current_delays()[0])
+
+    @property
+    def tau_bkwd(self) -> List[int]:
+        """Per-stage backward delays of the current step."""
+        return list(self._current_delays()[1])
+
+    @property
+    def max_delays(self) -> Tuple[List[int], List[int]]:
+        """Largest delays any step can have (sizes the history)."""
+        return list(self._max_delays[0]), list(self._max_delays[1])
+
+    @property
+    def chunks(self) -> Sequence[_Chunk]:
+        """Per-stage storage units (for corrections and memory reports)."""
+        return tuple(self._chunks)
+
+    def history_bytes(self) -> int:
+        """Bytes held by the weight history (all stages)."""
+        return sum(c.nbytes for c in self._chunks)
+
+    def memory_bytes(self) -> int:
+        """Bytes held by the history plus every correction's buffers."""
+        return self.history_bytes() + sum(c.extra_bytes() for c in self._corrections)
+
+    # ------------------------------------------------------------------ the engine
+    def _current_delays(self) -> Tuple[List[int], List[int]]:
+        if self._delays is None:
+            P = self._partition.num_stages
+            tf, tb = self._schedule.sample(P, self._microbatches, self._generator)
+            for c in self._corrections:
+                tf, tb = c.delays(list(tf), list(tb), self._step)
+            for i in range(P):
+                if tf[i] > self._max_delays[0][i] or tb[i] > self._max_delays[1][i] or min(tf[i], tb[i]) < 0:
+                    raise StaleoptError(f"step {self._step} asked for delays ({tf[i]}, {tb[i]}) at stage {i}, "
+                                        f"outside 0..{self._max_delays[0][i]}/{self._max_delays[1][i]}; a "
+                                        "correction's delays(step=None) must bound its delays")
+            self._delays = (list(tf), list(tb))
+        return self._delays
+
+    def _load(self, backward: bool) -> None:
+        """Put each stage's forward (or backward) view into the parameters."""
+        tf, tb = delays = self._current_delays()
+        park_dst, park_src, dst, src, modified = [], [], [], [], []
+        for c in self._chunks:
+            age = tb[c.stage] if backward else tf[c.stage]
+            mod = backward and any(k.modifies_backward(c.stage, tf[c.stage], tb[c.stage])
+                                   for k in self._corrections)
+            key = (age, mod)
+            if c.key == key or (c.key is None and key == (0, False)):
+                continue
+            if c.key is None and not c.spare_holds_current:
+                park_dst += c.views[c.spare]
+                park_src += c.data
+                c.spare_holds_current = True
+            dst += c.data
+            src += c.views[c.slot(age)]
+            c.key = key
+            if mod:
+                modified.append(c)
+        with torch.no_grad():
+            _copy(park_dst, park_src, self._foreach)
+            _copy(dst, src, self._foreach)
+            for k in self._corrections:
+                mine = [c for c in modified if k.modifies_backward(c.stage, tf[c.stage], tb[c.stage])]
+                if mine:
+                    k.backward_view(mine, delays)
+
+    def _restore(self) -> None:
+        """Put ``w_t`` back into the parameters."""
+        dst, src = [], []
+        for c in self._chunks:
+            if c.key is not None:
+                dst += c.data
+                src += c.views[c.spare]
+                c.key = None
+        with torch.no_grad():
+            _copy(dst, src, self._foreach)
+
+    def _on_forward_start(self, module, args):
+        if module.training and torch.is_grad_enabled():
+            self._load(backward=False)
+        else:
+            self._restore()
+
+    def _on_forward_end(self, module, args, output):
+        if module.training and torch.is_grad_enabled():
+            for t in tree_flatten(output)[0]:
+                if isinstance(t, torch.Tensor) and t.requires_grad:
+                    t.register_hook(self._on_backward_start)
+
+    def _on_backward_start(self, grad):
+        self._load(backward=True)
+
+    @contextlib.contextmanager
+    def current_weights(self):
+        """Within the block the parameters hold ``w_t`` (the next forward/backward reloads its view)."""
+        self._restore()
+        yield self._model
+
+    def _check_storage(self) -> None:
+        for c in self._chunks:
+            if c.params[0].data_ptr() != c.ptrs[0] or c.params[-1].data_ptr() != c.ptrs[-1]:
+                raise StaleoptError("the model's parameters were moved or replaced after the PipelineOptimizer "
+                                    "was built (e.g. model.to(device) or load_state_dict(assign=True)): build "
+                                    "the optimizer after the model is on its device")
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        """Apply the base optimizer to ``w_t`` with the simulated gradient; advance the history."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        self._check_storage()
+        self._restore()
+        delays = self._current_delays()
+        stored = [c for c in self._chunks if c.S]
+        dst, src = [], []
+        for c in stored:
+            if not c.spare_holds_current:
+                dst += c.views[c.spare]
+                src += c.data
+        _copy(dst, src, self._foreach)
+        for k in self._corrections:
+            k.before_update(delays, self._step)
+            k.transform_stored(stored, delays, self._step)
+        factors = [1.0] * self._partition.num_stages
+        for k in self._corrections:
+            f = k.lr_factors(delays, self._step)
+            if f is not None:
+                factors = [a * b for a, b in zip(factors, f)]
+        saved = None
+        if self._split_groups and any(f != 1.0 for f in factors):
+            saved = [g["lr"] for g in self._base.param_groups]
+            for g in self._base.param_groups:
+                s = self._stage_of_param.get(id(g["params"][0]), -1) if g["params"] else -1
+                if s >= 0:
+                    g["lr"] = g["lr"] * factors[s]
+        try:
+            self._base.step()
+        finally:
+            if saved is not None:
+                for g, lr in zip(self._base.param_groups, saved):
+                    g["lr"] = lr
+        for c in stored:
+            c.head = c.spare  # the slot holding w_t becomes the newest version
+        for c in self._chunks:
+            c.reset()
+        for k in self._corrections:
+            k.after_update(stored, delays, self._step)
+        self._step += 1
+        self._delays = None
+        return loss
+
+    # ------------------------------------------------------------------ checkpoints
+    def state_dict(self) -> dict:
+        self._restore()
+        state = self._base.state_dict()
+        state["staleopt"] = {
+            "step": self._step,
+            "delays": self._delays,
+            "heads": [c.head for c in self._chunks],
+            "history": [c.ring for c in self._chunks],
+            "spare_holds_current": [c.spare_holds_current for c in self._chunks],
+            "generator": self._generator.get_state(),
+            "corrections": [k.state_dict() for k in self._corrections],
+            "signature": self._signature(),
+        }
+        return state
+
+    def _signature(self) -> dict:
+        return {"stages": self._partition.num_stages, "schedule": repr(self._schedule),
+                "corrections": [type(k).__name__ for k in self._corrections],
+                "chunks": [(c.stage, c.numel, c.S) for c in self._chunks]}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        if "staleopt" not in state_dict:
+            raise OptimizerMismatchError("this state dict has no 'staleopt' entry: it was saved from a plain "
+                                         "optimizer; load it into the base optimizer before wrapping instead")
+        mine = state_dict["staleopt"]
+        if mine["signature"] != self._signature():
+            raise OptimizerMismatchError(f"checkpoint was saved with {mine['signature']} but this optimizer is "
+                                         f"{self._signature()}: rebuild it with the same model, stages, schedule "
+                                         "and corrections")
+        self._base.load_state_dict({k: v for k, v in state_dict.items() if k != "staleopt"})
+        with torch.no_grad():
+            for c, head, ring, flag in zip(self._chunks, mine["heads"], mine["history"],
+                                           mine["spare_holds_current"]):
+                c.reset()
+                c.head = head
+                c.spare_holds_current = flag
+                if c.ring is not None:
+                    c.ring.copy_(ring)
+        self._step = mine["step"]
+        self._delays = None if mine["delays"] is None else (list(mine["delays"][0]), list(mine["delays"][1]))
+        self._generator.set_state(mine["generator"])
+        for k, s in zip(self._corrections, mine["corrections"]):
+            k.load_state_dict(s)
+
+    def remove_hooks(self) -> None:
+        """Detach from the model (its parameters keep ``w_t``)."""
+        self._restore()
+        for h in self._hooks:
+            h.remove()
+        self._hooks = []
+
+    def __repr__(self) -> str:
+        tf, tb = self._max_delays
+        return (f"PipelineOptimizer(base={type(self._base).__name__}, stages={self._partition.num_stages}, "
+                f"schedule={self._schedule!r}, microbatches={self._microbatches}, "
+                f"corrections={self._corrections}, tau_fwd={tf}, tau_bkwd={tb})")

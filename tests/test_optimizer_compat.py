@@ -1,0 +1,304 @@
+"""torch.optim conventions: transparency, schedulers, checkpoints, evaluation, bad inputs, delay tables."""
+import copy
+import io
+import warnings
+
+import pytest
+import torch
+from torch import nn
+
+import staleopt
+from staleopt import schedules
+from staleopt.errors import (ConfigError, DelayError, OptimizerMismatchError, ScheduleError, StageError,
+                             StaleoptError)
+
+from helpers import batches, mlp, mse, train
+
+
+def convnet(seed=0):
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Conv2d(2, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(),
+                         nn.Conv2d(4, 4, 3, padding=1, bias=False), nn.BatchNorm2d(4), nn.ReLU(),
+                         nn.Flatten(), nn.Linear(4 * 6 * 6, 3)).double()
+
+
+OPTIMIZERS = {
+    "sgd-momentum": lambda ps: torch.optim.SGD(ps, lr=0.05, momentum=0.9, weight_decay=1e-3),
+    "adam": lambda ps: torch.optim.Adam(ps, lr=1e-2),
+    "adamw": lambda ps: torch.optim.AdamW(ps, lr=1e-2, weight_decay=0.1),
+}
+
+
+@pytest.mark.parametrize("name", sorted(OPTIMIZERS))
+def test_transparency_zero_delays_bit_identical(name):
+    """All delays 0: the wrapper is bit-identical to the base optimizer alone (conv net with BatchNorm)."""
+    g = torch.Generator().manual_seed(0)
+    data = [(torch.randn(6, 2, 6, 6, generator=g, dtype=torch.float64), torch.randint(0, 3, (6,), generator=g))
+            for _ in range(50)]
+    runs = []
+    for wrap in (False, True):
+        model = convnet()
+        opt = OPTIMIZERS[name](model.parameters())
+        if wrap:
+            opt = staleopt.PipelineOptimizer(model, opt, stages=5, schedule="sync")
+        train(model, opt, data, loss_fn=nn.functional.cross_entropy)
+        runs.append(copy.deepcopy(model.state_dict()))
+    for k in runs[0]:
+        assert torch.equal(runs[0][k], runs[1][k]), k
+
+
+def test_is_an_optimizer_with_live_param_groups():
+    model = mlp()
+    base = torch.optim.SGD(model.parameters(), lr=0.1)
+    opt = staleopt.PipelineOptimizer(model, base, stages=3, schedule="1f1b")
+    assert isinstance(opt, torch.optim.Optimizer)
+    assert opt.param_groups is base.param_groups
+    opt.param_groups[0]["lr"] = 0.3
+    assert base.param_groups[0]["lr"] == 0.3
+    assert opt.state is base.state
+
+
+@pytest.mark.parametrize("make_sched", [
+    lambda o: torch.optim.lr_scheduler.StepLR(o, step_size=3, gamma=0.5),
+    lambda o: torch.optim.lr_scheduler.OneCycleLR(o, max_lr=0.1, total_steps=12),
+])
+def test_lr_schedulers_drive_the_wrapper(make_sched):
+    """A scheduler on the wrapper gives the same lrs and weights as on a base with the same delays built in."""
+    data = batches(12, seed=2)
+    model = mlp(seed=2)
+    opt = staleopt.PipelineOptimizer(model, torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.5),
+                                     stages=3, schedule="sync")
+    sched = make_sched(opt)
+    lrs = []
+    for x, y in data:
+        opt.zero_grad()
+        mse(model(x), y).backward()
+        opt.step()
+        lrs.append(opt.param_groups[0]["lr"])
+        sched.step()
+    ref_model = mlp(seed=2)
+    ref = torch.optim.SGD(ref_model.parameters(), lr=0.05, momentum=0.5)
+    ref_sched = make_sched(ref)
+    ref_lrs = []
+    for x, y in data:
+        ref.zero_grad()
+        mse(ref_model(x), y).backward()
+        ref.step()
+        ref_lrs.append(ref.param_groups[0]["lr"])
+        ref_sched.step()
+    assert lrs == ref_lrs
+    for a, b in zip(model.parameters(), ref_model.parameters()):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("method", ["dataflow", "pipedream", "1f1b", "pb"])
+def test_state_dict_round_trip_mid_run_is_bit_identical(method):
+    data = batches(20, seed=3)
+    model = mlp(seed=3)
+    opt = staleopt.PipelineOptimizer(model, torch.optim.Adam(model.parameters(), lr=1e-2), stages=3,
+                                     schedule=method, microbatches=1)
+    train(model, opt, data[:9])
+    buf = io.BytesIO()
+    torch.save({"model": model.state_dict(), "opt": opt.state_dict()}, buf)
+    train(model, opt, data[9:])
+    expected = [p.detach().clone() for p in model.parameters()]
+
+    buf.seek(0)
+    ckpt = torch.load(buf)
+    model2 = mlp(seed=99)
+    model2.load_state_dict(ckpt["model"])
+    opt2 = staleopt.PipelineOptimizer(model2, torch.optim.Adam(model2.parameters(), lr=1e-2), stages=3,
+                                      schedule=method, microbatches=1)
+    opt2.load_state_dict(ckpt["opt"])
+    assert opt2.step_count == 9
+    train(model2, opt2, data[9:])
+    for a, b in zip(expected, model2.parameters()):
+        assert torch.equal(a, b)
+
+
+def test_hogwild_state_dict_resumes_the_random_delays():
+    data = batches(16, seed=4)
+    model = mlp(seed=4)
+    make = lambda m: staleopt.PipelineOptimizer(m, torch.optim.SGD(m.parameters(), lr=0.05), stages=3,
+                                                schedule="hogwild", seed=11)
+    opt = make(model)
+    train(model, opt, data[:7])
+    sd = copy.deepcopy(opt.state_dict())
+    msd = copy.deepcopy(model.state_dict())
+    train(model, opt, data[7:])
+    model2 = mlp(seed=4)
+    model2.load_state_dict(msd)
+    opt2 = make(model2)
+    opt2.load_state_dict(sd)
+    train(model2, opt2, data[7:])
+    for a, b in zip(model.parameters(), model2.parameters()):
+        assert torch.equal(a, b)
+
+
+def test_evaluation_and_state_dict_see_current_weights():
+    model = mlp(seed=5)
+    opt = staleopt.PipelineOptimizer(model, torch.optim.SGD(model.parameters(), lr=0.5), stages=3,
+                                     schedule="dataflow")
+    data = batches(6, seed=5)
+    train(model, opt, data)
+    w_t = [p.detach().clone() for p in model.parameters()]
+    x, y = data[0]
+    model.train()
+    out = model(x)  # parameters now hold the stale forward view
+    assert any(not torch.equal(p, w) for p, w in zip(model.parameters(), w_t))
+    sd = model.state_dict()  # at rest semantics: state_dict sees w_t
+    for (k, v), w in zip(sd.items(), w_t):
+        assert torch.equal(v, w)
+    with opt.current_weights():
+        for p, w in zip(model.parameters(), w_t):
+            assert torch.equal(p, w)
+    model.eval()
+    with torch.no_grad():
+        ev = model(x)
+    for p, w in zip(model.parameters(), w_t):
+        assert torch.equal(p, w)
+    ref = mlp(seed=0)
+    ref.load_state_dict(sd)
+    assert torch.equal(ev, ref(x))
+    model.train()
+    mse(out, y).backward()  # the pending backward still works after the evaluation in between
+    opt.step()
+
+
+def test_closure_and_zero_grad():
+    model = mlp(seed=6)
+    opt = staleopt.PipelineOptimizer(model, torch.optim.SGD(model.parameters(), lr=0.1), stages=3,
+                                     schedule="1f1b")
+    x, y = batches(1, seed=6)[0]
+
+    def closure():
+        opt.zero_grad()
+        loss = mse(model(x), y)
+        loss.backward()
+        return loss
+
+    loss = opt.step(closure)
+    assert torch.is_tensor(loss) and opt.step_count == 1
+    opt.zero_grad(set_to_none=True)
+    assert all(p.grad is None for p in model.parameters())
+    mse(model(x), y).backward()
+    opt.zero_grad(set_to_none=False)
+    assert all(torch.count_nonzero(p.grad) == 0 for p in model.parameters())
+
+
+def test_add_param_group_joins_the_pipeline():
+    model = mlp(seed=7)
+    params = list(model.parameters())
+    base = torch.optim.SGD(params[:4], lr=0.1)
+    with pytest.warns(UserWarning, match="not in the base optimizer"):
+        opt = staleopt.PipelineOptimizer(model, base, stages=3, schedule="1f1b")
+    opt.add_param_group({"params": params[4:], "lr": 0.01})
+    assert len(opt.param_groups) == 2 and opt.param_groups[1]["lr"] == 0.01
+    with pytest.raises(OptimizerMismatchError, match="not in the pipeline partition"):
+        opt.add_param_group({"params": [nn.Parameter(torch.zeros(2))]})
+
+
+def test_history_is_minimal_and_compact():
+    model = mlp((5, 7, 6, 3))
+    opt = staleopt.PipelineOptimizer(model, torch.optim.SGD(model.parameters(), lr=0.1), stages=3,
+                                     schedule="dataflow")  # tau_fwd = (5, 3, 1)
+    sizes = [s.numel for s in opt.partition]
+    itemsize = 8
+    # max(tau) past versions plus one slot for w_t while the parameters hold a stale view
+    assert opt.history_bytes() == sum((t + 1) * n * itemsize for t, n in zip([5, 3, 1], sizes))
+    assert [c.ring.shape[0] for c in opt.chunks] == [6, 4, 2]
+    m2 = mlp()
+    sync = staleopt.PipelineOptimizer(m2, torch.optim.SGD(m2.parameters(), lr=0.1), stages=3, schedule="sync")
+    assert sync.history_bytes() == 0
+
+
+# ----------------------------------------------------------------------------- bad inputs
+def test_bad_inputs_raise_typed_errors():
+    model = mlp()
+    base = torch.optim.SGD(model.parameters(), lr=0.1)
+    n_units = 3
+    with pytest.raises(StageError, match=f"1 <= stages <= {n_units}"):
+        staleopt.PipelineOptimizer(model, base, stages=4)
+    with pytest.raises(StageError, match="1 <= stages"):
+        staleopt.PipelineOptimizer(model, base, stages=0)
+    with pytest.raises(ConfigError, match="microbatches"):
+        staleopt.PipelineOptimizer(model, base, stages=2, microbatches=0)
+    with pytest.raises(ScheduleError, match="dataflow") as e:
+        staleopt.PipelineOptimizer(model, base, stages=2, schedule="pipemore")
+    assert "valid" in str(e.value) or "methods:" in str(e.value)
+    with pytest.raises(DelayError, match=">= 0"):
+        schedules.get("custom", tau_fwd=[1, -1, 0])
+    with pytest.raises(DelayError, match="integers"):
+        schedules.get("custom", tau_fwd=[1, 0.5, 0])
+    with pytest.raises(DelayError, match="one delay per stage"):
+        staleopt.PipelineOptimizer(model, base, stages=3, schedule=schedules.get("custom", tau_fwd=[1, 0]))
+    with pytest.raises(DelayError, match="tau_bkwd has 2"):
+        schedules.get("custom", tau_fwd=[1, 0, 0], tau_bkwd=[0, 0])
+    other = nn.Linear(2, 2)
+    with pytest.raises(OptimizerMismatchError, match="not in the model"):
+        staleopt.PipelineOptimizer(model, torch.optim.SGD(list(model.parameters()) + [other.weight], lr=0.1),
+                                   stages=2)
+    with pytest.warns(UserWarning, match="will not train"):
+        staleopt.PipelineOptimizer(model, torch.optim.SGD(list(model.parameters())[:2], lr=0.1), stages=2)
+    frozen = nn.Linear(2, 2).requires_grad_(False)
+    with pytest.raises(StageError, match="no trainable parameters"):
+        staleopt.PipelineOptimizer(frozen, torch.optim.SGD([nn.Parameter(torch.zeros(1))], lr=0.1), stages=1)
+    with pytest.raises(ConfigError, match="torch.optim.Optimizer"):
+        staleopt.PipelineOptimizer(model, "sgd", stages=1)
+    # every error is a StaleoptError and a ValueError
+    for cls in (StageError, DelayError, ScheduleError, OptimizerMismatchError, ConfigError):
+        assert issubclass(cls, StaleoptError) and issubclass(cls, ValueError)
+
+
+def test_moving_the_model_after_construction_is_detected():
+    model = mlp()
+    opt = staleopt.PipelineOptimizer(model, torch.optim.SGD(model.parameters(), lr=0.1), stages=3)
+    model.float()
+    x, y = batches(1)[0]
+    mse(model(x.float()), y.float()).backward()
+    with pytest.raises(StaleoptError, match="moved or replaced"):
+        opt.step()
+
+
+# ----------------------------------------------------------------------------- delay tables
+DELAY_TABLES = {
+    # (schedule, P, N): (tau_fwd, tau_bkwd)
+    ("sync", 4, 1): ([0, 0, 0, 0], [0, 0, 0, 0]),
+    ("dataflow", 4, 1): ([7, 5, 3, 1], [0, 0, 0, 0]),
+    ("dataflow", 4, 2): ([4, 3, 2, 1], [0, 0, 0, 0]),
+    ("dataflow", 4, 4): ([2, 2, 1, 1], [0, 0, 0, 0]),
+    ("dataflow", 1, 1): ([1], [0]),
+    ("1f1b", 4, 1): ([3, 2, 1, 0], [0, 0, 0, 0]),
+    ("1f1b", 4, 2): ([2, 1, 1, 0], [0, 0, 0, 0]),
+    ("1f1b", 5, 4): ([1, 1, 1, 1, 0], [0, 0, 0, 0, 0]),
+    ("pb", 4, 1): ([6, 4, 2, 0], [0, 0, 0, 0]),
+    ("pb", 3, 2): ([4, 2, 0], [0, 0, 0]),
+    ("2bw", 4, 4): ([1, 1, 1, 1], [1, 1, 1, 1]),
+    ("2bw", 1, 1): ([0], [0]),
+}
+
+
+@pytest.mark.parametrize("key", sorted(DELAY_TABLES))
+def test_schedule_delay_tables(key):
+    name, P, N = key
+    assert schedules.get(name).delays(P, N) == DELAY_TABLES[key]
+
+
+def test_custom_schedule_and_registry():
+    s = schedules.get("custom", tau_fwd=[2, 1], tau_bkwd=[1, 0])
+    assert s.delays(2, 1) == ([2, 1], [1, 0])
+    assert set(schedules.names()) >= {"sync", "dataflow", "1f1b", "pb", "custom", "2bw", "hogwild"}
+
+
+def test_hogwild_is_seeded_and_truncated():
+    s = schedules.get("hogwild", tau_max=5)
+    draws = []
+    for _ in range(2):
+        g = torch.Generator().manual_seed(3)
+        draws.append([s.sample(4, 1, g)[0] for _ in range(300)])
+    assert draws[0] == draws[1]
+    flat = [t for d in draws[0] for t in d]
+    assert min(flat) == 0 and max(flat) == 5
+    # stage 0 (mean 7) is staler on average than stage 3 (mean 1)
+    mean = lambda i: sum(d[i] for d in draws[0]) / len(draws[0])
+    assert mean(0) > mean(3)
