@@ -1,0 +1,140 @@
+"""``staleopt sweep`` (run a resumable sweep) and ``staleopt results`` (summarize one)."""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+
+__all__ = ["register", "run_sweep_command", "run_results_command"]
+
+SWEEP_EXAMPLES = """\
+A sweep file (TOML) holds a [base] config and a [grid] of lists:
+
+    name = "stages"
+    [base]
+    model = "resnet1d"
+    epochs = 5
+    [grid]
+    method = ["gpipe", "pipedream", "pipemare"]
+    stages = [1, 4, 16, "max"]
+    seed = [0, 1]
+
+examples:
+  staleopt sweep experiments/demo.toml --out runs/demo --workers 2
+  staleopt sweep experiments/demo.toml --out runs/demo --dry-run      # list runs and their state
+  staleopt sweep experiments/demo.toml --out runs/demo --shard 1/4    # this machine's quarter
+  staleopt results runs/demo
+
+Each run lives in OUT/runs/<hash of its config>/; a run is finished once its
+'done' file exists. Launching again skips finished runs and restarts the
+others, so an interrupted sweep (even kill -9) resumes where it stopped.
+"""
+
+RESULTS_EXAMPLES = """\
+examples:
+  staleopt results runs/demo                      # table + runs/demo/summary.csv, records.csv
+  staleopt results runs/demo --by method,stages   # group by these keys only (others pooled)
+  staleopt results runs/demo --level 0.9          # 90% confidence intervals
+"""
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "sweep", help="run a grid of training configs, resumably",
+        description="Run every unfinished run of a sweep file.\n\n" + SWEEP_EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("sweep_file", metavar="SWEEP_FILE", help="TOML (or JSON) file with [base] and [grid]")
+    p.add_argument("--out", default=None,
+                   help="sweep directory (default: runs/<name in the file, else the file's stem>)")
+    p.add_argument("--workers", type=int, default=1, help="parallel runs, one process each (default 1)")
+    p.add_argument("--worker-threads", type=int, default=1, help="torch threads per run (default 1)")
+    p.add_argument("--shard", default=None, metavar="K/N",
+                   help="run only the K-th of N disjoint slices of the sweep (1 <= K <= N)")
+    p.add_argument("--progress", action="store_true", help="show each run's own progress")
+    p.add_argument("--no-bar", action="store_true", help="no progress bar over runs")
+    p.add_argument("--dry-run", action="store_true", help="list the runs and their state; run nothing")
+    p.add_argument("--download", action="store_true",
+                   help="download missing datasets (CIFAR) before starting the runs")
+    p.add_argument("--train-fn", default=None, metavar="MODULE:FUNCTION",
+                   help="train function called as f(config, progress=...) -> DataFrame "
+                        "(default staleopt.train:run)")
+    p.set_defaults(func=run_sweep_command)
+
+    r = subparsers.add_parser(
+        "results", help="summarize a sweep: mean +- CI over seeds, best and final accuracy",
+        description="Collect every finished run of a sweep directory into one table: mean and "
+                    "Student-t confidence interval over seeds of the best and final test accuracy, "
+                    "and the status (diverged runs are counted, not dropped).\n\n" + RESULTS_EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    r.add_argument("sweep_dir", metavar="SWEEP_DIR")
+    r.add_argument("--by", default=None, help="comma-separated config keys to group by (default: all but seed)")
+    r.add_argument("--level", type=float, default=0.95, help="confidence level (default 0.95)")
+    r.add_argument("--csv", default=None, help="summary CSV path (default SWEEP_DIR/summary.csv)")
+    r.add_argument("--records", default=None, help="all records CSV path (default SWEEP_DIR/records.csv)")
+    r.set_defaults(func=run_results_command)
+
+
+def run_sweep_command(args) -> int:
+    from .. import data, sweep
+    from ..errors import ConfigError
+
+    spec = sweep.load_sweep(args.sweep_file)
+    out = Path(args.out) if args.out else Path("runs") / (spec.name or Path(args.sweep_file).stem)
+    shard_spec = sweep.parse_shard(args.shard) if args.shard else None
+    configs = sweep.shard(spec.configs, *shard_spec) if shard_spec else spec.configs
+    if args.workers < 1 or args.worker_threads < 1:
+        raise ConfigError("--workers and --worker-threads must be >= 1")
+    if args.dry_run:
+        for cfg in configs:
+            varying = {k: getattr(cfg, k) for k in spec.grid}
+            print(cfg.run_id(), f"{sweep.run_state(out / 'runs' / cfg.run_id()):10s}", json.dumps(varying))
+        print(f"{len(configs)} runs in {out}")
+        return 0
+    if args.download:
+        for key in dict.fromkeys(json.dumps([c.data, c.data_kwargs], sort_keys=True) for c in configs):
+            name, kwargs = json.loads(key)
+            data.load(name, download=True, **kwargs)
+    report = sweep.run_sweep(configs, out, workers=args.workers, train_fn=args.train_fn,
+                             progress=args.progress, threads=args.worker_threads, bar=not args.no_bar)
+    diverged = sum(s == "diverged" for s in report.finished.values())
+    print(f"{out}: {report.total} runs; {len(report.skipped)} already done, {len(report.finished)} finished "
+          f"now ({diverged} diverged), {len(report.failed)} failed")
+    for run_id in report.failed:
+        print(f"  failed: {out / 'runs' / run_id / 'error.txt'}", file=sys.stderr)
+    return 0 if report.ok else 1
+
+
+def _fmt(mean, ci):
+    if isinstance(mean, float) and math.isnan(mean):
+        return "-"
+    return f"{mean:.4f}" if isinstance(ci, float) and math.isnan(ci) else f"{mean:.4f} ± {ci:.4f}"
+
+
+def run_results_command(args) -> int:
+    from .. import sweep
+    from ..errors import ConfigError
+
+    sweep_dir = Path(args.sweep_dir)
+    if not (sweep_dir / "runs").is_dir():
+        raise ConfigError(f"{sweep_dir} is not a sweep directory (no runs/ inside); "
+                          "pass the --out directory of `staleopt sweep`")
+    records = sweep.collect(sweep_dir)
+    states = sweep.runs(sweep_dir)["state"].value_counts().to_dict()
+    by = args.by.split(",") if args.by else None
+    summary = sweep.summarize(records, by=by, level=args.level)
+    records.to_csv(args.records or sweep_dir / "records.csv", index=False)
+    summary.to_csv(args.csv or sweep_dir / "summary.csv", index=False)
+    if summary.empty:
+        print(f"{sweep_dir}: no finished runs yet ({states})")
+        return 0
+    shown = summary.copy()
+    pct = int(round(args.level * 100))
+    shown[f"best_acc (±{pct}% CI)"] = [_fmt(m, c) for m, c in zip(summary.best_acc, summary.best_acc_ci)]
+    shown[f"final_acc (±{pct}% CI)"] = [_fmt(m, c) for m, c in zip(summary.final_acc, summary.final_acc_ci)]
+    shown = shown.drop(columns=["best_acc", "best_acc_ci", "final_acc", "final_acc_ci", "diverged"])
+    print(shown.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+    print(f"\n{sum(states.values())} runs: " + ", ".join(f"{n} {s}" for s, n in sorted(states.items())))
+    print(f"wrote {args.csv or sweep_dir / 'summary.csv'} and {args.records or sweep_dir / 'records.csv'}")
+    return 0

@@ -1,0 +1,265 @@
+"""``RunConfig``: everything that determines one training run, validated, with a stable hash.
+
+A run is a pure function of its config (DESIGN §1: bit-for-bit deterministic
+on CPU for a fixed seed), so the hash of the resolved config names the run's
+directory in a sweep (:mod:`staleopt.sweep`). Execution details that do not
+change the result (threads, progress bars, where data lives) are not fields.
+
+Correction hyperparameters left at ``None`` take the method's defaults
+(:mod:`staleopt.methods`); they are ignored by methods without that correction.
+"""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import functools
+import hashlib
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Union
+
+from .errors import ConfigError
+
+__all__ = ["RunConfig", "CHOICES", "field_names", "validate_field"]
+
+#: Allowed values of the string fields that take a fixed set of choices.
+CHOICES = {
+    "optimizer": ("sgd", "sgd-momentum", "adam", "adamw"),
+    "lr_schedule": ("constant", "cosine", "step"),
+    "partition": ("ops", "params"),
+    "prediction": ("optimizer", "sgdm", "adam"),
+}
+
+
+@dataclass
+class RunConfig:
+    """One training run. Field docs give the meaning and unit.
+
+    * ``model``, ``model_kwargs``: :func:`staleopt.models.get` name and options
+      (``num_classes`` and ``input_shape`` come from the data).
+    * ``data``, ``data_kwargs``: :func:`staleopt.data.load` name and options.
+    * ``method``: a method (:func:`staleopt.methods.names`) or schedule name;
+      ``stages`` (``P``, an int or ``"max"`` = the model's unit count),
+      ``microbatches`` (``N`` per minibatch, divides ``batch_size``),
+      ``partition`` strategy (``"ops"`` | ``"params"``).
+    * ``optimizer`` (``sgd`` | ``sgd-momentum`` | ``adam`` | ``adamw``), ``lr``,
+      ``momentum`` (SGD momentum, or Adam's beta1), ``weight_decay``;
+      ``lr_schedule``: ``constant``, ``cosine`` (to 0 over the run) or
+      ``step`` (times ``lr_gamma`` at each epoch in ``lr_milestones``).
+    * ``epochs``, ``batch_size``, ``seed``; ``max_steps`` caps the run (tests).
+    * corrections: ``anneal_steps`` (T1's K, PipeMare eq. 4), ``decay`` (T2's
+      D, PipeMare §3.2), ``warmup_steps`` (PipeMareW), ``pipelined_steps``
+      (stale-weights paper §4 hybrid), ``prediction`` (weight-prediction rule).
+    * ``divergence_loss``: a training loss above it (or non-finite) ends the
+      run with status ``"diverged"``; ``None``: only non-finite losses do.
+    * ``device``: ``"cpu"`` (bit-for-bit deterministic) or a torch device string.
+    """
+
+    model: str = "resnet1d"
+    model_kwargs: Dict[str, Any] = field(default_factory=dict)
+    data: str = "mnist1d"
+    data_kwargs: Dict[str, Any] = field(default_factory=dict)
+    method: str = "gpipe"
+    stages: Union[int, str] = 1
+    microbatches: int = 1
+    partition: str = "ops"
+    optimizer: str = "sgd-momentum"
+    lr: float = 0.1
+    momentum: float = 0.9
+    weight_decay: float = 0.0
+    lr_schedule: str = "constant"
+    lr_milestones: List[int] = field(default_factory=list)
+    lr_gamma: float = 0.1
+    epochs: int = 10
+    batch_size: int = 64
+    seed: int = 0
+    anneal_steps: Optional[int] = None
+    decay: Optional[float] = None
+    warmup_steps: Optional[int] = None
+    pipelined_steps: Optional[int] = None
+    prediction: Optional[str] = None
+    divergence_loss: Optional[float] = 100.0
+    max_steps: Optional[int] = None
+    device: str = "cpu"
+
+    def __post_init__(self):
+        for f in dataclasses.fields(self):
+            object.__setattr__(self, f.name, validate_field(f.name, getattr(self, f.name)))
+        if self.batch_size % self.microbatches:
+            _fail("microbatches", self.microbatches, f"must divide batch_size = {self.batch_size} "
+                  "(each microbatch holds batch_size / microbatches samples)")
+        _check_kwargs("model_kwargs", self.model_kwargs, _model_options(self.model))
+        _check_kwargs("data_kwargs", self.data_kwargs, _data_options(self.data))
+
+    @classmethod
+    def from_dict(cls, d: Dict[str, Any]) -> "RunConfig":
+        """Build from a mapping; unknown keys raise :class:`ConfigError` naming the allowed keys."""
+        unknown = [k for k in d if k not in field_names()]
+        if unknown:
+            k = unknown[0]
+            close = difflib.get_close_matches(k, field_names(), n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise ConfigError(f"unknown config key {k!r}{hint}; allowed keys: {', '.join(field_names())}")
+        return cls(**d)
+
+    def to_dict(self) -> Dict[str, Any]:
+        """JSON-native dict with sorted keys (nested dicts sorted too)."""
+        return json.loads(json.dumps(dataclasses.asdict(self), sort_keys=True))
+
+    def run_id(self) -> str:
+        """First 16 hex digits of the SHA-256 of the sorted, compact JSON of :meth:`to_dict`."""
+        blob = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+    def replace(self, **changes) -> "RunConfig":
+        """A validated copy with ``changes`` applied."""
+        return RunConfig.from_dict({**self.to_dict(), **changes})
+
+    def resolve(self) -> "RunConfig":
+        """Replace ``stages="max"`` by the model's unit count and check ``stages`` against it."""
+        units = _units(self.model, json.dumps(self.model_kwargs, sort_keys=True))
+        stages = units if self.stages == "max" else self.stages
+        if stages > units:
+            _fail("stages", stages, f"exceeds the {units} parametrized operators of model {self.model!r}")
+        return self if stages == self.stages else self.replace(stages=stages)
+
+
+def field_names() -> List[str]:
+    """The config keys, in declaration order."""
+    return [f.name for f in dataclasses.fields(RunConfig)]
+
+
+def _fail(name, value, why):
+    raise ConfigError(f"{name} = {value!r} {why}")
+
+
+def _int(name, v, lo=None, optional=False):
+    if v is None and optional:
+        return None
+    if isinstance(v, bool) or not isinstance(v, int) or (lo is not None and v < lo):
+        _fail(name, v, f"must be an int >= {lo}" + (" or None" if optional else ""))
+    return int(v)
+
+
+def _float(name, v, lo=None, hi=None, optional=False, open_lo=False):
+    if v is None and optional:
+        return None
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        _fail(name, v, "must be a finite number" + (" or None" if optional else ""))
+    if lo is not None and (v <= lo if open_lo else v < lo) or hi is not None and v > hi:
+        _fail(name, v, f"must lie in {'(' if open_lo else '['}{lo}, {hi if hi is not None else 'inf'}"
+                       f"{']' if hi is not None else ')'}")
+    return float(v)
+
+
+def _choice(name, v, choices, optional=False):
+    if v is None and optional:
+        return None
+    if v not in choices:
+        close = difflib.get_close_matches(str(v), list(choices), n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        _fail(name, v, f"is not allowed{hint}; allowed values: {', '.join(map(str, choices))}")
+    return v
+
+
+def _kwargs(name, v):
+    if not isinstance(v, dict) or not all(isinstance(k, str) for k in v):
+        _fail(name, v, "must be a table/dict of option name -> value")
+    return json.loads(json.dumps(v, sort_keys=True))
+
+
+def _method_names() -> List[str]:
+    from . import methods, schedules
+    return list(dict.fromkeys(list(methods.names()) + [s for s in schedules.names() if s != "custom"]))
+
+
+def _model_names():
+    from . import models
+    return models.names()
+
+
+def _data_names():
+    from . import data
+    return data.names()
+
+
+def _model_options(name):
+    from . import models
+    return [k for k in models.info(name).kwargs() if k not in ("num_classes", "input_shape")]
+
+
+def _data_options(name):
+    from . import data
+    return data.options(name)
+
+
+def _check_kwargs(name, given, allowed):
+    bad = [k for k in given if k not in allowed]
+    if bad:
+        _fail(name, given, f"has unknown option {bad[0]!r}; allowed: {', '.join(allowed) or '(none)'}")
+
+
+def _device(name, v):
+    import torch
+    try:
+        torch.device(v)
+    except (RuntimeError, TypeError):
+        _fail(name, v, "is not a torch device string (e.g. 'cpu', 'cuda', 'cuda:1')")
+    return v
+
+
+def _stages(name, v):
+    return v if v == "max" else _int(name, v, lo=1)
+
+
+def _milestones(name, v):
+    if not isinstance(v, (list, tuple)):
+        _fail(name, v, "must be a list of epochs")
+    out = [_int(name, e, lo=1) for e in v]
+    if out != sorted(set(out)):
+        _fail(name, v, "must be strictly increasing")
+    return out
+
+
+_VALIDATORS = {
+    "model": lambda n, v: _choice(n, v, _model_names()),
+    "model_kwargs": _kwargs,
+    "data": lambda n, v: _choice(n, v, _data_names()),
+    "data_kwargs": _kwargs,
+    "method": lambda n, v: _choice(n, v, _method_names()),
+    "stages": _stages,
+    "microbatches": lambda n, v: _int(n, v, lo=1),
+    "partition": lambda n, v: _choice(n, v, CHOICES["partition"]),
+    "optimizer": lambda n, v: _choice(n, v, CHOICES["optimizer"]),
+    "lr": lambda n, v: _float(n, v, lo=0.0, open_lo=True),
+    "momentum": lambda n, v: _float(n, v, lo=0.0, hi=1.0),
+    "weight_decay": lambda n, v: _float(n, v, lo=0.0),
+    "lr_schedule": lambda n, v: _choice(n, v, CHOICES["lr_schedule"]),
+    "lr_milestones": _milestones,
+    "lr_gamma": lambda n, v: _float(n, v, lo=0.0, open_lo=True),
+    "epochs": lambda n, v: _int(n, v, lo=1),
+    "batch_size": lambda n, v: _int(n, v, lo=1),
+    "seed": lambda n, v: _int(n, v, lo=0),
+    "anneal_steps": lambda n, v: _int(n, v, lo=1, optional=True),
+    "decay": lambda n, v: _float(n, v, lo=0.0, hi=1.0, optional=True),
+    "warmup_steps": lambda n, v: _int(n, v, lo=0, optional=True),
+    "pipelined_steps": lambda n, v: _int(n, v, lo=0, optional=True),
+    "prediction": lambda n, v: _choice(n, v, CHOICES["prediction"], optional=True),
+    "divergence_loss": lambda n, v: _float(n, v, lo=0.0, open_lo=True, optional=True),
+    "max_steps": lambda n, v: _int(n, v, lo=1, optional=True),
+    "device": _device,
+}
+
+
+def validate_field(name: str, value: Any) -> Any:
+    """Check one field on its own and return its normalized value (ints given for floats become floats)."""
+    if name not in _VALIDATORS:
+        raise ConfigError(f"unknown config key {name!r}; allowed keys: {', '.join(field_names())}")
+    return _VALIDATORS[name](name, value)
+
+
+@functools.lru_cache(maxsize=None)
+def _units(model: str, model_kwargs_json: str) -> int:
+    from . import models
+    return models.num_units(model, **json.loads(model_kwargs_json))

@@ -1,0 +1,301 @@
+"""Datasets by name: ``load(name, **kwargs) -> Data`` with train/test sets, shapes and task.
+
+==========  ==============  ===========  =======================================================
+name        input_shape     outputs      source
+==========  ==============  ===========  =======================================================
+mnist1d     (1, 40)         10 classes   generated locally by the ``mnist1d`` package
+                                         (Greydanus 2020), cached under the user cache dir
+cifar10     (3, 32, 32)     10 classes   torchvision files under ``root``; train augmentation:
+                                         random crop 32 (pad 4) + horizontal flip
+cifar100    (3, 32, 32)     100 classes  as cifar10
+synthetic   any (1, 40)     any (10)     Gaussian classes or a noisy linear regression, for tests
+==========  ==============  ===========  =======================================================
+
+Everything is a deterministic function of the arguments (MNIST-1D and
+synthetic data are generated from their own ``seed``; neither touches the
+global RNGs). CIFAR's random augmentation draws from torch's global RNG in
+the process that indexes the dataset, so a training loop that seeds torch and
+loads in-process (:func:`batches`) is deterministic.
+
+CIFAR files are looked up in ``root`` (default ``$STALEOPT_DATA`` or
+``<cache>/data``, ``<cache>`` = ``$XDG_CACHE_HOME/staleopt`` or
+``~/.cache/staleopt``), in torchvision's layout
+(``root/cifar-10-batches-py/data_batch_1`` ...). torchvision verifies each
+file's md5; ``verify=False`` keeps the existence check and skips only the
+md5s, which loads a re-packed or subsampled copy (the tests write one).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, Iterator, Optional, Tuple
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset, TensorDataset
+
+from .errors import ConfigError, DataError
+
+__all__ = ["Data", "load", "names", "options", "batches", "cache_dir", "data_dir", "CIFAR_FOLDERS"]
+
+#: torchvision's folder name for each CIFAR dataset, under ``root``.
+CIFAR_FOLDERS = {"cifar10": "cifar-10-batches-py", "cifar100": "cifar-100-python"}
+
+
+@dataclass
+class Data:
+    """A dataset split in two, with what a model and a loss need to know about it.
+
+    ``num_classes`` is the model's output size: the number of classes for
+    ``task == "classification"`` (targets are int64 class indices) and the
+    number of regression targets for ``task == "regression"`` (float targets
+    of shape ``(num_classes,)``).
+    """
+
+    name: str
+    train: Dataset
+    test: Dataset
+    num_classes: int
+    input_shape: Tuple[int, ...]
+    task: str
+    info: Dict[str, Any] = field(default_factory=dict)
+
+
+def cache_dir() -> Path:
+    """``$XDG_CACHE_HOME/staleopt``, else ``~/.cache/staleopt``."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "staleopt"
+
+
+def data_dir() -> Path:
+    """Default root for downloaded datasets: ``$STALEOPT_DATA``, else ``cache_dir()/data``."""
+    env = os.environ.get("STALEOPT_DATA")
+    return Path(env) if env else cache_dir() / "data"
+
+
+def _check_kwargs(name: str, given: Dict[str, Any], allowed) -> None:
+    bad = sorted(set(given) - set(allowed))
+    if bad:
+        raise ConfigError(f"data {name!r} got unknown argument(s) {bad}; allowed: {sorted(allowed)}")
+
+
+# ---------------------------------------------------------------------------------------------
+# MNIST-1D
+
+def _mnist1d_defaults() -> Dict[str, Any]:
+    from mnist1d.data import get_dataset_args
+    args = get_dataset_args(as_dict=True)
+    args.pop("url")
+    return args
+
+
+def _atomic_save_npz(path: Path, **arrays) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "wb") as f:
+        np.savez(f, **arrays)
+    os.replace(tmp, path)
+
+
+def _mnist1d(root=None, download=False, cache=True, **kw) -> Data:
+    """MNIST-1D from ``mnist1d.data.make_dataset`` with the package's defaults overridden by ``kw``.
+
+    Generation seeds numpy's and Python's global RNGs; their states are
+    restored afterwards. Arrays are cached as ``cache_dir()/mnist1d-<hash>.npz``
+    keyed by the full argument dict.
+    """
+    from mnist1d.data import make_dataset
+    from mnist1d.utils import ObjectView
+
+    args = _mnist1d_defaults()
+    args.update(kw)
+    if not isinstance(args["num_samples"], int) or args["num_samples"] < 20:
+        raise ConfigError(f"mnist1d num_samples must be an int >= 20, got {args['num_samples']!r}")
+    key = hashlib.sha256(json.dumps(args, sort_keys=True).encode()).hexdigest()[:16]
+    path = cache_dir() / f"mnist1d-{key}.npz"
+    arrays = None
+    if cache and path.exists():
+        try:
+            with np.load(path) as f:
+                arrays = {k: f[k] for k in ("x", "y", "x_test", "y_test")}
+        except (OSError, ValueError, KeyError):
+            arrays = None  # a corrupt cache file is regenerated
+    if arrays is None:
+        np_state, py_state = np.random.get_state(), random.getstate()
+        try:
+            d = make_dataset(ObjectView(dict(args)))
+        finally:
+            np.random.set_state(np_state)
+            random.setstate(py_state)
+        arrays = {k: d[k] for k in ("x", "y", "x_test", "y_test")}
+        if cache:
+            _atomic_save_npz(path, **arrays)
+
+    def tensors(x, y):
+        return TensorDataset(torch.as_tensor(x, dtype=torch.float32).unsqueeze(1),
+                             torch.as_tensor(y, dtype=torch.int64))
+
+    length = int(args["final_seq_length"])
+    return Data("mnist1d", tensors(arrays["x"], arrays["y"]), tensors(arrays["x_test"], arrays["y_test"]),
+                num_classes=10, input_shape=(1, length), task="classification",
+                info={"args": args, "cache": str(path) if cache else None})
+
+
+# ---------------------------------------------------------------------------------------------
+# CIFAR
+
+def _cifar_class(name: str, verify: bool):
+    import torchvision
+    base = torchvision.datasets.CIFAR10 if name == "cifar10" else torchvision.datasets.CIFAR100
+    if verify:
+        return base
+    # Same loader, md5s set to None: torchvision's check_integrity then only checks existence.
+    return type(base.__name__ + "Unverified", (base,), {
+        "train_list": [[f, None] for f, _ in base.train_list],
+        "test_list": [[f, None] for f, _ in base.test_list],
+        "meta": {**base.meta, "md5": None},
+    })
+
+
+def _cifar(name: str, root=None, download=False, augment=True, verify=True) -> Data:
+    """CIFAR-10/100 with per-channel normalization by the training set's own mean and std.
+
+    Train transform: ``RandomCrop(32, padding=4)``, ``RandomHorizontalFlip()``,
+    ``ToTensor()``, ``Normalize(mean, std)`` (the standard ResNet recipe, He
+    et al. 2016 §4.2); test transform: ``ToTensor()``, ``Normalize``.
+    """
+    from torchvision import transforms
+
+    root = Path(root) if root is not None else data_dir()
+    cls = _cifar_class(name, verify)
+    folder = root / CIFAR_FOLDERS[name]
+    files = [f for f, _ in cls.train_list + cls.test_list] + [cls.meta["filename"]]
+    missing = [f for f in files if not (folder / f).is_file()]
+    if missing and not download:
+        raise DataError(
+            f"{name} not found: {folder} lacks {missing}. Put the extracted python version of "
+            f"the dataset there ({cls.url} unpacks to {CIFAR_FOLDERS[name]}/), pass another root= "
+            f"(or set $STALEOPT_DATA), or pass download=True (--download on the command line).")
+    try:
+        train = cls(str(root), train=True, download=download)
+        test = cls(str(root), train=False, download=False)
+    except RuntimeError as e:  # torchvision: "Dataset not found or corrupted"
+        raise DataError(f"{name} under {folder} could not be loaded ({e}). Delete the folder and pass "
+                        f"download=True (--download), or pass verify=False for a re-packed copy.") from e
+    except OSError as e:
+        raise DataError(f"{name} could not be downloaded to {root} ({e}); download "
+                        f"{cls.url} by hand and extract it into {root}.") from e
+    pixels = train.data.reshape(-1, 3).astype(np.float64) / 255.0  # data is N x 32 x 32 x 3 (HWC)
+    mean, std = tuple(pixels.mean(0).tolist()), tuple(pixels.std(0).tolist())
+    norm = [transforms.ToTensor(), transforms.Normalize(mean, std)]
+    aug = [transforms.RandomCrop(32, padding=4), transforms.RandomHorizontalFlip()] if augment else []
+    train.transform = transforms.Compose(aug + norm)
+    test.transform = transforms.Compose(norm)
+    return Data(name, train, test, num_classes=100 if name == "cifar100" else 10,
+                input_shape=(3, 32, 32), task="classification",
+                info={"root": str(root), "mean": mean, "std": std, "augment": augment, "verify": verify})
+
+
+# ---------------------------------------------------------------------------------------------
+# synthetic
+
+def _synthetic(root=None, download=False, task="classification", num_samples=1000, input_shape=(1, 40),
+               num_classes=10, separation=1.0, noise=1.0, train_split=0.8, seed=0) -> Data:
+    """Gaussian data from a private generator seeded by ``seed``.
+
+    classification: class means ``mu_c ~ N(0, separation^2 I)``, labels uniform,
+    ``x = mu_y + noise * eps``. regression: ``x ~ N(0, I)``,
+    ``y = W x / sqrt(d) + noise * eps`` with ``W ~ N(0, 1)`` of shape
+    ``(num_classes, d)``, ``d = prod(input_shape)``.
+    """
+    if task not in ("classification", "regression"):
+        raise ConfigError(f"synthetic task must be 'classification' or 'regression', got {task!r}")
+    input_shape = tuple(int(s) for s in input_shape)
+    if not input_shape or min(input_shape) < 1 or num_classes < 1 or num_samples < 2:
+        raise ConfigError("synthetic needs a non-empty input_shape of positive sizes, num_classes >= 1 "
+                          f"and num_samples >= 2; got {input_shape}, {num_classes}, {num_samples}")
+    if not 0.0 < train_split < 1.0:
+        raise ConfigError(f"train_split must lie in (0, 1), got {train_split!r}")
+    g = torch.Generator().manual_seed(int(seed))
+    d = int(np.prod(input_shape))
+    if task == "classification":
+        means = separation * torch.randn(num_classes, d, generator=g, dtype=torch.float64)
+        y = torch.randint(num_classes, (num_samples,), generator=g)
+        x = means[y] + noise * torch.randn(num_samples, d, generator=g, dtype=torch.float64)
+    else:
+        w = torch.randn(num_classes, d, generator=g, dtype=torch.float64)
+        x = torch.randn(num_samples, d, generator=g, dtype=torch.float64)
+        y = (x @ w.T / d ** 0.5 + noise * torch.randn(num_samples, num_classes, generator=g,
+                                                      dtype=torch.float64)).float()
+    x = x.float().reshape(num_samples, *input_shape)
+    n_train = int(num_samples * train_split)
+    return Data("synthetic", TensorDataset(x[:n_train], y[:n_train]), TensorDataset(x[n_train:], y[n_train:]),
+                num_classes=int(num_classes), input_shape=input_shape, task=task,
+                info={"seed": int(seed), "separation": separation, "noise": noise})
+
+
+_LOADERS = {
+    "mnist1d": _mnist1d,
+    "cifar10": lambda **kw: _cifar("cifar10", **kw),
+    "cifar100": lambda **kw: _cifar("cifar100", **kw),
+    "synthetic": _synthetic,
+}
+
+_OPTIONS = {
+    "mnist1d": lambda: sorted(set(_mnist1d_defaults()) | {"cache"}),
+    "cifar10": lambda: ["augment", "verify"],
+    "cifar100": lambda: ["augment", "verify"],
+    "synthetic": lambda: ["input_shape", "noise", "num_classes", "num_samples", "seed", "separation",
+                          "task", "train_split"],
+}
+
+
+def names():
+    """The dataset names :func:`load` accepts."""
+    return list(_LOADERS)
+
+
+def options(name: str):
+    """The dataset's own keyword arguments (besides ``root`` and ``download``)."""
+    if name not in _LOADERS:
+        raise ConfigError(f"unknown dataset {name!r}; choose one of {names()}")
+    return _OPTIONS[name]()
+
+
+def load(name: str = "mnist1d", *, root=None, download: bool = False, **kwargs) -> Data:
+    """Load dataset ``name``; ``kwargs`` are the dataset's own options (see the module table).
+
+    ``root`` is where downloaded datasets live (CIFAR); ``download=True``
+    fetches missing CIFAR files. Raises :class:`~staleopt.errors.DataError`
+    when files are missing and :class:`~staleopt.errors.ConfigError` for bad
+    arguments.
+    """
+    _check_kwargs(name, kwargs, options(name))
+    return _LOADERS[name](root=root, download=download, **kwargs)
+
+
+def batches(dataset: Dataset, batch_size: int, *, shuffle: bool = False,
+            generator: Optional[torch.Generator] = None, drop_last: bool = False) -> Iterator:
+    """Yield ``(x, y)`` minibatches in-process, deterministic given ``generator``.
+
+    A :class:`TensorDataset` is sliced directly (no per-sample collate); any
+    other dataset goes through a ``DataLoader`` with ``num_workers=0``, so its
+    random transforms draw from this process's torch RNG.
+    """
+    if batch_size < 1:
+        raise ConfigError(f"batch_size must be >= 1, got {batch_size}")
+    n = len(dataset)
+    order = torch.randperm(n, generator=generator) if shuffle else torch.arange(n)
+    stop = n - n % batch_size if drop_last else n
+    if isinstance(dataset, TensorDataset):
+        for s in range(0, stop, batch_size):
+            idx = order[s:s + batch_size]
+            yield tuple(t[idx] for t in dataset.tensors)
+        return
+    loader = torch.utils.data.DataLoader(torch.utils.data.Subset(dataset, order[:stop].tolist()),
+                                         batch_size=batch_size, shuffle=False, num_workers=0)
+    yield from loader

@@ -1,0 +1,368 @@
+"""Models by name: ``get(name, num_classes=..., input_shape=..., seed=...) -> nn.Module``.
+
+Every model takes ``num_classes`` and ``input_shape`` (a sample's shape,
+without the batch dimension) so it can be built from :class:`staleopt.data.Data`.
+Its *units* (parametrized operators, :func:`staleopt.partition.units_of`) are
+registered in the order the forward pass runs them, so stage 0 is next to the
+input; the number of units is the largest possible number of stages.
+
+===============  ============  =====  ===========================================================
+name             input         units  model
+===============  ============  =====  ===========================================================
+resnet1d         (C, L)        6n+3   1-D ResNet for MNIST-1D, ``depth = 6n+2`` (default 20: 39 units)
+cnn1d            (C, L)        d+1    plain 1-D CNN, ``depth`` conv+ReLU layers (default 8: 9 units)
+mlp              any           d+1    ``depth`` hidden Linear+ReLU layers (default 2)
+transformer      (C, L)        6l+4   pre-norm Transformer encoder classifier over patches of L
+lenet5           (C, H, W)     5      LeNet-5 (LeCun et al. 1998), ReLU + max-pool
+resnet20/32/56   (3, H, W)     12n+3  CIFAR ResNet (He et al. 2016 §4.2), option A shortcuts
+resnet50-cifar   (3, H, W)     107    torchvision ResNet-50, 3x3 stride-1 stem, no max-pool
+                                      (the PipeMare CIFAR-10 setup, PipeMare §4.1)
+===============  ============  =====  ===========================================================
+
+ResNet units: ``depth - 1`` convolutions, each followed by a batch norm, plus
+the classifier: ``2 (depth - 1) + 1``. Option A shortcuts (identity, stride-2
+subsampling and zero-padded channels where the shape changes) have no
+parameters, so they add no units.
+"""
+from __future__ import annotations
+
+import inspect
+import math
+from dataclasses import dataclass
+from typing import Callable, Dict, List, Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .errors import ConfigError
+from .partition import units_of
+
+__all__ = ["get", "names", "info", "num_units", "table", "ModelInfo",
+           "ResNet1d", "CNN1d", "MLP", "TransformerClassifier", "LeNet5", "CifarResNet", "resnet50_cifar"]
+
+
+def _shape(input_shape, dims: int, name: str) -> Tuple[int, ...]:
+    shape = tuple(int(s) for s in input_shape)
+    if len(shape) != dims or min(shape) < 1:
+        want = {1: "(features,)", 2: "(channels, length)", 3: "(channels, height, width)"}[dims]
+        raise ConfigError(f"{name} needs input_shape {want}, got {tuple(input_shape)}")
+    return shape
+
+
+class _ShortcutA(nn.Module):
+    """Option A shortcut (He et al. 2016 §4.1): subsample by ``stride``, zero-pad new channels."""
+
+    def __init__(self, cin: int, cout: int, stride: int):
+        super().__init__()
+        self.cin, self.cout, self.stride = cin, cout, stride
+
+    def forward(self, x):
+        if self.stride > 1:
+            x = x[(..., *[slice(None, None, self.stride)] * (x.dim() - 2))]
+        if self.cout > self.cin:
+            pad = self.cout - self.cin
+            x = torch.cat([x, x.new_zeros(x.shape[0], pad, *x.shape[2:])], 1)
+        return x
+
+
+class _BasicBlock(nn.Module):
+    """``relu(bn(conv(relu(bn(conv(x))))) + shortcut(x))`` with 3-wide kernels (1-D or 2-D)."""
+
+    def __init__(self, cin: int, cout: int, stride: int, dims: int):
+        super().__init__()
+        Conv, BN = (nn.Conv1d, nn.BatchNorm1d) if dims == 1 else (nn.Conv2d, nn.BatchNorm2d)
+        self.conv1 = Conv(cin, cout, 3, stride, 1, bias=False)
+        self.bn1 = BN(cout)
+        self.conv2 = Conv(cout, cout, 3, 1, 1, bias=False)
+        self.bn2 = BN(cout)
+        self.shortcut = _ShortcutA(cin, cout, stride)
+
+    def forward(self, x):
+        out = F.relu(self.bn1(self.conv1(x)))
+        out = self.bn2(self.conv2(out))
+        return F.relu(out + self.shortcut(x))
+
+
+class _ResNet(nn.Module):
+    """He et al. 2016 §4.2: a 3x3 stem, three groups of ``n`` basic blocks at widths w, 2w, 4w
+    (strides 1, 2, 2), global average pooling and a linear classifier. ``depth = 6n + 2``."""
+
+    def __init__(self, depth: int, num_classes: int, in_channels: int, width: int, dims: int):
+        super().__init__()
+        if (depth - 2) % 6 or depth < 8:
+            raise ConfigError(f"ResNet depth must be 6n+2 with n >= 1 (8, 14, 20, 32, 44, 56, ...), got {depth}")
+        if width < 1:
+            raise ConfigError(f"width must be >= 1, got {width}")
+        n = (depth - 2) // 6
+        Conv, BN = (nn.Conv1d, nn.BatchNorm1d) if dims == 1 else (nn.Conv2d, nn.BatchNorm2d)
+        self.conv = Conv(in_channels, width, 3, 1, 1, bias=False)
+        self.bn = BN(width)
+        blocks, cin = [], width
+        for g, cout in enumerate((width, 2 * width, 4 * width)):
+            for b in range(n):
+                blocks.append(_BasicBlock(cin, cout, 2 if (g > 0 and b == 0) else 1, dims))
+                cin = cout
+        self.blocks = nn.Sequential(*blocks)
+        self.fc = nn.Linear(cin, num_classes)
+        for m in self.modules():
+            if isinstance(m, (nn.Conv1d, nn.Conv2d)):
+                nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
+
+    def forward(self, x):
+        x = self.blocks(F.relu(self.bn(self.conv(x))))
+        return self.fc(x.flatten(2).mean(2))
+
+
+class ResNet1d(_ResNet):
+    """1-D ResNet for sequences ``(C, L)`` such as MNIST-1D: the CIFAR ResNet with 1-D convolutions."""
+
+    def __init__(self, num_classes: int = 10, input_shape=(1, 40), depth: int = 20, width: int = 16):
+        c, _ = _shape(input_shape, 2, "resnet1d")
+        super().__init__(depth, num_classes, c, width, dims=1)
+
+
+class CifarResNet(_ResNet):
+    """CIFAR ResNet-``depth`` of He et al. 2016 §4.2 (ResNet-20/32/56: n = 3/5/9), option A shortcuts."""
+
+    def __init__(self, num_classes: int = 10, input_shape=(3, 32, 32), depth: int = 20, width: int = 16):
+        c, _, _ = _shape(input_shape, 3, f"resnet{depth}")
+        super().__init__(depth, num_classes, c, width, dims=2)
+
+
+class CNN1d(nn.Module):
+    """``depth`` layers of Conv1d(k=3, padding 1) + ReLU at ``width`` channels (every
+    ``downsample_every``-th with stride 2), global average pooling, then a linear classifier.
+    No normalization layers; convolutions use He (Kaiming) normal initialization."""
+
+    def __init__(self, num_classes: int = 10, input_shape=(1, 40), depth: int = 8, width: int = 32,
+                 downsample_every: int = 3):
+        super().__init__()
+        c, _ = _shape(input_shape, 2, "cnn1d")
+        if depth < 1 or width < 1 or downsample_every < 1:
+            raise ConfigError(f"cnn1d needs depth, width, downsample_every >= 1, got {depth}, {width}, "
+                              f"{downsample_every}")
+        layers = []
+        for i in range(depth):
+            stride = 2 if (i + 1) % downsample_every == 0 else 1
+            layers += [nn.Conv1d(c if i == 0 else width, width, 3, stride, 1), nn.ReLU()]
+        self.features = nn.Sequential(*layers)
+        self.fc = nn.Linear(width, num_classes)
+        for m in self.features:
+            if isinstance(m, nn.Conv1d):  # He init keeps a deep plain ReLU stack trainable
+                nn.init.kaiming_normal_(m.weight, nonlinearity="relu")
+                nn.init.zeros_(m.bias)
+
+    def forward(self, x):
+        return self.fc(self.features(x).mean(2))
+
+
+class MLP(nn.Module):
+    """Flatten, ``depth`` hidden layers Linear(hidden) + ReLU, then Linear(num_classes)."""
+
+    def __init__(self, num_classes: int = 10, input_shape=(1, 40), depth: int = 2, hidden: int = 128):
+        super().__init__()
+        shape = tuple(int(s) for s in input_shape)
+        if not shape or min(shape) < 1 or depth < 0 or hidden < 1:
+            raise ConfigError(f"mlp needs a positive input_shape, depth >= 0, hidden >= 1; got {shape}, "
+                              f"{depth}, {hidden}")
+        layers, fan_in = [nn.Flatten()], math.prod(shape)
+        for _ in range(depth):
+            layers += [nn.Linear(fan_in, hidden), nn.ReLU()]
+            fan_in = hidden
+        layers.append(nn.Linear(fan_in, num_classes))
+        self.net = nn.Sequential(*layers)
+
+    def forward(self, x):
+        return self.net(x)
+
+
+class _Attention(nn.Module):
+    """Multi-head self-attention: ``softmax(Q K^T / sqrt(d_head)) V`` with fused QKV projection."""
+
+    def __init__(self, dim: int, heads: int):
+        super().__init__()
+        self.heads = heads
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.proj = nn.Linear(dim, dim)
+
+    def forward(self, x):
+        b, t, d = x.shape
+        q, k, v = self.qkv(x).view(b, t, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
+        a = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(d // self.heads), dim=-1) @ v
+        return self.proj(a.transpose(1, 2).reshape(b, t, d))
+
+
+class _EncoderLayer(nn.Module):
+    """Pre-norm encoder layer: ``x += attn(ln1(x)); x += fc2(gelu(fc1(ln2(x))))`` (6 units)."""
+
+    def __init__(self, dim: int, heads: int, mlp_ratio: int):
+        super().__init__()
+        self.ln1 = nn.LayerNorm(dim)
+        self.attn = _Attention(dim, heads)
+        self.ln2 = nn.LayerNorm(dim)
+        self.fc1 = nn.Linear(dim, mlp_ratio * dim)
+        self.fc2 = nn.Linear(mlp_ratio * dim, dim)
+
+    def forward(self, x):
+        x = x + self.attn(self.ln1(x))
+        return x + self.fc2(F.gelu(self.fc1(self.ln2(x))))
+
+
+class _Positions(nn.Module):
+    """Learned positional embedding added to the token sequence."""
+
+    def __init__(self, tokens: int, dim: int):
+        super().__init__()
+        self.weight = nn.Parameter(0.02 * torch.randn(tokens, dim))
+
+    def forward(self, x):
+        return x + self.weight
+
+
+class TransformerClassifier(nn.Module):
+    """Encoder classifier for ``(C, L)`` inputs: the sequence is cut into ``L / patch`` tokens of
+    ``C * patch`` features, embedded, given learned positions, passed through ``layers`` pre-norm
+    encoder layers, mean-pooled, normalized and classified. Units: ``6 * layers + 4``."""
+
+    def __init__(self, num_classes: int = 10, input_shape=(1, 40), dim: int = 32, heads: int = 4,
+                 layers: int = 4, patch: int = 4, mlp_ratio: int = 2):
+        super().__init__()
+        c, length = _shape(input_shape, 2, "transformer")
+        if length % patch or dim % heads or min(dim, heads, layers, patch, mlp_ratio) < 1:
+            raise ConfigError(f"transformer needs patch | L ({patch} | {length}), heads | dim ({heads} | {dim}) "
+                              "and positive sizes")
+        self.patch = patch
+        self.embed = nn.Linear(c * patch, dim)
+        self.pos = _Positions(length // patch, dim)
+        self.layers = nn.Sequential(*[_EncoderLayer(dim, heads, mlp_ratio) for _ in range(layers)])
+        self.ln = nn.LayerNorm(dim)
+        self.head = nn.Linear(dim, num_classes)
+
+    def forward(self, x):
+        b, c, length = x.shape
+        tokens = x.view(b, c, length // self.patch, self.patch).permute(0, 2, 1, 3).reshape(b, length // self.patch, -1)
+        h = self.layers(self.pos(self.embed(tokens)))
+        return self.head(self.ln(h.mean(1)))
+
+
+class LeNet5(nn.Module):
+    """LeNet-5 (LeCun et al. 1998) with ReLU and max-pooling: conv5x5(6), pool, conv5x5(16), pool,
+    fc120, fc84, fc(num_classes). 28x28 inputs are zero-padded by 2, as in the paper's 32x32 retina."""
+
+    def __init__(self, num_classes: int = 10, input_shape=(3, 32, 32)):
+        super().__init__()
+        c, h, w = _shape(input_shape, 3, "lenet5")
+        pad = 2 if min(h, w) < 32 else 0
+        if min(h, w) + 2 * pad < 16:
+            raise ConfigError(f"lenet5 needs images of at least 12x12, got {h}x{w}")
+        self.conv1 = nn.Conv2d(c, 6, 5, padding=pad)
+        self.conv2 = nn.Conv2d(6, 16, 5)
+        hh, ww = ((h + 2 * pad - 4) // 2 - 4) // 2, ((w + 2 * pad - 4) // 2 - 4) // 2
+        self.fc1 = nn.Linear(16 * hh * ww, 120)
+        self.fc2 = nn.Linear(120, 84)
+        self.fc3 = nn.Linear(84, num_classes)
+
+    def forward(self, x):
+        x = F.max_pool2d(F.relu(self.conv1(x)), 2)
+        x = F.max_pool2d(F.relu(self.conv2(x)), 2)
+        return self.fc3(F.relu(self.fc2(F.relu(self.fc1(x.flatten(1))))))
+
+
+def resnet50_cifar(num_classes: int = 10, input_shape=(3, 32, 32)) -> nn.Module:
+    """torchvision ResNet-50 with a 3x3 stride-1 stem convolution and no max-pool (PipeMare §4.1):
+    53 convolutions + 53 batch norms + 1 linear = 107 units."""
+    import torchvision
+    c, _, _ = _shape(input_shape, 3, "resnet50-cifar")
+    model = torchvision.models.resnet50(weights=None, num_classes=num_classes)
+    model.conv1 = nn.Conv2d(c, 64, 3, 1, 1, bias=False)
+    nn.init.kaiming_normal_(model.conv1.weight, mode="fan_out", nonlinearity="relu")
+    model.maxpool = nn.Identity()
+    return model
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """A registry entry: how to build the model and what input it expects by default."""
+
+    name: str
+    factory: Callable[..., nn.Module]
+    input_shape: Tuple[int, ...]
+    description: str
+    fixed: Tuple[Tuple[str, object], ...] = ()  # keyword arguments the name fixes (e.g. depth)
+
+    def kwargs(self) -> List[str]:
+        """Keyword arguments :func:`get` accepts for this model."""
+        params = inspect.signature(self.factory).parameters
+        return [p for p in params if p not in dict(self.fixed)]
+
+
+def _resnet(depth):
+    return ModelInfo(f"resnet{depth}", CifarResNet, (3, 32, 32),
+                     f"CIFAR ResNet-{depth} (He et al. 2016 §4.2), option A shortcuts", (("depth", depth),))
+
+
+_REGISTRY: Dict[str, ModelInfo] = {m.name: m for m in [
+    ModelInfo("resnet1d", ResNet1d, (1, 40), "1-D ResNet-20 for MNIST-1D (width 16, option A shortcuts)"),
+    ModelInfo("cnn1d", CNN1d, (1, 40), "plain 1-D CNN for MNIST-1D: 8 conv+ReLU layers, width 32, no normalization"),
+    ModelInfo("mlp", MLP, (1, 40), "MLP: 2 hidden layers of 128, ReLU"),
+    ModelInfo("transformer", TransformerClassifier, (1, 40),
+              "pre-norm Transformer encoder classifier: 4 layers, dim 32, 4 heads, patches of 4"),
+    ModelInfo("lenet5", LeNet5, (3, 32, 32), "LeNet-5 (LeCun et al. 1998), ReLU + max-pool"),
+    _resnet(20), _resnet(32), _resnet(56),
+    ModelInfo("resnet50-cifar", resnet50_cifar, (3, 32, 32),
+              "torchvision ResNet-50, 3x3 stem, no max-pool (PipeMare CIFAR-10 setup)"),
+]}
+
+
+def names() -> List[str]:
+    """The model names :func:`get` accepts."""
+    return list(_REGISTRY)
+
+
+def info(name: str) -> ModelInfo:
+    """The registry entry of ``name``."""
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        raise ConfigError(f"unknown model {name!r}; choose one of {names()}") from None
+
+
+def get(name: str, *, seed: Optional[int] = None, **kwargs) -> nn.Module:
+    """Build model ``name``; ``kwargs`` go to its constructor (``num_classes``, ``input_shape``, ...).
+
+    With ``seed`` the initialization draws from ``torch.manual_seed(seed)``
+    inside a forked RNG, so the global RNG is left as it was.
+    """
+    entry = info(name)
+    allowed = entry.kwargs()
+    bad = sorted(set(kwargs) - set(allowed))
+    if bad:
+        raise ConfigError(f"model {name!r} got unknown argument(s) {bad}; allowed: {allowed}")
+    kwargs = {**dict(entry.fixed), **kwargs}
+    if seed is None:
+        return entry.factory(**kwargs)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return entry.factory(**kwargs)
+
+
+def num_units(name: str, **kwargs) -> int:
+    """Number of parametrized operators of ``get(name, **kwargs)``: the largest stage count.
+
+    Built on the meta device, so it costs no memory or initialization time.
+    """
+    with torch.device("meta"):
+        return len(units_of(get(name, **kwargs)))
+
+
+def table() -> List[Dict[str, object]]:
+    """One row per model at its defaults: name, params, units (max stages), input shape, description."""
+    rows = []
+    for name, entry in _REGISTRY.items():
+        with torch.device("meta"):
+            model = get(name)
+        rows.append({"name": name, "params": sum(p.numel() for p in model.parameters()),
+                     "units": len(units_of(model)), "input_shape": entry.input_shape,
+                     "description": entry.description})
+    return rows

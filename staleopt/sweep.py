@@ -1,0 +1,427 @@
+"""Resumable sweeps (DomainBed-style): a grid of :class:`RunConfig` s, one directory per run.
+
+A sweep file (TOML) holds a ``[base]`` config and a ``[grid]`` of lists; the
+runs are the Cartesian product of the grid over the base, in file order::
+
+    name = "demo"
+    [base]
+    model = "resnet1d"
+    epochs = 5
+    [grid]
+    method = ["gpipe", "pipemare"]
+    stages = [1, 4, "max"]
+    seed = [0, 1]
+
+Layout of a sweep directory (each run is named by :meth:`RunConfig.run_id`,
+the hash of its resolved config)::
+
+    SWEEP_DIR/runs/<run_id>/config.json   written first
+                            records.csv   per-epoch records of the train function
+                            done          written last, by atomic rename: the run is finished
+                            error.txt     the traceback, when the train function raised
+
+Launching a sweep again skips finished runs and restarts the others from
+scratch, so killing it (even with ``kill -9``) loses only the runs in flight.
+``shard=(k, n)`` runs the ``k``-th of ``n`` disjoint, deterministic slices
+(1-based), so a cluster scheduler can spread one sweep over machines.
+
+The runner knows nothing about training: it calls
+``train_fn(config, progress=...) -> pandas.DataFrame`` (default
+``staleopt.train.run``) whose rows are epochs with at least the columns
+:data:`RECORD_COLUMNS`.
+"""
+from __future__ import annotations
+
+import importlib
+import itertools
+import json
+import math
+import multiprocessing
+import os
+import shutil
+import time
+import traceback
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union
+
+import pandas as pd
+
+from .config import RunConfig, field_names, validate_field
+from .errors import ConfigError, SweepConfigError
+
+__all__ = ["Sweep", "load_sweep", "expand", "shard", "parse_shard", "run_sweep", "SweepReport",
+           "run_state", "runs", "collect", "summarize", "t_interval", "RECORD_COLUMNS", "DEFAULT_TRAIN_FN"]
+
+#: Columns every records DataFrame must have (one row per epoch).
+RECORD_COLUMNS = ("epoch", "step", "train_loss", "test_acc", "status")
+DEFAULT_TRAIN_FN = "staleopt.train:run"
+_TOP_KEYS = ("name", "description", "base", "grid")
+
+
+@dataclass
+class Sweep:
+    """A parsed sweep: its base config, grid and the expanded, resolved, de-duplicated runs."""
+
+    name: str
+    base: Dict[str, Any]
+    grid: Dict[str, List[Any]]
+    configs: List[RunConfig]
+    description: str = ""
+
+
+def _where(source, section, key=None, index=None):
+    s = f"{source}: [{section}]"
+    if key is not None:
+        s += f" {key}"
+    if index is not None:
+        s += f"[{index}]"
+    return s
+
+
+def load_sweep(path: Union[str, os.PathLike]) -> Sweep:
+    """Parse and validate a TOML sweep file (or a ``.json`` file with the same structure)."""
+    path = Path(path)
+    if not path.is_file():
+        raise SweepConfigError(f"sweep file {path} does not exist")
+    try:
+        if path.suffix == ".json":
+            spec = json.loads(path.read_text())
+        else:
+            import tomllib
+            spec = tomllib.loads(path.read_text())
+    except ValueError as e:  # tomllib.TOMLDecodeError and json.JSONDecodeError are ValueErrors
+        raise SweepConfigError(f"{path}: not valid {'JSON' if path.suffix == '.json' else 'TOML'}: {e}") from e
+    return from_spec(spec, source=str(path))
+
+
+def from_spec(spec: Dict[str, Any], source: str = "sweep") -> Sweep:
+    """Validate a sweep mapping ``{name, description, base, grid}`` and expand it."""
+    if not isinstance(spec, dict):
+        raise SweepConfigError(f"{source}: a sweep must be a table with keys {', '.join(_TOP_KEYS)}")
+    for key in spec:
+        if key not in _TOP_KEYS:
+            raise SweepConfigError(f"{source}: unknown top-level key {key!r}; allowed keys: {', '.join(_TOP_KEYS)}"
+                                   " (config keys go under [base] or [grid])")
+    base, grid = spec.get("base", {}), spec.get("grid", {})
+    for section, table in (("base", base), ("grid", grid)):
+        if not isinstance(table, dict):
+            raise SweepConfigError(f"{source}: [{section}] must be a table of config keys")
+        for key in table:
+            if key not in field_names():
+                raise SweepConfigError(f"{_where(source, section, key)}: unknown config key {key!r}; "
+                                       f"allowed keys: {', '.join(field_names())}")
+    for key, value in base.items():
+        try:
+            validate_field(key, value)
+        except ConfigError as e:
+            raise SweepConfigError(f"{_where(source, 'base', key)}: {e}") from None
+    for key, values in grid.items():
+        if not isinstance(values, list) or not values:
+            raise SweepConfigError(f"{_where(source, 'grid', key)}: grid values must be a non-empty list, "
+                                   f"got {values!r} (put single values under [base])")
+        for i, value in enumerate(values):
+            try:
+                validate_field(key, value)
+            except ConfigError as e:
+                raise SweepConfigError(f"{_where(source, 'grid', key, i)}: {e}") from None
+    overlap = sorted(set(base) & set(grid))
+    if overlap:
+        raise SweepConfigError(f"{source}: {overlap} appear in both [base] and [grid]; keep each key in one")
+    try:
+        configs = expand(base, grid)
+    except ConfigError as e:
+        raise SweepConfigError(f"{source}: {e}") from None
+    return Sweep(str(spec.get("name", "")), dict(base), dict(grid), configs, str(spec.get("description", "")))
+
+
+def expand(base: Dict[str, Any], grid: Dict[str, Sequence[Any]]) -> List[RunConfig]:
+    """The resolved configs of ``base`` x product(grid) in grid order, duplicates (same run_id) dropped."""
+    keys = list(grid)
+    out, seen = [], set()
+    for combo in itertools.product(*(grid[k] for k in keys)):
+        values = dict(zip(keys, combo))
+        try:
+            cfg = RunConfig.from_dict({**base, **values}).resolve()
+        except ConfigError as e:
+            raise ConfigError(f"run {values}: {e}") from None
+        if cfg.run_id() not in seen:
+            seen.add(cfg.run_id())
+            out.append(cfg)
+    return out
+
+
+def parse_shard(text: str) -> Tuple[int, int]:
+    """``"K/N"`` -> ``(K, N)`` with ``1 <= K <= N``."""
+    try:
+        k, n = (int(p) for p in text.split("/"))
+    except ValueError:
+        raise ConfigError(f"--shard must look like K/N (e.g. 2/4), got {text!r}") from None
+    if not 1 <= k <= n:
+        raise ConfigError(f"--shard K/N needs 1 <= K <= N, got {text!r}")
+    return k, n
+
+
+def shard(configs: Sequence[RunConfig], k: int, n: int) -> List[RunConfig]:
+    """The ``k``-th of ``n`` slices (1-based): runs sorted by run_id, every ``n``-th from index ``k-1``.
+
+    Depends only on the set of runs, so every machine computes the same
+    slices; the ``n`` slices are disjoint and their union is all runs.
+    """
+    parse_shard(f"{k}/{n}")
+    ordered = sorted(configs, key=RunConfig.run_id)
+    mine = {c.run_id() for c in ordered[k - 1::n]}
+    return [c for c in configs if c.run_id() in mine]
+
+
+# ---------------------------------------------------------------------------------------------
+# running
+
+def _atomic_write(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def run_state(run_dir: Union[str, os.PathLike]) -> str:
+    """``"done"``, ``"failed"`` (train function raised), ``"incomplete"`` (started) or ``"pending"``."""
+    run_dir = Path(run_dir)
+    if (run_dir / "done").is_file():
+        return "done"
+    if (run_dir / "error.txt").is_file():
+        return "failed"
+    return "incomplete" if run_dir.is_dir() else "pending"
+
+
+def _resolve_fn(train_fn) -> Callable:
+    if callable(train_fn):
+        return train_fn
+    module, _, name = str(train_fn).partition(":")
+    if not module or not name:
+        raise ConfigError(f"a train function is given as 'module:function', got {train_fn!r}")
+    try:
+        return getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError) as e:
+        raise ConfigError(f"cannot import train function {train_fn!r}: {e}") from e
+
+
+def _execute(train_fn, config: Dict[str, Any], run_dir: str, progress: bool) -> Tuple[str, str, float]:
+    """Run one config into ``run_dir``; returns ``(run_id, status, seconds)``; status ``"failed"`` on error."""
+    run_dir = Path(run_dir)
+    if run_dir.exists():  # an unfinished or failed earlier attempt: start over
+        shutil.rmtree(run_dir)
+    run_dir.mkdir(parents=True)
+    cfg = RunConfig.from_dict(config)
+    _atomic_write(run_dir / "config.json", json.dumps(cfg.to_dict(), indent=2, sort_keys=True) + "\n")
+    t0 = time.perf_counter()
+    try:
+        records = _resolve_fn(train_fn)(cfg, progress=progress)
+        missing = [c for c in RECORD_COLUMNS if c not in getattr(records, "columns", ())]
+        if missing or len(records) == 0:
+            raise TypeError(f"the train function must return a non-empty DataFrame with columns "
+                            f"{list(RECORD_COLUMNS)}; missing {missing}")
+    except Exception:
+        _atomic_write(run_dir / "error.txt", traceback.format_exc())
+        return cfg.run_id(), "failed", time.perf_counter() - t0
+    seconds = time.perf_counter() - t0
+    _atomic_write(run_dir / "records.csv", records.to_csv(index=False))
+    status = str(records["status"].iloc[-1])
+    _atomic_write(run_dir / "done", json.dumps({"status": status, "seconds": seconds,
+                                                "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z")}) + "\n")
+    return cfg.run_id(), status, seconds
+
+
+def _init_worker(threads: Optional[int]) -> None:
+    if threads:
+        import torch
+        torch.set_num_threads(threads)
+
+
+@dataclass
+class SweepReport:
+    """What one launch did: run ids skipped (already done), finished (with status) and failed."""
+
+    total: int
+    skipped: List[str] = field(default_factory=list)
+    finished: Dict[str, str] = field(default_factory=dict)
+    failed: List[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.failed
+
+
+def run_sweep(sweep: Union[Sweep, str, os.PathLike, Sequence[RunConfig]], out: Union[str, os.PathLike], *,
+              workers: int = 1, shard_spec: Optional[Tuple[int, int]] = None, train_fn=None,
+              progress: bool = False, threads: Optional[int] = 1, bar: bool = True,
+              context: str = "spawn") -> SweepReport:
+    """Run every unfinished config of ``sweep`` into ``out/runs/<run_id>/``.
+
+    ``workers > 1`` uses a process pool of that size (``context`` ``"spawn"``
+    or ``"forkserver"``; each worker sets ``threads`` torch threads);
+    ``workers == 1`` runs in this process (with ``threads`` torch threads for
+    the duration). ``train_fn`` is a callable (picklable for ``workers > 1``)
+    or a ``"module:function"`` string; default :data:`DEFAULT_TRAIN_FN`.
+    A train function that raises marks its run failed (``error.txt``) and the
+    sweep goes on.
+    """
+    from tqdm.auto import tqdm
+
+    if isinstance(sweep, (str, os.PathLike)):
+        sweep = load_sweep(sweep)
+    configs = list(sweep.configs if isinstance(sweep, Sweep) else sweep)
+    if shard_spec is not None:
+        configs = shard(configs, *shard_spec)
+    if workers < 1:
+        raise ConfigError(f"workers must be >= 1, got {workers}")
+    train_fn = DEFAULT_TRAIN_FN if train_fn is None else train_fn
+    if workers == 1:
+        train_fn = _resolve_fn(train_fn)  # fail before starting anything
+    root = Path(out) / "runs"
+    root.mkdir(parents=True, exist_ok=True)
+    report = SweepReport(total=len(configs))
+    todo = []
+    for cfg in configs:
+        if run_state(root / cfg.run_id()) == "done":
+            report.skipped.append(cfg.run_id())
+        else:
+            todo.append(cfg)
+    pbar = tqdm(total=len(todo), desc="sweep", unit="run", disable=not bar or not todo)
+
+    def record(result):
+        run_id, status, _ = result
+        if status == "failed":
+            report.failed.append(run_id)
+        else:
+            report.finished[run_id] = status
+        pbar.update(1)
+        pbar.set_postfix(failed=len(report.failed),
+                         diverged=sum(s == "diverged" for s in report.finished.values()))
+
+    try:
+        if workers == 1:
+            import torch
+            old = torch.get_num_threads()
+            if threads:
+                torch.set_num_threads(threads)
+            try:
+                for cfg in todo:
+                    record(_execute(train_fn, cfg.to_dict(), str(root / cfg.run_id()), progress))
+            finally:
+                torch.set_num_threads(old)
+        elif todo:
+            ctx = multiprocessing.get_context(context)
+            with ProcessPoolExecutor(min(workers, len(todo)), mp_context=ctx, initializer=_init_worker,
+                                     initargs=(threads,)) as pool:
+                futures = [pool.submit(_execute, train_fn, cfg.to_dict(), str(root / cfg.run_id()), progress)
+                           for cfg in todo]
+                try:
+                    for fut in as_completed(futures):
+                        record(fut.result())
+                except BaseException:
+                    pool.shutdown(wait=False, cancel_futures=True)
+                    raise
+    finally:
+        pbar.close()
+    return report
+
+
+# ---------------------------------------------------------------------------------------------
+# collecting
+
+def _flat(config: Dict[str, Any]) -> Dict[str, Any]:
+    """Config as table cells: dicts and lists become compact JSON strings."""
+    return {k: json.dumps(v, sort_keys=True, separators=(",", ":")) if isinstance(v, (dict, list)) else v
+            for k, v in config.items()}
+
+
+def runs(sweep_dir: Union[str, os.PathLike]) -> pd.DataFrame:
+    """One row per run directory: ``run``, ``state`` (see :func:`run_state`) and its config."""
+    rows = []
+    root = Path(sweep_dir) / "runs"
+    for run_dir in sorted(root.iterdir()) if root.is_dir() else []:
+        cfg_file = run_dir / "config.json"
+        if run_dir.is_dir() and cfg_file.is_file():
+            rows.append({"run": run_dir.name, "state": run_state(run_dir), **_flat(json.loads(cfg_file.read_text()))})
+    return pd.DataFrame(rows, columns=["run", "state", *field_names()] if not rows else None)
+
+
+def collect(sweep_dir: Union[str, os.PathLike]) -> pd.DataFrame:
+    """Every finished run's per-epoch records, one row per (run, epoch): ``run``, config, record columns.
+
+    Floats read back exactly (``float_precision="round_trip"``). Unfinished
+    runs are left out; :func:`runs` lists them.
+    """
+    frames = []
+    root = Path(sweep_dir) / "runs"
+    for run_dir in sorted(root.iterdir()) if root.is_dir() else []:
+        if run_state(run_dir) != "done":
+            continue
+        config = _flat(json.loads((run_dir / "config.json").read_text()))
+        records = pd.read_csv(run_dir / "records.csv", float_precision="round_trip")
+        clash = set(config) & set(records.columns) | ({"run"} & set(records.columns))
+        if clash:
+            raise ConfigError(f"records of run {run_dir.name} have columns {sorted(clash)} that clash with "
+                              "config keys; rename them in the train function")
+        meta = pd.DataFrame({"run": run_dir.name, **config}, index=records.index)
+        frames.append(pd.concat([meta, records], axis=1))
+    if not frames:
+        return pd.DataFrame(columns=["run", *field_names(), *RECORD_COLUMNS])
+    return pd.concat(frames, ignore_index=True)
+
+
+def t_interval(values: Iterable[float], level: float = 0.95) -> Tuple[float, float, int]:
+    """``(mean, half_width, n)`` of the Student-t confidence interval over the finite ``values``.
+
+    ``half_width = t_{(1+level)/2, n-1} * s / sqrt(n)`` with ``s`` the sample
+    standard deviation (ddof 1); NaN when ``n < 2``.
+    """
+    from scipy import stats
+    xs = [float(v) for v in values if v is not None and math.isfinite(float(v))]
+    n = len(xs)
+    if n == 0:
+        return math.nan, math.nan, 0
+    mean = sum(xs) / n
+    if n < 2:
+        return mean, math.nan, n
+    s = math.sqrt(sum((x - mean) ** 2 for x in xs) / (n - 1))
+    return mean, float(stats.t.ppf((1 + level) / 2, n - 1)) * s / math.sqrt(n), n
+
+
+def summarize(records: pd.DataFrame, by: Optional[Sequence[str]] = None, level: float = 0.95) -> pd.DataFrame:
+    """Mean and ``level`` CI over seeds of each group's best and final test accuracy.
+
+    Per run: ``best_acc = max test_acc``, ``final_acc`` = test_acc of the
+    last epoch, ``final_loss`` = its train_loss, status = the last record's.
+    Groups: ``by``, default every config key except ``seed``; the output keeps
+    the ``by`` columns that vary (and ``method``, ``stages``), then ``runs``,
+    ``best_acc``, ``best_acc_ci``, ``final_acc``, ``final_acc_ci``,
+    ``final_loss``, ``diverged`` (count) and ``status`` (``ok``,
+    ``diverged`` or ``k/n diverged``). ``*_ci`` are half-widths.
+    """
+    if records.empty:
+        return pd.DataFrame()
+    by = [c for c in (by or field_names()) if c != "seed" and c in records.columns]
+    per_run = []
+    for run, r in records.sort_values(["run", "epoch"]).groupby("run", sort=False):
+        last = r.iloc[-1]
+        per_run.append({**{c: last[c] for c in by}, "best_acc": r["test_acc"].max(),
+                        "final_acc": last["test_acc"], "final_loss": last["train_loss"],
+                        "diverged": last["status"] == "diverged"})
+    per_run = pd.DataFrame(per_run)
+    keep = [c for c in by if c in ("method", "stages") or per_run[c].astype(str).nunique() > 1]
+    rows = []
+    for key, g in per_run.groupby(keep, sort=False, dropna=False):
+        key = key if isinstance(key, tuple) else (key,)
+        best, best_ci, _ = t_interval(g["best_acc"], level)
+        final, final_ci, _ = t_interval(g["final_acc"], level)
+        n, nd = len(g), int(g["diverged"].sum())
+        status = "ok" if nd == 0 else "diverged" if nd == n else f"{nd}/{n} diverged"
+        rows.append({**dict(zip(keep, key)), "runs": n, "best_acc": best, "best_acc_ci": best_ci,
+                     "final_acc": final, "final_acc_ci": final_ci,
+                     "final_loss": t_interval(g["final_loss"], level)[0], "diverged": nd, "status": status})
+    return pd.DataFrame(rows).sort_values(keep, kind="stable", ignore_index=True)
