@@ -265,3 +265,29 @@ def test_bad_arguments_raise_typed_errors():
         T.companion_matrix(0.1, 1.0, -1)
     with pytest.raises(ConfigError, match="correction_decay"):
         T.companion_matrix(0.1, 1.0, 3, 1, correction_decay=1.0)
+
+
+def test_every_figure_draws_on_a_given_axis():
+    from matplotlib.figure import Figure
+
+    from staleopt.plot.theory import FIGURES
+
+    cheap = {"5a": dict(steps=50), "5b": dict(lrs=[0.01, 0.1, 1.0], taus=[0, 5], steps=20),
+             "6a": dict(steps=50), "6b": dict(lrs=[0.05, 0.1]), "10": dict(deltas=[-5.0, 5.0]),
+             "16": dict(lrs=[0.05, 0.1])}
+    assert set(cheap) == set(FIGURES)
+    for name, fn in FIGURES.items():
+        fig = Figure()
+        ax = fig.add_subplot()
+        assert fn(ax=ax, **cheap[name]) is fig
+        assert ax.lines or ax.collections, name
+
+
+def test_theory_cli_writes_png(tmp_path):
+    from staleopt.cli import main
+
+    assert main(["theory", "--figure", "6b", "--out", str(tmp_path)]) == 0
+    assert (tmp_path / "fig6b.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    from staleopt.plot.theory import write_figures
+    with pytest.raises(ConfigError, match="unknown theory figure"):
+        write_figures(["7"], str(tmp_path))
