@@ -11,7 +11,8 @@ from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Tuple, Union
 
 from . import schedules
-from .corrections import Correction, Stashing
+from .corrections import (Correction, DiscrepancyCorrection, Hybrid, LRReschedule, Stashing, VerticalSync,
+                          Warmup, WeightPrediction)
 from .errors import ScheduleError
 from .schedules import Schedule
 
@@ -86,14 +87,38 @@ def table() -> List[Dict[str, str]]:
              "paper": m.paper, "description": m.description} for m in (_METHODS[n] for n in names())]
 
 
+# Paper defaults. PipeMare: K is a quarter of the first lr phase (§3.1) and D is swept over
+# {0.01, ..., 0.9} with 0.1 in both grids (Table 8); step counts are in optimizer steps and
+# staleopt.train rescales them to the run's length when they are not given.
+ANNEAL_STEPS, DECAY, WARMUP_STEPS, PIPELINED_STEPS = 1000, 0.1, 1000, 1000
+
 for _m in [
     Method("gpipe", "sync", "synchronous, flush every minibatch", "GPipe; PipeMare Table 1"),
     Method("pipedream-flush", "sync", "1F1B with a flush every minibatch (synchronous)", "PipeDream-2BW §2"),
     Method("1f1b", "1f1b", "1F1B without stashing: stale forward, current backward", "PipeOptim §II"),
     Method("pipedream", "1f1b", "1F1B with weight stashing", "PipeDream §3.3", lambda: [Stashing()]),
+    Method("pipedream-vs", "1f1b", "PipeDream with vertical sync: one version per minibatch across stages",
+           "PipeDream §3.3", lambda: [Stashing(), VerticalSync()]),
+    Method("pipedream-2bw", "2bw", "double-buffered weights, delay 1 forward and backward", "PipeDream-2BW §3.1"),
+    Method("pb", "pb", "pipelined backpropagation with stale weights", "Stale-weights paper §3"),
+    Method("pb-hybrid", "pb", "pipelined backpropagation first, then synchronous", "Stale-weights paper §4",
+           lambda pipelined_steps: [Hybrid(pipelined_steps)], {"pipelined_steps": PIPELINED_STEPS}),
     Method("pipemare-stash", "dataflow", "dataflow delays with weight stashing (PipeMare's PipeDream baseline)",
            "PipeMare §4, Table 1", lambda: [Stashing()]),
-    Method("pb", "pb", "pipelined backpropagation with stale weights", "Stale-weights paper §3"),
-    Method("pipedream-2bw", "2bw", "double-buffered weights, delay 1 forward and backward", "PipeDream-2BW §3.1"),
+    Method("pipemare-t1", "dataflow", "PipeMare with learning-rate rescheduling only", "PipeMare §3.1",
+           lambda anneal_steps: [LRReschedule(anneal_steps)], {"anneal_steps": ANNEAL_STEPS}),
+    Method("pipemare", "dataflow", "PipeMare: T1 learning-rate rescheduling + T2 discrepancy correction",
+           "PipeMare §3", lambda anneal_steps, decay: [LRReschedule(anneal_steps), DiscrepancyCorrection(decay)],
+           {"anneal_steps": ANNEAL_STEPS, "decay": DECAY}),
+    Method("pipemare-w", "dataflow", "PipeMareW: synchronous warmup, then PipeMare (T1 + T2)", "PipeMare §4",
+           lambda warmup_steps, anneal_steps, decay: [Warmup(warmup_steps), LRReschedule(anneal_steps),
+                                                      DiscrepancyCorrection(decay)],
+           {"warmup_steps": WARMUP_STEPS, "anneal_steps": ANNEAL_STEPS, "decay": DECAY}),
+    Method("pipeoptim", "1f1b", "1F1B with optimizer-dependent weight prediction", "PipeOptim §III",
+           lambda: [WeightPrediction("optimizer")]),
+    Method("spectrain", "1f1b", "1F1B with SGD-momentum weight prediction (SpecTrain)", "PipeOptim §III-B2 eq. 6",
+           lambda: [WeightPrediction("sgdm")]),
+    Method("xpipe", "1f1b", "1F1B with Adam-based weight prediction (XPipe)", "PipeOptim §III-B2 eq. 6",
+           lambda: [WeightPrediction("adam")]),
 ]:
     register(_m)

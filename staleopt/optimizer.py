@@ -142,6 +142,8 @@ class PipelineOptimizer(torch.optim.Optimizer):
         partition: ``"ops"`` or ``"params"`` when ``stages`` is a count.
         foreach: batch the history copies with ``torch._foreach_copy_`` (default);
             ``False`` runs the reference per-tensor loop.
+        method_args: hyperparameters of a named method, e.g. ``{"anneal_steps": 500, "decay": 0.2}``
+            for ``"pipemare"`` (:mod:`staleopt.methods` lists each method's).
 
     The update rule is the base optimizer's, applied to ``w_t`` with the gradient
     ``grad f_t(u_fwd_t, u_bkwd_t)`` (module docstring).
@@ -150,7 +152,7 @@ class PipelineOptimizer(torch.optim.Optimizer):
     def __init__(self, model: nn.Module, base_optimizer: torch.optim.Optimizer,
                  stages: Union[int, Partition] = 1, schedule: Union[str, Schedule] = "dataflow",
                  microbatches: int = 1, corrections: Iterable[Correction] = (), seed: Optional[int] = None,
-                 partition: str = "ops", foreach: bool = True):
+                 partition: str = "ops", foreach: bool = True, method_args: Optional[dict] = None):
         from . import methods  # methods imports the corrections, which import this package
 
         if not isinstance(model, nn.Module):
@@ -172,7 +174,7 @@ class PipelineOptimizer(torch.optim.Optimizer):
         self._initialized = False
         super().__init__([p for g in base_optimizer.param_groups for p in g["params"]], base_optimizer.defaults)
 
-        self._schedule, method_corrections = methods.resolve(schedule)
+        self._schedule, method_corrections = methods.resolve(schedule, **(method_args or {}))
         self._corrections: List[Correction] = method_corrections + corrections
         self._partition = stages if isinstance(stages, Partition) else partition_model(model, stages, partition)
         self._microbatches = microbatches
@@ -433,8 +435,8 @@ class PipelineOptimizer(torch.optim.Optimizer):
                 src += c.data
         _copy(dst, src, self._foreach)
         for k in self._corrections:
-            k.before_update(delays, self._step)
             k.transform_stored(stored, delays, self._step)
+            k.before_update(delays, self._step)
         factors = [1.0] * self._partition.num_stages
         for k in self._corrections:
             f = k.lr_factors(delays, self._step)

@@ -33,3 +33,34 @@ def train(model, opt, data, loss_fn=mse):
         opt.step()
         losses.append(loss.item())
     return losses
+
+
+def linears(model):
+    return [m for m in model if isinstance(m, nn.Linear)]
+
+
+def snapshot(model):
+    """Current (weight, bias) per Linear layer."""
+    return [[l.weight.detach().clone(), l.bias.detach().clone()] for l in linears(model)]
+
+
+def oracle_grads(x, y, Wf, Wb):
+    """Hand-derived gradient of ``mse`` for a Linear/tanh MLP: forward with ``Wf``, errors with ``Wb``.
+
+    ``Wf[i]``, ``Wb[i]`` are (weight, bias) of layer i; weight gradients use the forward activations.
+    """
+    acts = [x]
+    h = x
+    n = len(Wf)
+    for i in range(n):
+        h = h @ Wf[i][0].T + Wf[i][1]
+        if i < n - 1:
+            h = torch.tanh(h)
+        acts.append(h)
+    delta = (acts[-1] - y) / x.shape[0]
+    grads = [None] * n
+    for i in reversed(range(n)):
+        grads[i] = (delta.T @ acts[i], delta.sum(0))
+        if i > 0:
+            delta = (delta @ Wb[i][0]) * (1 - acts[i] ** 2)
+    return grads

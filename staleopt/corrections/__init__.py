@@ -1,5 +1,24 @@
-"""Plug-in corrections against staleness (DESIGN §3), one module each; they compose in a list."""
-from .base import Correction
-from .stashing import Stashing
+"""Plug-in corrections against staleness (DESIGN §3), one module each; they compose in a list.
 
-__all__ = ["Correction", "Stashing"]
+==========================  ======================================  ==============================
+correction                  what it changes                         paper
+==========================  ======================================  ==============================
+Stashing()                  tau_bkwd := tau_fwd                     PipeDream §3.3
+LRReschedule(anneal_steps)  per-stage lr / tau^p_k (T1)             PipeMare §3.1 eq. (4)
+DiscrepancyCorrection(D)    backward view extrapolated (T2)         PipeMare §3.2
+WeightPrediction(rule)      forward view predicted                  PipeOptim §III eqs. (3)-(6)
+Warmup(steps)               synchronous first                       PipeMare §4 (PipeMareW)
+Hybrid(pipelined_steps)     synchronous after                       Stale-weights paper §4
+VerticalSync()              every stage uses stage 0's version      PipeDream §3.3
+==========================  ======================================  ==============================
+"""
+from .base import Correction
+from .discrepancy import DiscrepancyCorrection
+from .lr_reschedule import LRReschedule, t1_factor
+from .phases import Hybrid, Warmup
+from .prediction import WeightPrediction
+from .stashing import Stashing
+from .vertical_sync import VerticalSync
+
+__all__ = ["Correction", "Stashing", "LRReschedule", "t1_factor", "DiscrepancyCorrection", "WeightPrediction",
+           "Warmup", "Hybrid", "VerticalSync"]

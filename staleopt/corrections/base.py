@@ -10,9 +10,10 @@ below in this order for step ``t``:
    backward view it changes (declared by :meth:`modifies_backward`);
 3. :meth:`lr_factors` — in ``step()``, per stage, multiplied together and onto
    the lr the user's scheduler set (never written back into ``group["lr"]``);
-4. :meth:`before_update` — just before the base optimizer step, with ``w_t`` in
-   the parameters and a copy of it about to enter the history; :meth:`transform_stored`
-   may rewrite that stored copy (weight prediction stores predicted views);
+4. :meth:`transform_stored` — with a copy of ``w_t`` about to enter the history,
+   which it may rewrite (weight prediction stores predicted views); then
+   :meth:`before_update`, just before the base optimizer step, with ``w_t`` in the
+   parameters;
 5. :meth:`after_update` — after the base step, with ``w_{t+1}`` in the parameters
    and ``w_t`` in the newest history slot.
 
@@ -34,9 +35,6 @@ class Correction:
 
     name: str = "correction"
     paper: str = ""
-    #: Stashing: the backward pass reuses exactly the forward pass's view.
-    backward_uses_forward_view: bool = False
-
     def bind(self, engine) -> None:
         """Called once by the engine after it is built; allocate per-stage state here."""
         self.engine = engine

@@ -1,0 +1,89 @@
+"""PipeMare T2: discrepancy correction of the backward weights, PipeMare §3.2."""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ..errors import CorrectionError
+from .base import Correction
+
+__all__ = ["DiscrepancyCorrection"]
+
+
+class DiscrepancyCorrection(Correction):
+    r"""Extrapolate the backward weights towards the forward ones (PipeMare §3.2, T2).
+
+    Where ``tau_fwd_i > tau_bkwd_i``::
+
+        (u_bkwd_t)_i  = w_{t - tau_bkwd_i, i} - (tau_fwd_i - tau_bkwd_i) * delta_{t,i}
+        delta_{t+1,i} = gamma_i * delta_{t,i} + (1 - gamma_i) * (w_{t+1,i} - w_{t,i})
+        gamma_i       = D ** (1 / (tau_fwd_i - tau_bkwd_i))
+
+    ``delta`` starts at 0 and is one weight-sized buffer per corrected stage.
+    ``gamma_i`` uses the schedule's asynchronous delays (so ``delta`` keeps
+    tracking the weights through a synchronous warmup); the correction is applied
+    on the steps whose delays differ.
+    """
+
+    name, paper = "T2", "PipeMare §3.2"
+
+    def __init__(self, decay: float):
+        if isinstance(decay, bool) or not isinstance(decay, (int, float)) or not 0.0 < float(decay) < 1.0:
+            raise CorrectionError(f"DiscrepancyCorrection(decay) must be a float in (0, 1) (the D of PipeMare "
+                                  f"§3.2; the paper sweeps 0.01-0.9), got {decay!r}")
+        self.decay = float(decay)
+
+    def bind(self, engine):
+        super().bind(engine)
+        from .prediction import WeightPrediction
+        if any(isinstance(c, WeightPrediction) for c in engine.corrections):
+            raise CorrectionError("DiscrepancyCorrection needs the raw weight history, which WeightPrediction "
+                                  "replaces by predicted weights: use one of the two")
+        tf, tb = engine.max_delays
+        self.gamma = [self.decay ** (1.0 / (f - b)) if f > b else None for f, b in zip(tf, tb)]
+        self._delta = {}
+        for i, c in enumerate(engine.chunks):
+            if self.gamma[c.stage] is not None:
+                flat = torch.zeros(c.numel, dtype=c.ring.dtype, device=c.ring.device)
+                views, off = [], 0
+                for p in c.params:
+                    views.append(flat[off:off + p.numel()].view_as(p))
+                    off += p.numel()
+                self._delta[i] = (flat, views)
+
+    def delta(self, stage: int) -> torch.Tensor:
+        """The flat velocity estimate of ``stage`` (concatenated over its chunks)."""
+        return torch.cat([self._delta[i][0] for i, c in enumerate(self.engine.chunks) if c.stage == stage])
+
+    def modifies_backward(self, stage, tau_fwd, tau_bkwd):
+        return tau_fwd > tau_bkwd and self.gamma[stage] is not None
+
+    def backward_view(self, chunks, delays):
+        tf, tb = delays
+        index = {id(c): i for i, c in enumerate(self.engine.chunks)}
+        for c in chunks:
+            views = self._delta[index[id(c)]][1]
+            torch._foreach_add_(c.data, views, alpha=-(tf[c.stage] - tb[c.stage]))
+
+    def after_update(self, chunks, delays, step):
+        for i, c in enumerate(self.engine.chunks):
+            if i in self._delta:
+                g = self.gamma[c.stage]
+                diff = torch._foreach_sub(c.data, c.views[c.slot(1)])  # w_{t+1} - w_t
+                views = self._delta[i][1]
+                torch._foreach_mul_(views, g)
+                torch._foreach_add_(views, diff, alpha=1.0 - g)
+
+    def state_dict(self):
+        return {"delta": {i: flat for i, (flat, _) in self._delta.items()}}
+
+    def load_state_dict(self, state):
+        for i, flat in state["delta"].items():
+            self._delta[int(i)][0].copy_(flat)
+
+    def extra_bytes(self):
+        return sum(f.numel() * f.element_size() for f, _ in self._delta.values())
+
+    def __repr__(self):
+        return f"DiscrepancyCorrection(decay={self.decay})"

@@ -1,0 +1,45 @@
+"""PipeMare T1: learning-rate rescheduling, PipeMare §3.1 eq. (4)."""
+from __future__ import annotations
+
+from ..errors import CorrectionError
+from .base import Correction
+
+__all__ = ["LRReschedule", "t1_factor"]
+
+
+def t1_factor(tau: int, k: int, anneal_steps: int) -> float:
+    """``1 / tau^{p_k}`` with ``p_k = 1 - min(k/K, 1)``; 1 where ``tau = 0`` (PipeMare eq. 4)."""
+    if tau <= 0:
+        return 1.0
+    p = 1.0 - min(k / anneal_steps, 1.0) if anneal_steps > 0 else 0.0
+    return float(tau) ** (-p)
+
+
+class LRReschedule(Correction):
+    r"""Per-stage step size ``alpha_{k,i} = alpha_{k,base} / tau_i^{p_k}`` (PipeMare §3.1, eq. 4).
+
+    ``p_k = 1 - min(k/K, 1)`` with ``K = anneal_steps`` and ``tau_i = tau_fwd_i``
+    of the step; the factor is 1 where ``tau_i = 0``. ``alpha_{k,base}`` is
+    whatever the user's lr scheduler set for this step: the factor multiplies
+    it for the duration of the base step only and is never written back into
+    ``group["lr"]``, so schedulers and T1 compose. ``k`` counts steps since the
+    asynchronous phase began (after a :class:`Warmup`, PipeMare §4 "PipeMareW").
+    """
+
+    name, paper = "T1", "PipeMare §3.1, eq. (4)"
+
+    def __init__(self, anneal_steps: int):
+        if isinstance(anneal_steps, bool) or not isinstance(anneal_steps, int) or anneal_steps < 0:
+            raise CorrectionError(f"LRReschedule(anneal_steps) must be an int >= 0 (the K of PipeMare eq. 4, "
+                                  f"in optimizer steps), got {anneal_steps!r}")
+        self.anneal_steps = anneal_steps
+        self._offset = 0
+
+    def bind(self, engine):
+        super().bind(engine)
+        from .phases import Warmup
+        self._offset = sum(c.steps for c in engine.corrections if isinstance(c, Warmup))
+
+    def lr_factors(self, delays, step):
+        k = max(step - self._offset, 0)
+        return [t1_factor(t, k, self.anneal_steps) for t in delays[0]]

@@ -1,0 +1,44 @@
+"""Training phases: synchronous warmup (PipeMareW) and pipelined-then-synchronous hybrid training."""
+from __future__ import annotations
+
+from ..errors import CorrectionError
+from .base import Correction
+
+__all__ = ["Warmup", "Hybrid"]
+
+
+def _check_steps(what, steps):
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
+        raise CorrectionError(f"{what} must be an int >= 0 (a number of optimizer steps), got {steps!r}")
+    return steps
+
+
+class Warmup(Correction):
+    """Synchronous for the first ``steps`` steps, then the asynchronous schedule (PipeMare §4, "PipeMareW").
+
+    T1's annealing counter ``k`` starts at the switch.
+    """
+
+    name, paper = "W", "PipeMare §4 (Warmup Epochs)"
+
+    def __init__(self, steps: int):
+        self.steps = _check_steps("Warmup(steps)", steps)
+
+    def delays(self, tau_fwd, tau_bkwd, step):
+        if step is not None and step < self.steps:
+            return [0] * len(tau_fwd), [0] * len(tau_bkwd)
+        return tau_fwd, tau_bkwd
+
+
+class Hybrid(Correction):
+    """Pipelined (stale) for the first ``pipelined_steps`` steps, then synchronous (stale-weights paper §4)."""
+
+    name, paper = "hybrid", "Stale-weights paper §4 (Hybrid Training)"
+
+    def __init__(self, pipelined_steps: int):
+        self.pipelined_steps = _check_steps("Hybrid(pipelined_steps)", pipelined_steps)
+
+    def delays(self, tau_fwd, tau_bkwd, step):
+        if step is not None and step >= self.pipelined_steps:
+            return [0] * len(tau_fwd), [0] * len(tau_bkwd)
+        return tau_fwd, tau_bkwd
