@@ -58,6 +58,8 @@ __all__ = ["Sweep", "load_sweep", "expand", "shard", "parse_shard", "run_sweep",
 RECORD_COLUMNS = ("epoch", "step", "train_loss", "test_acc", "status")
 DEFAULT_TRAIN_FN = "staleopt.train:run"
 _TOP_KEYS = ("name", "description", "base", "grid")
+# pandas < 3 parses floats to within an ulp unless asked to round-trip; pandas 3 always round-trips.
+_EXACT_FLOATS = {"float_precision": "round_trip"} if int(pd.__version__.split(".")[0]) < 3 else {}
 
 
 @dataclass
@@ -353,7 +355,7 @@ def runs(sweep_dir: Union[str, os.PathLike]) -> pd.DataFrame:
 def collect(sweep_dir: Union[str, os.PathLike]) -> pd.DataFrame:
     """Every finished run's per-epoch records, one row per (run, epoch): ``run``, config, record columns.
 
-    Floats read back exactly (``float_precision="round_trip"``). Unfinished
+    Floats read back exactly (``repr`` written, round-trip parsed). Unfinished
     runs are left out; :func:`runs` lists them.
     """
     frames = []
@@ -362,7 +364,7 @@ def collect(sweep_dir: Union[str, os.PathLike]) -> pd.DataFrame:
         if run_state(run_dir) != "done":
             continue
         config = _flat(json.loads((run_dir / "config.json").read_text()))
-        records = pd.read_csv(run_dir / "records.csv", float_precision="round_trip")
+        records = pd.read_csv(run_dir / "records.csv", **_EXACT_FLOATS)
         clash = set(config) & set(records.columns) | ({"run"} & set(records.columns))
         if clash:
             raise ConfigError(f"records of run {run_dir.name} have columns {sorted(clash)} that clash with "

@@ -1,0 +1,315 @@
+"""Sweeps: config hashing and validation, sweep files, kill -9 and resume, shards, summaries, CLI."""
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from staleopt import sweep
+from staleopt.cli import main
+from staleopt.config import RunConfig
+from staleopt.errors import ConfigError, SweepConfigError
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def fake_train(config, progress=False):
+    """A deterministic stand-in for staleopt.train.run: records are a function of the run id only.
+
+    ``$FAKE_LOG`` collects the run ids it was called with; ``$FAKE_SLEEP`` seconds pass per run;
+    method ``pb`` "diverges" after its first epoch.
+    """
+    if os.environ.get("FAKE_LOG"):
+        with open(os.environ["FAKE_LOG"], "a") as f:
+            f.write(config.run_id() + "\n")
+    time.sleep(float(os.environ.get("FAKE_SLEEP", "0")))
+    rng = random.Random(config.run_id())
+    rows = []
+    for epoch in range(1, config.epochs + 1):
+        diverged = config.method == "pb" and epoch == 2
+        rows.append({"epoch": epoch, "step": 10 * epoch, "train_loss": float("nan") if diverged else rng.random(),
+                     "test_acc": rng.random(), "wall_time": 0.25 * epoch,
+                     "status": "diverged" if diverged else "ok"})
+        if diverged:
+            break
+    return pd.DataFrame(rows)
+
+
+def broken_train(config, progress=False):
+    if config.stages == 2:
+        raise RuntimeError("boom")
+    return fake_train(config, progress)
+
+
+SWEEP = """\
+name = "tiny"
+[base]
+model = "mlp"
+data = "synthetic"
+epochs = 3
+[grid]
+method = ["gpipe", "1f1b"]
+stages = [1, 2]
+seed = [0]
+"""
+
+
+def _write(tmp_path, text=SWEEP, name="sweep.toml"):
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+# --------------------------------------------------------------------------------- configs
+
+def test_run_id_is_stable_under_equivalent_spellings():
+    a = RunConfig(lr=1, model_kwargs={"width": 2, "depth": 14})
+    b = RunConfig.from_dict({"model_kwargs": {"depth": 14, "width": 2}, "lr": 1.0})
+    assert a.run_id() == b.run_id() and a.lr == 1.0 and isinstance(a.lr, float)
+    assert RunConfig(seed=1).run_id() != RunConfig(seed=0).run_id()
+    assert RunConfig.from_dict(json.loads(json.dumps(a.to_dict()))) == a
+    assert a.replace(seed=5).seed == 5 and a.replace(seed=5).model_kwargs == a.model_kwargs
+    assert list(a.to_dict()) == sorted(a.to_dict())
+
+
+def test_stages_max_resolves_to_the_unit_count():
+    assert RunConfig(model="resnet1d", stages="max").resolve().stages == 39
+    assert RunConfig(model="resnet1d", model_kwargs={"depth": 14}, stages="max").resolve().stages == 27
+    with pytest.raises(ConfigError, match="stages = 4 exceeds the 3 parametrized operators"):
+        RunConfig(model="mlp", stages=4).resolve()
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"lrr": 0.1}, "unknown config key 'lrr' \\(did you mean 'lr'\\?\\); allowed keys: model, model_kwargs"),
+    ({"optimizer": "sgdm"}, "optimizer = 'sgdm' is not allowed.*allowed values: sgd, sgd-momentum, adam, adamw"),
+    ({"method": "pipemar"}, "method = 'pipemar' is not allowed.*allowed values: .*gpipe"),
+    ({"lr": -1.0}, "lr = -1.0 must lie in \\(0.0, inf\\)"),
+    ({"epochs": 2.5}, "epochs = 2.5 must be an int >= 1"),
+    ({"stages": True}, "stages = True must be an int"),
+    ({"batch_size": 64, "microbatches": 5}, "microbatches = 5 must divide batch_size = 64"),
+    ({"model_kwargs": {"depht": 3}}, "has unknown option 'depht'; allowed: depth, width"),
+    ({"data_kwargs": {"samples": 3}}, "data_kwargs.*unknown option 'samples'.*num_samples"),
+    ({"lr_milestones": [5, 3]}, "strictly increasing"),
+    ({"device": "gpu0"}, "not a torch device"),
+])
+def test_bad_config_values_name_the_key_and_the_allowed_values(kwargs, message):
+    with pytest.raises(ConfigError, match=message):
+        RunConfig.from_dict(kwargs)
+
+
+# --------------------------------------------------------------------------------- sweep files
+
+def test_sweep_file_expands_the_grid_in_order(tmp_path):
+    spec = sweep.load_sweep(_write(tmp_path))
+    assert spec.name == "tiny" and len(spec.configs) == 4
+    assert [(c.method, c.stages) for c in spec.configs] == [("gpipe", 1), ("gpipe", 2), ("1f1b", 1), ("1f1b", 2)]
+    assert all(c.model == "mlp" and c.epochs == 3 for c in spec.configs)
+    dup = _write(tmp_path, SWEEP.replace("stages = [1, 2]", 'stages = [3, "max"]'), "dup.toml")
+    assert [c.stages for c in sweep.load_sweep(dup).configs] == [3, 3]  # "max" == 3: one run each
+
+
+@pytest.mark.parametrize("text, message", [
+    ("[base]\nmodel='mlp'\n[grids]\nseed=[0]\n", "unknown top-level key 'grids'; allowed keys: name, description, base, grid"),
+    ("[base]\nmodle='mlp'\n", r"\[base\] modle: unknown config key 'modle'; allowed keys: model, model_kwargs"),
+    ("[grid]\nmethod=['gpipe','pipemar']\n", r"\[grid\] method\[1\]: method = 'pipemar' is not allowed.*allowed values:.*gpipe"),
+    ("[grid]\noptimizer=['sgd','adamm']\n", r"\[grid\] optimizer\[1\].*allowed values: sgd, sgd-momentum, adam, adamw"),
+    ("[grid]\nseed=3\n", r"\[grid\] seed: grid values must be a non-empty list"),
+    ("[base]\nseed=1\n[grid]\nseed=[0]\n", r"\['seed'\] appear in both \[base\] and \[grid\]"),
+    ("[base]\nmodel='mlp'\n[grid]\nstages=[1, 8]\n", "stages = 8 exceeds the 3 parametrized operators"),
+    ("[base\n", "not valid TOML"),
+])
+def test_bad_sweep_files_name_the_bad_key_and_the_allowed_values(tmp_path, text, message):
+    with pytest.raises(SweepConfigError, match=message):
+        sweep.load_sweep(_write(tmp_path, text))
+
+
+# --------------------------------------------------------------------------------- running
+
+def _records(sweep_dir):
+    return sweep.collect(sweep_dir).sort_values(["run", "epoch"], ignore_index=True)
+
+
+def test_killed_sweep_resumes_to_the_uninterrupted_result(tmp_path):
+    path = _write(tmp_path)
+    killed, log = tmp_path / "killed", tmp_path / "calls.log"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "tests"), str(REPO)]),
+           "FAKE_SLEEP": "1.5", "FAKE_LOG": str(log)}
+    proc = subprocess.Popen([sys.executable, "-m", "staleopt.cli", "sweep", str(path), "--out", str(killed),
+                             "--train-fn", "test_sweep:fake_train", "--no-bar"], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.time() + 60
+        while not list(killed.glob("runs/*/done")):
+            assert proc.poll() is None, proc.stderr.read().decode()
+            assert time.time() < deadline, "no run finished within 60 s"
+            time.sleep(0.02)
+        os.kill(proc.pid, signal.SIGKILL)  # the second run is now in flight
+        proc.wait()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.stderr.close()
+
+    states = sweep.runs(killed)["state"].tolist()
+    assert states.count("done") == 1 and len(states) - states.count("done") <= 1, states
+    first_done = sweep.runs(killed).query("state == 'done'")["run"].item()
+    before = log.read_text().split()
+    assert before[0] == first_done
+
+    os.environ["FAKE_LOG"] = str(log)
+    try:
+        report = sweep.run_sweep(path, killed, train_fn=fake_train, bar=False)
+    finally:
+        del os.environ["FAKE_LOG"]
+    assert report.skipped == [first_done] and len(report.finished) == 3 and report.ok
+    resumed_calls = log.read_text().split()[len(before):]
+    assert first_done not in resumed_calls and len(resumed_calls) == 3
+
+    clean = tmp_path / "clean"
+    sweep.run_sweep(path, clean, train_fn=fake_train, bar=False)
+    pd.testing.assert_frame_equal(_records(killed), _records(clean))
+    assert set(sweep.runs(killed)["state"]) == {"done"} and len(_records(clean)) == 4 * 3
+    again = sweep.run_sweep(path, clean, train_fn=fake_train, bar=False)
+    assert len(again.skipped) == 4 and not again.finished
+
+
+def test_process_pool_gives_the_same_records(tmp_path):
+    path = _write(tmp_path)
+    sweep.run_sweep(path, tmp_path / "serial", train_fn=fake_train, bar=False)
+    report = sweep.run_sweep(path, tmp_path / "pool", workers=2, train_fn="test_sweep:fake_train", bar=False)
+    assert report.ok and len(report.finished) == 4
+    pd.testing.assert_frame_equal(_records(tmp_path / "serial"), _records(tmp_path / "pool"))
+
+
+def test_records_round_trip_exactly_and_carry_the_config(tmp_path):
+    spec = sweep.load_sweep(_write(tmp_path))
+    sweep.run_sweep(spec, tmp_path / "s", train_fn=fake_train, bar=False)
+    rec = sweep.collect(tmp_path / "s")
+    cfg = spec.configs[3]
+    mine = rec[rec.run == cfg.run_id()].reset_index(drop=True)
+    want = fake_train(cfg)
+    pd.testing.assert_frame_equal(mine[list(want.columns)], want)  # floats read back bit-exactly
+    assert (mine.method == "1f1b").all() and (mine.stages == 2).all() and (mine.model_kwargs == "{}").all()
+    saved = json.loads((tmp_path / "s" / "runs" / cfg.run_id() / "config.json").read_text())
+    assert RunConfig.from_dict(saved).run_id() == cfg.run_id()
+
+
+def test_failed_runs_are_recorded_and_retried(tmp_path):
+    path = _write(tmp_path)
+    report = sweep.run_sweep(path, tmp_path / "s", train_fn=broken_train, bar=False)
+    assert not report.ok and len(report.failed) == 2 and len(report.finished) == 2
+    failed = sweep.runs(tmp_path / "s").query("state == 'failed'")
+    assert len(failed) == 2 and (failed.stages == 2).all()
+    assert "RuntimeError: boom" in (tmp_path / "s" / "runs" / failed.run.iloc[0] / "error.txt").read_text()
+    assert len(sweep.collect(tmp_path / "s").run.unique()) == 2
+    retry = sweep.run_sweep(path, tmp_path / "s", train_fn=fake_train, bar=False)
+    assert sorted(retry.finished) == sorted(failed.run) and len(retry.skipped) == 2
+    assert not (tmp_path / "s" / "runs" / failed.run.iloc[0] / "error.txt").exists()
+
+
+def test_train_function_must_return_records(tmp_path):
+    report = sweep.run_sweep(sweep.load_sweep(_write(tmp_path)).configs[:1], tmp_path / "s",
+                             train_fn=lambda c, progress: pd.DataFrame({"epoch": [1]}), bar=False)
+    err = next((tmp_path / "s" / "runs").glob("*/error.txt")).read_text()
+    assert report.failed and "missing ['step', 'train_loss', 'test_acc', 'status']" in err
+
+
+# --------------------------------------------------------------------------------- shards
+
+def test_shards_are_disjoint_complete_and_independent_of_grid_order(tmp_path):
+    grid = SWEEP.replace("seed = [0]", "seed = [0, 1, 2]")
+    configs = sweep.load_sweep(_write(tmp_path, grid)).configs
+    reordered = sweep.load_sweep(_write(tmp_path, grid.replace('["gpipe", "1f1b"]', '["1f1b", "gpipe"]'),
+                                        "b.toml")).configs
+    everything = {c.run_id() for c in configs}
+    assert len(everything) == 12
+    for n in (1, 2, 3, 5, 12, 13):
+        parts = [{c.run_id() for c in sweep.shard(configs, k, n)} for k in range(1, n + 1)]
+        assert sum(len(p) for p in parts) == 12 and set().union(*parts) == everything
+        assert max(len(p) for p in parts) - min(len(p) for p in parts) <= 1
+        assert parts == [{c.run_id() for c in sweep.shard(reordered, k, n)} for k in range(1, n + 1)]
+    for bad in ("0/3", "4/3", "1-3", "a/b"):
+        with pytest.raises(ConfigError, match="--shard"):
+            sweep.parse_shard(bad)
+
+
+def test_shard_option_runs_only_its_slice(tmp_path):
+    path = _write(tmp_path)
+    args = ["sweep", str(path), "--out", str(tmp_path / "s"), "--train-fn", "test_sweep:fake_train", "--no-bar"]
+    sys.path.insert(0, str(REPO / "tests"))
+    try:
+        assert main(args + ["--shard", "2/3"]) == 0
+        two = set(sweep.runs(tmp_path / "s").run)
+        assert two == {c.run_id() for c in sweep.shard(sweep.load_sweep(path).configs, 2, 3)}
+        assert main(args + ["--shard", "1/3"]) == 0 and main(args + ["--shard", "3/3"]) == 0
+    finally:
+        sys.path.remove(str(REPO / "tests"))
+    assert set(sweep.runs(tmp_path / "s").state) == {"done"} and len(sweep.runs(tmp_path / "s")) == 4
+
+
+# --------------------------------------------------------------------------------- summaries
+
+def test_t_interval_matches_a_hand_computation():
+    # mean 0.85, s = 0.05 (ddof 1), t_{0.975, 2} = 4.302653 (Student t table, 2 degrees of freedom)
+    mean, half, n = sweep.t_interval([0.8, 0.9, 0.85])
+    assert n == 3 and mean == pytest.approx(0.85, abs=1e-15)
+    assert half == pytest.approx(4.302653 * 0.05 / 3 ** 0.5, rel=1e-6)
+    # t_{0.95, 4} = 2.131847 for a 90% interval over 5 values 1..5: s = sqrt(2.5)
+    assert sweep.t_interval([1, 2, 3, 4, 5], level=0.9)[1] == pytest.approx(2.131847 * 2.5 ** 0.5 / 5 ** 0.5, rel=1e-6)
+    assert sweep.t_interval([0.7])[1] != sweep.t_interval([0.7])[1]  # NaN: no interval from one seed
+    assert sweep.t_interval([float("nan"), 0.7, 0.9])[2] == 2
+
+
+def _hand_records():
+    rows = []
+    for method, accs in (("gpipe", [(0.5, 0.8), (0.6, 0.9), (0.7, 0.85)]), ("pb", [(0.4, 0.3), (0.2, 0.5), (0.1, 0.1)])):
+        for seed, (a1, a2) in enumerate(accs):
+            status2 = "diverged" if method == "pb" and seed == 0 else "ok"
+            cfg = RunConfig(model="mlp", data="synthetic", method=method, stages=2, seed=seed)
+            for epoch, acc, st in ((1, a1, "ok"), (2, a2, status2)):
+                rows.append({"run": cfg.run_id(), **sweep._flat(cfg.to_dict()), "epoch": epoch, "step": epoch,
+                             "train_loss": 1.0 / epoch, "test_acc": acc, "status": st})
+    return pd.DataFrame(rows)
+
+
+def test_summary_over_seeds_by_hand():
+    s = sweep.summarize(_hand_records())
+    assert list(s.columns[:2]) == ["method", "stages"] and "seed" not in s.columns and "lr" not in s.columns
+    g = s[s.method == "gpipe"].iloc[0]
+    assert g.runs == 3 and g.status == "ok" and g.diverged == 0
+    assert g.best_acc == pytest.approx(0.85) and g.best_acc_ci == pytest.approx(4.302653 * 0.05 / 3 ** 0.5, rel=1e-6)
+    assert g.final_acc == pytest.approx(0.85) and g.final_loss == pytest.approx(0.5)
+    p = s[s.method == "pb"].iloc[0]
+    assert p.status == "1/3 diverged" and p.diverged == 1
+    assert p.best_acc == pytest.approx((0.4 + 0.5 + 0.1) / 3) and p.final_acc == pytest.approx((0.3 + 0.5 + 0.1) / 3)
+    assert len(sweep.summarize(_hand_records(), by=["stages"])) == 1  # methods pooled
+
+
+def test_results_command_prints_and_writes_csv(tmp_path, capsys):
+    path = _write(tmp_path, SWEEP.replace('method = ["gpipe", "1f1b"]', 'method = ["gpipe", "pb"]')
+                  .replace("seed = [0]", "seed = [0, 1]"))
+    sweep.run_sweep(path, tmp_path / "s", train_fn=fake_train, bar=False)
+    assert main(["results", str(tmp_path / "s")]) == 0
+    out = capsys.readouterr().out
+    assert "best_acc (±95% CI)" in out and "diverged" in out and "8 runs: 8 done" in out
+    summary = pd.read_csv(tmp_path / "s" / "summary.csv")
+    assert len(summary) == 4 and set(summary.runs) == {2}
+    assert set(summary[summary.method == "pb"].status) == {"diverged"}
+    assert len(pd.read_csv(tmp_path / "s" / "records.csv")) == 2 * 2 * 3 + 2 * 2 * 2  # pb stops at epoch 2
+    assert main(["results", str(tmp_path / "nothing")]) == 2
+
+
+def test_sweep_dry_run_lists_states(tmp_path, capsys):
+    path = _write(tmp_path)
+    sweep.run_sweep(sweep.load_sweep(path).configs[:1], tmp_path / "s", train_fn=fake_train, bar=False)
+    assert main(["sweep", str(path), "--out", str(tmp_path / "s"), "--dry-run"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [l.split()[1] for l in lines[:4]] == ["done", "pending", "pending", "pending"]
+    assert lines[-1].endswith("4 runs in " + str(tmp_path / "s"))
+    assert main(["sweep", str(_write(tmp_path, "[grid]\nseed=1\n", "bad.toml"))]) == 2
