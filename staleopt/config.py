@@ -21,15 +21,17 @@ from typing import Any, Dict, List, Optional, Union
 
 from .errors import ConfigError
 
-__all__ = ["RunConfig", "CHOICES", "field_names", "validate_field"]
+__all__ = ["RunConfig", "CHOICES", "CORRECTION_FIELDS", "field_names", "validate_field"]
 
 #: Allowed values of the string fields that take a fixed set of choices.
 CHOICES = {
     "optimizer": ("sgd", "sgd-momentum", "adam", "adamw"),
     "lr_schedule": ("constant", "cosine", "step"),
     "partition": ("ops", "params"),
-    "prediction": ("optimizer", "sgdm", "adam"),
 }
+
+#: Config fields that are hyperparameters of a method's corrections (names as in ``Method.defaults``).
+CORRECTION_FIELDS = ("anneal_steps", "decay", "warmup_steps", "pipelined_steps")
 
 
 @dataclass
@@ -50,7 +52,8 @@ class RunConfig:
     * ``epochs``, ``batch_size``, ``seed``; ``max_steps`` caps the run (tests).
     * corrections: ``anneal_steps`` (T1's K, PipeMare eq. 4), ``decay`` (T2's
       D, PipeMare §3.2), ``warmup_steps`` (PipeMareW), ``pipelined_steps``
-      (stale-weights paper §4 hybrid), ``prediction`` (weight-prediction rule).
+      (stale-weights paper §4 hybrid). The weight-prediction rule is part of
+      the method (``pipeoptim``, ``spectrain``, ``xpipe``).
     * ``divergence_loss``: a training loss above it (or non-finite) ends the
       run with status ``"diverged"``; ``None``: only non-finite losses do.
     * ``device``: ``"cpu"`` (bit-for-bit deterministic) or a torch device string.
@@ -78,7 +81,6 @@ class RunConfig:
     decay: Optional[float] = None
     warmup_steps: Optional[int] = None
     pipelined_steps: Optional[int] = None
-    prediction: Optional[str] = None
     divergence_loss: Optional[float] = 100.0
     max_steps: Optional[int] = None
     device: str = "cpu"
@@ -115,6 +117,18 @@ class RunConfig:
     def replace(self, **changes) -> "RunConfig":
         """A validated copy with ``changes`` applied."""
         return RunConfig.from_dict({**self.to_dict(), **changes})
+
+    def method_overrides(self) -> Dict[str, Any]:
+        """The correction hyperparameters set here that the method takes, for ``methods.resolve(method, **these)``.
+
+        Fields the method has no use for (e.g. ``decay`` for ``gpipe``) are left
+        out, so one sweep can set them for all methods.
+        """
+        from . import methods
+        if self.method not in methods.names():
+            return {}
+        accepted = methods.get(self.method).defaults
+        return {k: getattr(self, k) for k in CORRECTION_FIELDS if k in accepted and getattr(self, k) is not None}
 
     def resolve(self) -> "RunConfig":
         """Replace ``stages="max"`` by the model's unit count and check ``stages`` against it."""
@@ -245,7 +259,6 @@ _VALIDATORS = {
     "decay": lambda n, v: _float(n, v, lo=0.0, hi=1.0, optional=True),
     "warmup_steps": lambda n, v: _int(n, v, lo=0, optional=True),
     "pipelined_steps": lambda n, v: _int(n, v, lo=0, optional=True),
-    "prediction": lambda n, v: _choice(n, v, CHOICES["prediction"], optional=True),
     "divergence_loss": lambda n, v: _float(n, v, lo=0.0, open_lo=True, optional=True),
     "max_steps": lambda n, v: _int(n, v, lo=1, optional=True),
     "device": _device,

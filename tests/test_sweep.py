@@ -78,6 +78,16 @@ def test_run_id_is_stable_under_equivalent_spellings():
     assert list(a.to_dict()) == sorted(a.to_dict())
 
 
+def test_method_overrides_keep_only_what_the_method_takes():
+    from staleopt import methods
+    cfg = RunConfig(method="pipemare-w", anneal_steps=50, decay=0.5, pipelined_steps=9)
+    assert cfg.method_overrides() == {"anneal_steps": 50, "decay": 0.5}
+    schedule, corrections = methods.resolve(cfg.method, **cfg.method_overrides())
+    assert schedule.name == "dataflow" and len(corrections) == 3
+    assert RunConfig(method="gpipe", decay=0.5).method_overrides() == {}
+    assert RunConfig(method="pb-hybrid", pipelined_steps=7).method_overrides() == {"pipelined_steps": 7}
+
+
 def test_stages_max_resolves_to_the_unit_count():
     assert RunConfig(model="resnet1d", stages="max").resolve().stages == 39
     assert RunConfig(model="resnet1d", model_kwargs={"depth": 14}, stages="max").resolve().stages == 27
