@@ -83,8 +83,7 @@ def plot_lr_delay_heatmap(X: Optional[np.ndarray] = None, y: Optional[np.ndarray
     lrs, taus = np.asarray(lrs, dtype=float), np.asarray(taus)
     loss = T.delayed_sgd_regression(X, y, lrs, taus, steps=steps, batch_size=batch_size, seed=seed)
     fig, ax = _axes(ax, (5.4, 3.8))
-    cmap = matplotlib.colormaps["viridis"].copy()
-    cmap.set_bad("tab:red")
+    cmap = matplotlib.colormaps["viridis"].with_extremes(bad="tab:red")
     finite = loss[np.isfinite(loss)]
     norm = colors.LogNorm(vmin=finite.min(), vmax=finite.max()) if finite.size else None
     dt = (taus[1] - taus[0]) / 2 if len(taus) > 1 else 0.5

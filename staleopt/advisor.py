@@ -1,0 +1,220 @@
+"""Stability advisor: PipeMare's quadratic-model bound applied to a real model, stage by stage.
+
+For each pipeline stage ``i`` the advisor
+
+1. estimates the stage's curvature ``lam_i``: the largest eigenvalue of the
+   Hessian block ``H_ii`` of the loss on one batch, restricted to the stage's
+   parameters, by seeded power iteration on Hessian-vector products;
+2. turns it into the largest stable step size for the stage's forward delay
+   ``tau_i``: PipeMare Lemma 1, ``(2/lam_i) sin(pi/(4 tau_i + 2))`` (exact for
+   the delayed quadratic), or with momentum ``beta`` the first unstable step
+   size of the heavy-ball companion matrix (App. B.2,
+   :func:`staleopt.theory.max_stable_lr`);
+3. compares it with the step size the stage actually gets: ``lr`` times the
+   method's per-stage factors (T1's ``1/tau_i^{p_k}``, PipeMare eq. 4, at T1
+   step ``k``).
+
+What the model leaves out: coupling between stages (``H_ij``, ``i != j``),
+forward/backward discrepancy (the sensitivity ``Delta`` of a real network is
+unknown, so T2 and ``tau_bkwd`` do not enter), weight prediction, and
+adaptive optimizers (the bound is for SGD with heavy-ball momentum, which is
+``torch.optim.SGD(momentum=beta, dampening=0)`` with ``alpha = lr``). When the
+Hessian is block diagonal and the loss quadratic, the bound is exact.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable, List, Optional, Sequence, Tuple, Union
+
+import torch
+from torch import nn
+
+from . import theory
+from .errors import ConfigError
+from .partition import Partition, partition_model
+
+__all__ = ["Advice", "advise", "hessian_top_eigenvalue", "stage_curvatures"]
+
+
+def _dot(a: Sequence[torch.Tensor], b: Sequence[torch.Tensor]) -> torch.Tensor:
+    return sum((x * y).sum() for x, y in zip(a, b))
+
+
+def _power(op: Callable, v: List[torch.Tensor], iters: int, tol: float) -> float:
+    """Rayleigh quotient of ``op`` after power iteration from unit vector ``v``; stops at relative change < tol."""
+    mu = None
+    for _ in range(iters):
+        hv = op(v)
+        new = float(_dot(v, hv))
+        norm = float(torch.sqrt(_dot(hv, hv)))
+        if norm == 0.0:
+            return 0.0
+        v = [x / norm for x in hv]
+        done = mu is not None and abs(new - mu) <= tol * abs(new)
+        mu = new
+        if done:
+            break
+    return mu
+
+
+def hessian_top_eigenvalue(loss: torch.Tensor, params: Sequence[torch.Tensor], iters: int = 50,
+                           tol: float = 1e-5, seed: int = 0) -> float:
+    """Largest (algebraic) eigenvalue of ``d^2 loss / d params^2`` by power iteration on Hessian-vector products.
+
+    ``v -> H v`` is ``autograd.grad(grad(loss) . v)``, the start vector is
+    Gaussian from a CPU generator seeded with ``seed``. If the dominant
+    eigenvalue ``mu`` is negative, a second run on ``H - mu I`` finds the top
+    one. The Rayleigh quotient approaches the eigenvalue from below; it stops
+    when it changes by less than ``tol`` (relative) or after ``iters`` products.
+    ``loss``'s graph must still be alive (it is retained).
+    """
+    params = list(params)
+    grads = torch.autograd.grad(loss, params, create_graph=True, allow_unused=True)
+    pairs = [(p, g) for p, g in zip(params, grads) if g is not None and g.requires_grad]
+    if not pairs:
+        return 0.0  # the loss is at most linear in these parameters
+    ps, gs = [p for p, _ in pairs], [g for _, g in pairs]
+    gen = torch.Generator().manual_seed(int(seed))
+    v = [torch.randn(p.shape, generator=gen, dtype=torch.float64).to(device=p.device, dtype=p.dtype) for p in ps]
+    n = float(torch.sqrt(_dot(v, v)))
+    v = [x / n for x in v]
+
+    def hvp(vec):
+        out = torch.autograd.grad(gs, ps, grad_outputs=vec, retain_graph=True, allow_unused=True)
+        return [torch.zeros_like(p) if h is None else h.detach() for p, h in zip(ps, out)]
+
+    mu = _power(hvp, v, iters, tol)
+    if mu >= 0.0:
+        return mu
+    return mu + _power(lambda vec: [h - mu * x for h, x in zip(hvp(vec), vec)], v, iters, tol)
+
+
+def _check_batch(batch):
+    if not isinstance(batch, (tuple, list)) or len(batch) != 2:
+        raise ConfigError("batch must be an (inputs, targets) pair; the loss is loss_fn(model(inputs), targets)")
+    return batch
+
+
+def stage_curvatures(model: nn.Module, loss_fn: Callable, batch, partition: Partition, iters: int = 50,
+                     tol: float = 1e-5, seed: int = 0) -> List[float]:
+    """Top Hessian eigenvalue of ``loss_fn(model(x), y)`` restricted to each stage's parameters (stage ``i`` seeds ``seed + i``)."""
+    x, y = _check_batch(batch)
+    loss = loss_fn(model(x), y)
+    if loss.dim() != 0:
+        raise ConfigError(f"loss_fn must return a scalar, got shape {tuple(loss.shape)} (use reduction='mean')")
+    return [hessian_top_eigenvalue(loss, stage.params, iters, tol, seed + stage.index) for stage in partition]
+
+
+@dataclass
+class Advice:
+    """What :func:`advise` found: ``table`` (a pandas DataFrame, one row per stage) and the inputs.
+
+    Columns: ``stage``, ``params``, ``tau_fwd``, ``tau_bkwd``, ``curvature``
+    (top Hessian eigenvalue of the stage), ``max_stable_lr`` (quadratic-model
+    bound for that curvature and ``tau_fwd``), ``lr_factor`` (the method's
+    per-stage multiplier, e.g. T1's), ``effective_lr = lr * lr_factor``,
+    ``headroom = max_stable_lr / effective_lr`` and ``exceeds``
+    (``effective_lr >= max_stable_lr``).
+    """
+
+    table: "object"
+    method: str
+    lr: float
+    momentum: float
+    step: int
+
+    @property
+    def stable(self) -> bool:
+        """No stage exceeds its bound."""
+        return not bool(self.table["exceeds"].any())
+
+    @property
+    def max_lr(self) -> float:
+        """The largest base ``lr`` that keeps every stage below its bound: ``min_i max_stable_lr_i / lr_factor_i``."""
+        return float((self.table["max_stable_lr"] / self.table["lr_factor"]).min())
+
+    def __str__(self) -> str:
+        bound = "Lemma 1" if self.momentum == 0 else f"momentum companion matrix, beta={self.momentum:g}"
+        t = self.table.copy()
+        for c in ("curvature", "max_stable_lr", "lr_factor", "effective_lr", "headroom"):
+            t[c] = t[c].map(lambda v: f"{v:.4g}")
+        lines = [f"stability advice: method={self.method}, lr={self.lr:g}, T1 step k={self.step} "
+                 f"(quadratic model, {bound})", t.to_string(index=False)]
+        bad = [int(s) for s in self.table.loc[self.table["exceeds"], "stage"]]
+        verdict = (f"lr={self.lr:g} exceeds the bound of stage(s) {', '.join(map(str, bad))}: expect divergence"
+                   if bad else f"lr={self.lr:g} is below every stage's bound")
+        lines.append(f"{verdict}; largest stable lr: {self.max_lr:.4g}")
+        return "\n".join(lines)
+
+    def _repr_html_(self) -> str:  # notebooks
+        return f"<pre>{self.__str__()}</pre>"
+
+
+def _delays_and_factors(method, stages: int, microbatches: int, step: int,
+                        method_args: Optional[dict]) -> Tuple[List[int], List[int], List[float]]:
+    """The asynchronous phase's delays (after the method's corrections) and the per-stage lr factors at step ``k``."""
+    from . import methods
+
+    schedule, corrections = methods.resolve(method, **(method_args or {}))
+    tf, tb = schedule.delays(stages, microbatches)
+    for c in corrections:
+        tf, tb = c.delays(list(tf), list(tb), None)
+    factors = [1.0] * stages
+    for c in corrections:
+        f = c.lr_factors((list(tf), list(tb)), step)
+        if f is not None:
+            factors = [a * float(b) for a, b in zip(factors, f)]
+    return list(tf), list(tb), factors
+
+
+def advise(model: nn.Module, loss_fn: Callable, batch, method: Union[str, object], stages: Union[int, Partition],
+           microbatches: int = 1, lr: float = 0.1, momentum: float = 0.0, *, step: int = 0,
+           partition: str = "ops", method_args: Optional[dict] = None, iters: int = 50, tol: float = 1e-5,
+           seed: int = 0) -> Advice:
+    """Per-stage stability check of ``lr`` for ``method`` on ``model`` (module docstring).
+
+    Args:
+        model, loss_fn, batch: the loss is ``loss_fn(model(inputs), targets)`` with
+            ``batch = (inputs, targets)``; its Hessian is taken at the model's current weights.
+        method: a method or schedule name (``"pipemare"``, ``"1f1b"``, ...) or a Schedule.
+        stages: a stage count or a :class:`~staleopt.partition.Partition`.
+        microbatches: ``N``, enters the delay formulas.
+        lr: the base step size (what the lr scheduler sets); ``momentum``: heavy-ball ``beta``.
+        step: T1 step ``k`` at which the lr factors are taken (0: the start, factor ``1/tau``).
+        method_args: a method's hyperparameters, e.g. ``{"anneal_steps": 500}``.
+        iters, tol, seed: power iteration (per stage, seeded ``seed + i``).
+
+    Example::
+
+        advice = staleopt.advise(model, nn.functional.cross_entropy, (x, y), "pipemare", stages=8, lr=0.1)
+        print(advice)            # table + verdict
+        advice.max_lr            # largest base lr every stage tolerates
+    """
+    import pandas as pd
+
+    if not float(lr) > 0.0:
+        raise ConfigError(f"lr must be > 0, got {lr!r}")
+    if not 0.0 <= float(momentum) <= 1.0:
+        raise ConfigError(f"momentum must lie in [0, 1] (heavy-ball beta), got {momentum!r}")
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        raise ConfigError(f"step must be an int >= 0 (T1's step counter k), got {step!r}")
+    part = stages if isinstance(stages, Partition) else partition_model(model, stages, partition)
+    P = part.num_stages
+    tf, tb, factors = _delays_and_factors(method, P, microbatches, step, method_args)
+    curv = stage_curvatures(model, loss_fn, batch, part, iters, tol, seed)
+    rows = []
+    for i, stage in enumerate(part):
+        lam = curv[i]
+        if lam <= 0.0:
+            bound = math.inf  # no positive curvature: the quadratic model puts no limit on the step size
+        elif momentum == 0.0:
+            bound = float(theory.lemma1_bound(lam, tf[i]))
+        else:
+            bound = theory.max_stable_lr(lam, tf[i], momentum=float(momentum))
+        eff = float(lr) * factors[i]
+        rows.append({"stage": i, "params": stage.numel, "tau_fwd": tf[i], "tau_bkwd": tb[i], "curvature": lam,
+                     "max_stable_lr": bound, "lr_factor": factors[i], "effective_lr": eff,
+                     "headroom": bound / eff, "exceeds": eff >= bound})
+    name = method if isinstance(method, str) else getattr(method, "name", type(method).__name__)
+    return Advice(pd.DataFrame(rows), name, float(lr), float(momentum), step)

@@ -1,0 +1,183 @@
+"""staleopt.advise on models whose Hessian is known in closed form."""
+import math
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+import staleopt
+from staleopt import theory
+from staleopt.advisor import Advice, advise, hessian_top_eigenvalue, stage_curvatures
+from staleopt.errors import ConfigError
+from staleopt.partition import partition_model
+
+
+class Blocks(nn.Module):
+    """``y_hat = sum_i X_i w_i``: one bias-free linear block per stage, each reading its own input columns."""
+
+    def __init__(self, widths):
+        super().__init__()
+        self.widths = list(widths)
+        self.blocks = nn.ModuleList(nn.Linear(w, 1, bias=False) for w in widths)
+
+    def forward(self, x):
+        parts = torch.split(x, self.widths, dim=1)
+        return sum(b(p) for b, p in zip(self.blocks, parts)).squeeze(1)
+
+
+def half_mse(out, y):
+    return 0.5 * ((out - y) ** 2).mean()
+
+
+def block_problem(widths, tops, n=64, seed=0, ratio=0.6):
+    """X = Q B, Q with orthonormal columns and B block diagonal, so H = X^T X / n = diag(B_i^T B_i / n).
+
+    Block i's spectrum is ``tops[i] * [1, ratio, ratio^2 ...]``: top eigenvalue ``tops[i]``.
+    """
+    rng = np.random.default_rng(seed)
+    D = sum(widths)
+    q, _ = np.linalg.qr(rng.normal(size=(n, D)))
+    b = np.zeros((D, D))
+    off = 0
+    for w, top in zip(widths, tops):
+        u, _ = np.linalg.qr(rng.normal(size=(w, w)))
+        eig = top * ratio ** np.arange(w)
+        b[off:off + w, off:off + w] = np.diag(np.sqrt(n * eig)) @ u.T   # B_i^T B_i / n = u diag(eig) u^T
+        off += w
+    X = q @ b
+    y = X @ rng.normal(size=D) + 0.1 * rng.normal(size=n)
+    H = X.T @ X / n
+    truth, off = [], 0
+    for w in widths:
+        truth.append(np.linalg.eigvalsh(H[off:off + w, off:off + w])[-1])
+        off += w
+    return torch.tensor(X), torch.tensor(y), H, truth
+
+
+def make_model(widths):
+    torch.manual_seed(0)
+    return Blocks(widths).double()
+
+
+def test_stage_curvature_within_1_percent_of_closed_form():
+    widths, tops = [5, 3, 4], [2.0, 7.5, 0.3]
+    X, y, H, truth = block_problem(widths, tops)
+    assert np.allclose(truth, tops)
+    model = make_model(widths)
+    got = stage_curvatures(model, half_mse, (X, y), partition_model(model, 3), iters=50, tol=1e-6)
+    for g, t in zip(got, truth):
+        assert abs(g - t) <= 0.01 * t
+    # the Hessian really is block diagonal (the stages decouple)
+    assert np.abs(H[:5, 5:]).max() < 1e-10
+
+
+def test_curvature_with_cross_stage_coupling_is_the_diagonal_block():
+    """Stage 0 of a coupled problem: the top eigenvalue of H_00, not of H."""
+    rng = np.random.default_rng(1)
+    X = torch.tensor(rng.normal(size=(50, 6)) @ rng.normal(size=(6, 6)))
+    y = torch.tensor(rng.normal(size=50))
+    model = make_model([2, 4])
+    H = (X.T @ X / 50).numpy()
+    got = stage_curvatures(model, half_mse, (X, y), partition_model(model, 2), iters=200, tol=1e-9)
+    assert got[0] == pytest.approx(np.linalg.eigvalsh(H[:2, :2])[-1], rel=1e-4)
+    assert got[1] == pytest.approx(np.linalg.eigvalsh(H[2:, 2:])[-1], rel=1e-4)
+
+
+def test_negative_dominant_eigenvalue_is_shifted_away():
+    w = torch.zeros(3, dtype=torch.float64, requires_grad=True)
+    a = torch.diag(torch.tensor([-5.0, 1.0, 2.0], dtype=torch.float64))
+    loss = 0.5 * w @ a @ w + w.sum()
+    assert hessian_top_eigenvalue(loss, [w], iters=500, tol=1e-10) == pytest.approx(2.0, rel=1e-5)
+
+
+def test_power_iteration_is_seeded():
+    X, y, _, _ = block_problem([6], [1.0], ratio=0.95)
+    model = make_model([6])
+    part = partition_model(model, 1)
+    a = stage_curvatures(model, half_mse, (X, y), part, iters=5, seed=3)
+    assert a == stage_curvatures(model, half_mse, (X, y), part, iters=5, seed=3)
+    assert a != stage_curvatures(model, half_mse, (X, y), part, iters=5, seed=4)
+
+
+def test_table_combines_curvature_delay_and_t1_factor():
+    widths, tops = [3, 3, 3], [1.0, 2.0, 4.0]
+    X, y, _, truth = block_problem(widths, tops)
+    model = make_model(widths)
+    adv = advise(model, half_mse, (X, y), "pipemare-t1", stages=3, lr=0.05, tol=1e-8)
+    t = adv.table
+    assert list(t.columns) == ["stage", "params", "tau_fwd", "tau_bkwd", "curvature", "max_stable_lr",
+                               "lr_factor", "effective_lr", "headroom", "exceeds"]
+    assert list(t["tau_fwd"]) == [5, 3, 1]                      # dataflow, P=3, N=1
+    np.testing.assert_allclose(t["lr_factor"], [1 / 5, 1 / 3, 1.0])   # T1 at k=0: 1/tau
+    np.testing.assert_allclose(t["curvature"], truth, rtol=1e-6)
+    np.testing.assert_allclose(t["max_stable_lr"], theory.lemma1_bound(np.array(truth), [5, 3, 1]), rtol=1e-6)
+    np.testing.assert_allclose(t["effective_lr"], 0.05 * t["lr_factor"])
+    assert list(t["exceeds"]) == list(t["effective_lr"] >= t["max_stable_lr"])
+    assert adv.max_lr == pytest.approx(min(t["max_stable_lr"] / t["lr_factor"]))
+    # after annealing (k >= K) T1's factor is 1
+    late = advise(model, half_mse, (X, y), "pipemare-t1", stages=3, lr=0.05, step=10 ** 6,
+                  method_args={"anneal_steps": 100})
+    np.testing.assert_allclose(late.table["lr_factor"], 1.0)
+    text = str(adv)
+    assert "max_stable_lr" in text and "largest stable lr" in text and "pipemare-t1" in text
+
+
+def test_momentum_uses_the_momentum_companion_matrix():
+    X, y, _, truth = block_problem([3, 3], [1.0, 1.0])
+    model = make_model([3, 3])
+    adv = advise(model, half_mse, (X, y), "pb", stages=2, lr=0.01, momentum=0.9, tol=1e-8)
+    want = theory.max_stable_lr(truth[0], 2, momentum=0.9)
+    assert adv.table["max_stable_lr"][0] == pytest.approx(want, rel=1e-5)
+    assert adv.table["max_stable_lr"][0] < theory.lemma3_bound(truth[0], 2)
+
+
+def run_pipeline(model, X, y, lr, steps, method):
+    opt = staleopt.PipelineOptimizer(model, torch.optim.SGD(model.parameters(), lr=lr), stages=2, schedule=method)
+    first = None
+    for _ in range(steps):
+        opt.zero_grad()
+        loss = half_mse(model(X), y)
+        loss.backward()
+        opt.step()
+        first = loss.item() if first is None else first
+    with torch.no_grad():
+        return first, float(half_mse(model(X), y))
+
+
+@pytest.mark.parametrize("method,taus", [("pb", [2, 0]), ("dataflow", [3, 1])])
+def test_advised_lr_separates_divergence_from_convergence(method, taus):
+    """Full-batch gradients on decoupled blocks: the advice is exact. Stage 0 binds (stage 1 is flat)."""
+    widths, tops = [3, 3], [1.0, 0.2]
+    X, y, _, truth = block_problem(widths, tops)
+    opt_loss = float(half_mse(X @ torch.linalg.lstsq(X, y).solution, y))
+    adv = advise(make_model(widths), half_mse, (X, y), method, stages=2, lr=0.1, tol=1e-8)
+    assert list(adv.table["tau_fwd"]) == taus
+    assert adv.max_lr == pytest.approx(float(theory.lemma1_bound(truth[0], taus[0])), rel=1e-6)
+    first, below = run_pipeline(make_model(widths), X, y, 0.97 * adv.max_lr, 1000, method)
+    assert below - opt_loss < 1e-3 * (first - opt_loss)
+    first, above = run_pipeline(make_model(widths), X, y, 1.03 * adv.max_lr, 1000, method)
+    assert above > 1e3 * first
+    assert not advise(make_model(widths), half_mse, (X, y), method, 2, lr=0.97 * adv.max_lr).table["exceeds"].any()
+    assert advise(make_model(widths), half_mse, (X, y), method, 2, lr=1.03 * adv.max_lr).table["exceeds"][0]
+
+
+def test_zero_curvature_stage_has_no_bound():
+    model = make_model([2, 2])
+    X = torch.zeros(8, 4, dtype=torch.float64)
+    X[:, :2] = torch.randn(8, 2, dtype=torch.float64)
+    adv = advise(model, half_mse, (X, torch.zeros(8, dtype=torch.float64)), "dataflow", stages=2, lr=0.1)
+    assert adv.table["curvature"][1] == 0.0 and math.isinf(adv.table["max_stable_lr"][1])
+    assert not adv.table["exceeds"][1]
+    assert isinstance(adv, Advice)
+
+
+def test_bad_arguments():
+    model = make_model([2])
+    X, y = torch.zeros(4, 2, dtype=torch.float64), torch.zeros(4, dtype=torch.float64)
+    with pytest.raises(ConfigError, match="lr"):
+        advise(model, half_mse, (X, y), "sync", 1, lr=0.0)
+    with pytest.raises(ConfigError, match="inputs, targets"):
+        advise(model, half_mse, X, "sync", 1)
+    with pytest.raises(ConfigError, match="scalar"):
+        advise(model, lambda o, t: (o - t) ** 2, (X, y), "sync", 1)
