@@ -9,7 +9,7 @@ input; the number of units is the largest possible number of stages.
 ===============  ============  =====  ===========================================================
 name             input         units  model
 ===============  ============  =====  ===========================================================
-resnet1d         (C, L)        6n+3   1-D ResNet for MNIST-1D, ``depth = 6n+2`` (default 20: 39 units)
+resnet1d         (C, L)        12n+3  1-D ResNet for MNIST-1D, ``depth = 6n+2`` (default 20: 39 units)
 cnn1d            (C, L)        d+1    plain 1-D CNN, ``depth`` conv+ReLU layers (default 8: 9 units)
 mlp              any           d+1    ``depth`` hidden Linear+ReLU layers (default 2)
 transformer      (C, L)        6l+4   pre-norm Transformer encoder classifier over patches of L
@@ -117,7 +117,7 @@ class _ResNet(nn.Module):
 class ResNet1d(_ResNet):
     """1-D ResNet for sequences ``(C, L)`` such as MNIST-1D: the CIFAR ResNet with 1-D convolutions."""
 
-    def __init__(self, num_classes: int = 10, input_shape=(1, 40), depth: int = 20, width: int = 16):
+    def __init__(self, num_classes: int = 10, input_shape=(1, 40), depth: int = 20, width: int = 8):
         c, _ = _shape(input_shape, 2, "resnet1d")
         super().__init__(depth, num_classes, c, width, dims=1)
 
@@ -303,7 +303,7 @@ def _resnet(depth):
 
 
 _REGISTRY: Dict[str, ModelInfo] = {m.name: m for m in [
-    ModelInfo("resnet1d", ResNet1d, (1, 40), "1-D ResNet-20 for MNIST-1D (width 16, option A shortcuts)"),
+    ModelInfo("resnet1d", ResNet1d, (1, 40), "1-D ResNet-20 for MNIST-1D (widths 8/16/32, option A shortcuts)"),
     ModelInfo("cnn1d", CNN1d, (1, 40), "plain 1-D CNN for MNIST-1D: 8 conv+ReLU layers, width 32, no normalization"),
     ModelInfo("mlp", MLP, (1, 40), "MLP: 2 hidden layers of 128, ReLU"),
     ModelInfo("transformer", TransformerClassifier, (1, 40),
