@@ -79,21 +79,35 @@ def _copy(dst: List[torch.Tensor], src: List[torch.Tensor], foreach: bool) -> No
             d.copy_(s)
 
 
+_INT_OF_SIZE = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def _swap(a: List[torch.Tensor], b: List[torch.Tensor]) -> None:
+    """Exchange the contents of two tensor lists in place without a temporary (XOR on integer views)."""
+    for x, y in zip(a, b):
+        x.bitwise_xor_(y)
+        y.bitwise_xor_(x)
+        x.bitwise_xor_(y)
+
+
 class _Chunk:
     """The parameters of one stage that share a device and dtype, and their history.
 
-    ``ring[s]`` is one flat version; the version of age ``a`` (``w_{t-a}``,
-    ``1 <= a <= H``) is in slot ``(head + a - 1) % S`` and the spare slot
-    ``(head - 1) % S`` receives ``w_t`` when the parameters leave it.
+    ``ring`` holds ``S`` flat versions. ``where`` maps a version number ``v``
+    (the weights after ``v`` steps; ``v < 0`` holds ``w_0``) to its slot. The
+    parameters hold ``key = (version, modified)``; ``unique`` says no slot
+    holds a copy of it. Loads *swap* the parameters with the slot that holds the
+    wanted version, so no version is ever overwritten: ``S = H`` slots suffice,
+    ``H = max_t max(tau_fwd, tau_bkwd)``. A stage whose backward view a correction
+    rewrites in place (T2) gets one free slot to keep the raw version it rewrites.
     """
 
-    def __init__(self, stage: int, params: List[nn.Parameter], history: int):
+    def __init__(self, stage: int, params: List[nn.Parameter], history: int, spare: bool):
         self.stage, self.params, self.H = stage, params, history
         self.data = [p.data for p in params]  # aliases: writes skip autograd's version counter
         self.ptrs = [p.data_ptr() for p in params]
         self.numel = sum(p.numel() for p in params)
-        self.S = history + 1 if history > 0 else 0
-        self.head = 0
+        self.S = history + (1 if spare and history else 0)
         self.ring = None
         self.views: List[List[torch.Tensor]] = []
         if self.S:
@@ -106,24 +120,30 @@ class _Chunk:
                     off += p.numel()
                 self.views.append(views)
             with torch.no_grad():
-                for s in range(self.S):  # w_{t-tau} = w_0 for t - tau < 0
+                for s in range(self.S):
                     torch._foreach_copy_(self.views[s], self.data)
-        self.reset()
+            itype = _INT_OF_SIZE[p0.element_size()]
+            self.idata = [d.view(itype) for d in self.data]
+            self.iviews = [[v.view(itype) for v in views] for views in self.views]
+        self.where: Dict[int, int] = {-a: a - 1 for a in range(1, history + 1)}  # w_{-a} = w_0
+        self.free: List[int] = list(range(history, self.S))
+        self.key = (0, False)
+        self.unique = True
 
-    def reset(self) -> None:
-        self.key = None  # view held by the parameters: None is w_t
-        self.spare_holds_current = False
-
-    @property
-    def spare(self) -> int:
-        return (self.head - 1) % self.S
-
-    def slot(self, age: int) -> int:
-        return self.spare if age == 0 else (self.head + age - 1) % self.S
+    def stored(self, version: int) -> List[torch.Tensor]:
+        """Views of the slot holding ``version`` (e.g. ``w_t`` once it entered the history)."""
+        return self.views[self.where[version]]
 
     @property
     def nbytes(self) -> int:
         return 0 if self.ring is None else self.ring.numel() * self.ring.element_size()
+
+    def state(self) -> dict:
+        return {"where": dict(self.where), "free": list(self.free), "key": self.key, "unique": self.unique}
+
+    def load_state(self, state: dict) -> None:
+        self.where = {int(k): int(v) for k, v in state["where"].items()}
+        self.free, self.key, self.unique = list(state["free"]), tuple(state["key"]), bool(state["unique"])
 
 
 class PipelineOptimizer(torch.optim.Optimizer):
@@ -191,13 +211,15 @@ class PipelineOptimizer(torch.optim.Optimizer):
         for c in self._corrections:
             tf, tb = c.delays(list(tf), list(tb), None)
         self._max_delays = (list(tf), list(tb))
+        rewrites = any(c.rewrites_backward_view for c in self._corrections)
         self._chunks: List[_Chunk] = []
         for stage in self._partition:
             groups: Dict[tuple, List[nn.Parameter]] = {}
             for p in stage.params:
                 groups.setdefault((p.device, p.dtype), []).append(p)
             for ps in groups.values():
-                self._chunks.append(_Chunk(stage.index, ps, max(tf[stage.index], tb[stage.index])))
+                i = stage.index
+                self._chunks.append(_Chunk(i, ps, max(tf[i], tb[i]), spare=rewrites and tf[i] != tb[i]))
 
         self._stage_of_param = {id(p): s.index for s in self._partition for p in s.params}
         self._split_groups = any(type(c).lr_factors is not Correction.lr_factors for c in self._corrections)
@@ -353,41 +375,62 @@ class PipelineOptimizer(torch.optim.Optimizer):
     def _load(self, backward: bool) -> None:
         """Put each stage's forward (or backward) view into the parameters."""
         tf, tb = delays = self._current_delays()
-        park_dst, park_src, dst, src, modified = [], [], [], [], []
+        targets = []
         for c in self._chunks:
             age = tb[c.stage] if backward else tf[c.stage]
             mod = backward and any(k.modifies_backward(c.stage, tf[c.stage], tb[c.stage])
                                    for k in self._corrections)
-            key = (age, mod)
-            if c.key == key or (c.key is None and key == (0, False)):
-                continue
-            if c.key is None and not c.spare_holds_current:
-                park_dst += c.views[c.spare]
-                park_src += c.data
-                c.spare_holds_current = True
-            dst += c.data
-            src += c.views[c.slot(age)]
-            c.key = key
-            if mod:
-                modified.append(c)
+            targets.append((self._step - age, mod))
+        modified = self._apply(targets)
         with torch.no_grad():
-            _copy(park_dst, park_src, self._foreach)
-            _copy(dst, src, self._foreach)
             for k in self._corrections:
                 mine = [c for c in modified if k.modifies_backward(c.stage, tf[c.stage], tb[c.stage])]
                 if mine:
                     k.backward_view(mine, delays)
 
+    def _apply(self, targets) -> List[_Chunk]:
+        """Bring chunk ``i`` to ``targets[i] = (version, modified)``; returns the chunks to modify.
+
+        Raw versions move by swapping with their slot (nothing is overwritten);
+        a parameter content that also lives in a slot is simply overwritten by a copy;
+        before a view is rewritten in place its raw version is copied to a free slot.
+        """
+        swap_a, swap_b, dst, src, keep_dst, keep_src, modified = [], [], [], [], [], [], []
+        for c, (version, mod) in zip(self._chunks, targets):
+            if c.key == (version, mod):
+                continue
+            if c.key != (version, False):
+                if version not in c.where:
+                    raise StaleoptError(f"stage {c.stage}: weight version {version} is no longer stored; "
+                                        "this is a bug in a correction's delays (please report it)")
+                slot = c.where[version]
+                if c.unique:  # the parameters hold the only copy of a raw version: trade places
+                    swap_a += c.idata
+                    swap_b += c.iviews[slot]
+                    del c.where[version]
+                    c.where[c.key[0]] = slot
+                else:  # they hold a duplicate or a rewritten view: overwrite
+                    dst += c.data
+                    src += c.views[slot]
+                c.key = (version, False)
+            if mod:
+                if c.unique:
+                    slot = c.free.pop()
+                    keep_dst += c.views[slot]
+                    keep_src += c.data
+                    c.where[version] = slot
+                c.unique = False
+                c.key = (version, True)
+                modified.append(c)
+        with torch.no_grad():
+            _swap(swap_a, swap_b)
+            _copy(dst, src, self._foreach)
+            _copy(keep_dst, keep_src, self._foreach)
+        return modified
+
     def _restore(self) -> None:
         """Put ``w_t`` back into the parameters."""
-        dst, src = [], []
-        for c in self._chunks:
-            if c.key is not None:
-                dst += c.data
-                src += c.views[c.spare]
-                c.key = None
-        with torch.no_grad():
-            _copy(dst, src, self._foreach)
+        self._apply([(self._step, False)] * len(self._chunks))
 
     def _on_forward_start(self, module, args):
         if module.training and torch.is_grad_enabled():
@@ -427,12 +470,17 @@ class PipelineOptimizer(torch.optim.Optimizer):
         self._check_storage()
         self._restore()
         delays = self._current_delays()
+        t = self._step
         stored = [c for c in self._chunks if c.S]
         dst, src = [], []
         for c in stored:
-            if not c.spare_holds_current:
-                dst += c.views[c.spare]
+            if t - c.H in c.where:  # w_{t-H} is not needed from step t+1 on
+                c.free.append(c.where.pop(t - c.H))
+            if c.unique:
+                slot = c.free.pop()
+                dst += c.views[slot]
                 src += c.data
+                c.where[t] = slot
         _copy(dst, src, self._foreach)
         for k in self._corrections:
             k.transform_stored(stored, delays, self._step)
@@ -455,10 +503,8 @@ class PipelineOptimizer(torch.optim.Optimizer):
             if saved is not None:
                 for g, lr in zip(self._base.param_groups, saved):
                     g["lr"] = lr
-        for c in stored:
-            c.head = c.spare  # the slot holding w_t becomes the newest version
         for c in self._chunks:
-            c.reset()
+            c.key, c.unique = (t + 1, False), True
         for k in self._corrections:
             k.after_update(stored, delays, self._step)
         self._step += 1
@@ -472,9 +518,8 @@ class PipelineOptimizer(torch.optim.Optimizer):
         state["staleopt"] = {
             "step": self._step,
             "delays": self._delays,
-            "heads": [c.head for c in self._chunks],
+            "chunks": [c.state() for c in self._chunks],
             "history": [c.ring for c in self._chunks],
-            "spare_holds_current": [c.spare_holds_current for c in self._chunks],
             "generator": self._generator.get_state(),
             "corrections": [k.state_dict() for k in self._corrections],
             "signature": self._signature(),
@@ -497,11 +542,8 @@ class PipelineOptimizer(torch.optim.Optimizer):
                                          "and corrections")
         self._base.load_state_dict({k: v for k, v in state_dict.items() if k != "staleopt"})
         with torch.no_grad():
-            for c, head, ring, flag in zip(self._chunks, mine["heads"], mine["history"],
-                                           mine["spare_holds_current"]):
-                c.reset()
-                c.head = head
-                c.spare_holds_current = flag
+            for c, cstate, ring in zip(self._chunks, mine["chunks"], mine["history"]):
+                c.load_state(cstate)
                 if c.ring is not None:
                     c.ring.copy_(ring)
         self._step = mine["step"]

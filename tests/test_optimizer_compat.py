@@ -204,9 +204,16 @@ def test_history_is_minimal_and_compact():
                                      schedule="dataflow")  # tau_fwd = (5, 3, 1)
     sizes = [s.numel for s in opt.partition]
     itemsize = 8
-    # max(tau) past versions plus one slot for w_t while the parameters hold a stale view
-    assert opt.history_bytes() == sum((t + 1) * n * itemsize for t, n in zip([5, 3, 1], sizes))
-    assert [c.ring.shape[0] for c in opt.chunks] == [6, 4, 2]
+    # exactly max(tau) past versions per stage: sum_i max(tau_fwd_i, tau_bkwd_i) * |w_i|
+    assert opt.history_bytes() == sum(t * n * itemsize for t, n in zip([5, 3, 1], sizes))
+    assert [c.ring.shape[0] for c in opt.chunks] == [5, 3, 1]
+    train(model, opt, batches(7))
+    assert opt.history_bytes() == sum(t * n * itemsize for t, n in zip([5, 3, 1], sizes))
+    # T2 rewrites the backward view in place: one free slot per corrected stage, plus its delta buffer
+    m3 = mlp()
+    t2 = staleopt.PipelineOptimizer(m3, torch.optim.SGD(m3.parameters(), lr=0.1), stages=3, schedule="pipemare")
+    assert [c.ring.shape[0] for c in t2.chunks] == [6, 4, 2]
+    assert t2.memory_bytes() == t2.history_bytes() + sum(sizes) * itemsize
     m2 = mlp()
     sync = staleopt.PipelineOptimizer(m2, torch.optim.SGD(m2.parameters(), lr=0.1), stages=3, schedule="sync")
     assert sync.history_bytes() == 0

@@ -35,6 +35,9 @@ class Correction:
 
     name: str = "correction"
     paper: str = ""
+    #: True if :meth:`backward_view` rewrites views in place (the engine then keeps
+    #: one free history slot per affected stage for the raw version).
+    rewrites_backward_view: bool = False
     def bind(self, engine) -> None:
         """Called once by the engine after it is built; allocate per-stage state here."""
         self.engine = engine

@@ -27,6 +27,7 @@ class DiscrepancyCorrection(Correction):
     """
 
     name, paper = "T2", "PipeMare §3.2"
+    rewrites_backward_view = True
 
     def __init__(self, decay: float):
         if isinstance(decay, bool) or not isinstance(decay, (int, float)) or not 0.0 < float(decay) < 1.0:
@@ -70,7 +71,7 @@ class DiscrepancyCorrection(Correction):
         for i, c in enumerate(self.engine.chunks):
             if i in self._delta:
                 g = self.gamma[c.stage]
-                diff = torch._foreach_sub(c.data, c.views[c.slot(1)])  # w_{t+1} - w_t
+                diff = torch._foreach_sub(c.data, c.stored(step))  # w_{t+1} - w_t
                 views = self._delta[i][1]
                 torch._foreach_mul_(views, g)
                 torch._foreach_add_(views, diff, alpha=1.0 - g)

@@ -133,7 +133,7 @@ class WeightPrediction(Correction):
             s = tf[c.stage] - tb[c.stage]
             if s <= 0:
                 continue
-            for stored, d, p in zip(c.views[c.spare], self._views("dW", ci), c.params):
+            for stored, d, p in zip(c.stored(step), self._views("dW", ci), c.params):
                 stored.add_(d, alpha=-float(self._group(p)["lr"]) * s)
 
     def before_update(self, delays, step):
