@@ -33,10 +33,14 @@ The user's loop stays ``zero_grad(); loss = crit(model(x), y); loss.backward(); 
   :meth:`PipelineOptimizer.current_weights` context see ``w_t``.
 
 History: per stage (and per device/dtype within a stage) one contiguous buffer
-of ``H_i + 1`` versions, ``H_i = max_t max(tau_fwd_i, tau_bkwd_i)``: the ``H_i``
-past versions the delays need plus one slot that holds ``w_t`` while the
-parameters hold a stale view. Stages with no delay keep nothing. All copies of
-one phase go to a single ``torch._foreach_copy_`` call.
+of ``H_i = max_t max(tau_fwd_i, tau_bkwd_i)`` versions — exactly the past
+versions the delays need, ``sum_i H_i |w_i|`` in all; stages with no delay keep
+nothing. Loading a view *swaps* the parameters' contents with the slot holding
+the wanted version (an exact XOR swap on integer views, no temporary), so
+``w_t`` itself never needs a slot of its own; ``step()`` copies ``w_t`` into the
+slot of the version that just expired. A correction that rewrites the backward
+view in place (T2) gets one free slot per affected stage to keep the raw version.
+Plain copies of one phase go to a single ``torch._foreach_copy_`` call.
 
 Limits (documented, not checked):
 
