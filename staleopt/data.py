@@ -161,6 +161,22 @@ def _cifar_class(name: str, verify: bool):
     })
 
 
+def _channel_stats(images: np.ndarray) -> Tuple[Tuple[float, ...], Tuple[float, ...]]:
+    """Per-channel mean and (population) std of uint8 ``N x H x W x C`` images, scaled to [0, 1].
+
+    From each channel's histogram of the 256 values: exact, and no float copy of the images.
+    """
+    values = np.arange(256, dtype=np.float64) / 255.0
+    means, stds = [], []
+    for c in range(images.shape[-1]):
+        counts = np.bincount(images[..., c].ravel(), minlength=256).astype(np.float64)
+        n = counts.sum()
+        mean = (values * counts).sum() / n
+        means.append(float(mean))
+        stds.append(float(np.sqrt(((values - mean) ** 2 * counts).sum() / n)))
+    return tuple(means), tuple(stds)
+
+
 def _cifar(name: str, root=None, download=False, augment=True, verify=True) -> Data:
     """CIFAR-10/100 with per-channel normalization by the training set's own mean and std.
 
@@ -189,8 +205,7 @@ def _cifar(name: str, root=None, download=False, augment=True, verify=True) -> D
     except OSError as e:
         raise DataError(f"{name} could not be downloaded to {root} ({e}); download "
                         f"{cls.url} by hand and extract it into {root}.") from e
-    pixels = train.data.reshape(-1, 3).astype(np.float64) / 255.0  # data is N x 32 x 32 x 3 (HWC)
-    mean, std = tuple(pixels.mean(0).tolist()), tuple(pixels.std(0).tolist())
+    mean, std = _channel_stats(train.data)
     norm = [transforms.ToTensor(), transforms.Normalize(mean, std)]
     aug = [transforms.RandomCrop(32, padding=4), transforms.RandomHorizontalFlip()] if augment else []
     train.transform = transforms.Compose(aug + norm)

@@ -145,7 +145,7 @@ def _records(sweep_dir):
     return sweep.collect(sweep_dir).sort_values(["run", "epoch"], ignore_index=True)
 
 
-def test_killed_sweep_resumes_to_the_uninterrupted_result(tmp_path):
+def test_killed_sweep_resumes_to_the_uninterrupted_result(tmp_path, monkeypatch):
     path = _write(tmp_path)
     killed, log = tmp_path / "killed", tmp_path / "calls.log"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "tests"), str(REPO)]),
@@ -172,11 +172,9 @@ def test_killed_sweep_resumes_to_the_uninterrupted_result(tmp_path):
     before = log.read_text().split()
     assert before[0] == first_done
 
-    os.environ["FAKE_LOG"] = str(log)
-    try:
-        report = sweep.run_sweep(path, killed, train_fn=fake_train, bar=False)
-    finally:
-        del os.environ["FAKE_LOG"]
+    monkeypatch.setenv("FAKE_LOG", str(log))
+    report = sweep.run_sweep(path, killed, train_fn=fake_train, bar=False)
+    monkeypatch.delenv("FAKE_LOG")
     assert report.skipped == [first_done] and len(report.finished) == 3 and report.ok
     resumed_calls = log.read_text().split()[len(before):]
     assert first_done not in resumed_calls and len(resumed_calls) == 3
