@@ -1,0 +1,90 @@
+"""Partitioning into stages of parametrized operators (PipeMare §4.1)."""
+import itertools
+
+import pytest
+import torch
+import torchvision
+from torch import nn
+
+from staleopt.errors import StageError
+from staleopt.partition import partition_model, units_of
+
+
+def test_resnet50_has_107_units():
+    model = torchvision.models.resnet50(num_classes=10)
+    units = units_of(model)
+    assert len(units) == 107
+    assert sum(u.numel for u in units) == sum(p.numel() for p in model.parameters())
+    assert sum(1 for u in units if u.module_type == "BatchNorm2d") == 53
+    # weight and bias of one module are one unit
+    fc = [u for u in units if u.name == "fc"][0]
+    assert len(fc.params) == 2
+    part = partition_model(model, 107)
+    assert all(len(s.units) == 1 for s in part)
+    with pytest.raises(StageError, match="1 <= stages <= 107"):
+        partition_model(model, 108)
+
+
+def test_ops_strategy_is_even_and_contiguous():
+    model = nn.Sequential(*[nn.Linear(3, 3) for _ in range(10)])
+    part = partition_model(model, 4)
+    assert [len(s.units) for s in part] == [3, 3, 2, 2]
+    assert part.cuts == [3, 6, 8]
+    assert [p for s in part for p in s.params] == list(model.parameters())
+
+
+def test_params_strategy_minimises_the_largest_stage():
+    sizes = [5, 1, 8, 2, 2, 9, 1, 4]
+    model = nn.Sequential(*[nn.Linear(n, 1, bias=False) for n in sizes])
+    for P in (2, 3, 4):
+        part = partition_model(model, P, strategy="params")
+        best = min(max(sum(sizes[a:b]) for a, b in zip((0,) + c, c + (len(sizes),)))
+                   for c in itertools.combinations(range(1, len(sizes)), P - 1))
+        assert max(s.numel for s in part) == best
+        assert len(part) == P
+
+
+def test_explicit_cut_points_are_the_placement_vector():
+    model = nn.Sequential(*[nn.Linear(2, 2) for _ in range(6)])
+    part = partition_model(model, [1, 4])
+    assert [len(s.units) for s in part] == [1, 3, 2] and part.cuts == [1, 4]
+    for bad in ([0, 2], [2, 2], [4, 1], [1, 6]):
+        with pytest.raises(StageError, match="strictly increasing"):
+            partition_model(model, bad)
+
+
+def test_tied_parameters_appear_once_and_frozen_are_excluded():
+    class Tied(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed = nn.Embedding(10, 4)
+            self.mid = nn.Linear(4, 4)
+            self.frozen = nn.Linear(4, 4).requires_grad_(False)
+            self.out = nn.Linear(4, 10, bias=False)
+            self.out.weight = self.embed.weight  # tied
+
+    model = Tied()
+    units = units_of(model)
+    assert [u.name for u in units] == ["embed", "mid"]  # tied weight owned by its first owner; out has none left
+    part = partition_model(model, 2)
+    ids = [id(p) for s in part for p in s.params]
+    assert len(ids) == len(set(ids)) == 3
+    assert id(model.frozen.weight) not in ids
+
+
+def test_partition_repr_is_a_table_and_reports_sizes():
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+    part = partition_model(model, 2)
+    text = repr(part)
+    assert "stage" in text and "params" in text and "bytes" in text
+    assert part[0].numel == 40 and part[0].nbytes == 160 and part[0].modules == ["0"]
+    assert part.stage_of(model[2].weight) == 1
+
+
+def test_partition_errors():
+    with pytest.raises(StageError, match="no trainable parameters"):
+        partition_model(nn.ReLU(), 1)
+    with pytest.raises(StageError, match="'ops', 'params'"):
+        partition_model(nn.Linear(2, 2), 1, strategy="layers")
+    with pytest.raises(StageError, match="int"):
+        partition_model(nn.Linear(2, 2), 1.5)
