@@ -1,0 +1,157 @@
+"""``staleopt hardware``: price methods with the analytic hardware model (utilization and memory)."""
+from __future__ import annotations
+
+import argparse
+import csv
+import os
+
+__all__ = ["register", "run"]
+
+DESCRIPTION = """\
+Pipeline utilization and memory (bytes, shown in MiB) of a method on a model,
+from the analytic hardware model (staleopt.hardware; PipeMare Table 1-2, App. A).
+
+examples:
+  staleopt hardware --model resnet50-cifar --method pipemare --stages 107 --microbatches 8
+  staleopt hardware --model resnet50-cifar --compare gpipe,pipemare-stash,pipemare --stages 107 \\
+      --microbatches 8 --optimizer sgd-momentum
+  staleopt hardware --model resnet50-cifar --compare gpipe,pipemare --stages 107 --microbatches 8 \\
+      --microbatch-size 8                       # adds activation memory (with/without recompute)
+  staleopt hardware --model resnet50-cifar --compare gpipe,pipedream,pipemare \\
+      --stages 1,2,4,8,16,32,64,107 --microbatches 8 --out runs/hw   # CSV + plot
+  staleopt hardware --model resnet50-cifar --method pipemare-w --stages 107 --microbatches 16 \\
+      --total-steps 90 --warmup-steps 30      # amortized utilization (phases in steps or epochs)
+"""
+
+_MIB = 2 ** 20
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("hardware", help="utilization and memory of methods (analytic hardware model)",
+                              description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", required=True, help="model name from staleopt.models (e.g. resnet50-cifar)")
+    p.add_argument("--method", default=None, help="method or schedule name (e.g. pipemare)")
+    p.add_argument("--compare", default=None, help="comma-separated methods side by side (e.g. gpipe,pipemare)")
+    p.add_argument("--stages", default="107", help="P, or a comma-separated list to sweep (e.g. 1,2,4,8)")
+    p.add_argument("--microbatches", type=int, default=1, help="microbatches per minibatch N (default: 1)")
+    p.add_argument("--optimizer", default="sgd-momentum", choices=["sgd", "sgd-momentum", "adam"],
+                   help="optimizer whose state is counted (default: sgd-momentum)")
+    p.add_argument("--microbatch-size", type=int, default=None,
+                   help="samples per microbatch; adds activation memory (measured on one example input)")
+    p.add_argument("--num-classes", type=int, default=None, help="model output classes (default: the model's)")
+    p.add_argument("--total-steps", type=float, default=None,
+                   help="run length for phased methods (pipemare-w, pb-hybrid), in steps or epochs")
+    p.add_argument("--warmup-steps", type=float, default=None, help="pipemare-w's synchronous warmup length")
+    p.add_argument("--pipelined-steps", type=float, default=None, help="pb-hybrid's pipelined phase length")
+    p.add_argument("--out", default=None, help="directory for hardware.csv (and hardware.png when sweeping)")
+    p.set_defaults(func=run)
+
+
+def _stages(text: str):
+    from ..errors import ConfigError
+    try:
+        values = [int(s) for s in text.split(",") if s.strip()]
+    except ValueError:
+        raise ConfigError(f"--stages must be an int or comma-separated ints (e.g. 1,2,4,8), got {text!r}") from None
+    if not values or min(values) < 1:
+        raise ConfigError(f"--stages needs ints >= 1, got {text!r}")
+    return values
+
+
+def rows_for(model, methods, stages_list, args, example_input=None):
+    """One dict per (method, P): utilization and every memory field (bytes)."""
+    from ..hardware import activation_sizes, memory_report, pipeline_utilization
+    from ..partition import partition_model
+
+    phase = {k: v for k, v in (("total_steps", args.total_steps), ("warmup_steps", args.warmup_steps),
+                               ("pipelined_steps", args.pipelined_steps)) if v is not None}
+    rows = []
+    for P in stages_list:
+        partition = partition_model(model, P)
+        sizes = None if example_input is None else activation_sizes(model, partition, example_input,
+                                                                    args.microbatch_size)
+        for method in methods:
+            util = pipeline_utilization(method, P, args.microbatches, **phase)
+            rep = memory_report(model, method, P, args.microbatches, optimizer=args.optimizer, partition=partition,
+                                microbatch_size=args.microbatch_size if example_input is not None else None,
+                                example_input=example_input, sizes=sizes)
+            row = {"method": method, "stages": P, "microbatches": args.microbatches, "optimizer": args.optimizer,
+                   "utilization": util}
+            row.update({k: v for k, v in rep.rows() if k not in ("method", "stages", "microbatches", "optimizer")})
+            rows.append(row)
+    return rows
+
+
+def format_table(rows, model_name: str = "model") -> str:
+    """Fields down, methods (or stage counts) across; bytes shown in MiB."""
+    keys = [k for k in rows[0] if k not in ("method", "stages", "microbatches", "optimizer")]
+    keys = [k for k in keys if any(r[k] is not None for r in rows)]
+    heads = [r["method"] if len({x["stages"] for x in rows}) == 1 else f"{r['method']} P={r['stages']}"
+             for r in rows]
+
+    def cell(k, v):
+        if v is None:
+            return "-"
+        if k.endswith("_bytes"):
+            return f"{v / _MIB:,.1f}"
+        if k == "utilization":
+            return f"{100 * v:.1f}%"
+        if isinstance(v, float):
+            return f"{v:.3f}x" if k.startswith("ratio") else f"{v:.3f}"
+        return str(v)
+
+    label = {k: (k[:-6] + " (MiB)" if k.endswith("_bytes") else k) for k in keys}
+    width0 = max(len(v) for v in label.values())
+    cols = [[cell(k, r[k]) for k in keys] for r in rows]
+    widths = [max(len(h), *(len(c) for c in col)) for h, col in zip(heads, cols)]
+    r0 = rows[0]
+    lines = [f"{model_name}: P={', '.join(str(p) for p in sorted({r['stages'] for r in rows}))}, "
+             f"N={r0['microbatches']}, optimizer {r0['optimizer']}",
+             "| " + "field".ljust(width0) + " | " + " | ".join(h.rjust(w) for h, w in zip(heads, widths)) + " |",
+             "|" + "-" * (width0 + 2) + "|" + "|".join("-" * (w + 1) + ":" for w in widths) + "|"]
+    for j, k in enumerate(keys):
+        lines.append("| " + label[k].ljust(width0) + " | "
+                     + " | ".join(col[j].rjust(w) for col, w in zip(cols, widths)) + " |")
+    return "\n".join(lines)
+
+
+def run(args) -> int:
+    import torch
+
+    from .. import models
+    from ..errors import ConfigError
+
+    if not args.method and not args.compare:
+        raise ConfigError("give --method NAME or --compare NAME,NAME,...")
+    methods = [m.strip() for m in (args.compare or args.method).split(",") if m.strip()]
+    stages_list = _stages(args.stages)
+    kwargs = {} if args.num_classes is None else {"num_classes": args.num_classes}
+    model = models.get(args.model, **kwargs)
+    example = None
+    if args.microbatch_size is not None:
+        example = torch.zeros(1, *models.info(args.model).input_shape)
+    rows = rows_for(model, methods, stages_list, args, example)
+    print(format_table(rows, args.model))
+    if args.out:
+        os.makedirs(args.out, exist_ok=True)
+        path = os.path.join(args.out, "hardware.csv")
+        with open(path, "w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+            writer.writeheader()
+            writer.writerows(rows)
+        print(f"wrote {path}")
+        if len(stages_list) > 1:
+            import matplotlib
+            matplotlib.use("Agg")
+            import matplotlib.pyplot as plt
+
+            from ..plot.timeline import plot_hardware_sweep
+            axes = plot_hardware_sweep(rows)
+            fig = axes[0].figure
+            fig.suptitle(f"{args.model}, N={args.microbatches}, {args.optimizer}", fontsize=10)
+            fig.tight_layout()
+            png = os.path.join(args.out, "hardware.png")
+            fig.savefig(png, dpi=120)
+            plt.close(fig)
+            print(f"wrote {png}")
+    return 0

@@ -1,0 +1,275 @@
+"""The analytic hardware model against PipeMare Table 2, hand counts and the executed timelines (DESIGN §5)."""
+import math
+from fractions import Fraction
+
+import pytest
+import torch
+import torchvision
+from torch import nn
+
+from staleopt import hardware, methods
+from staleopt.cli import main
+from staleopt.errors import ConfigError, ScheduleError
+from staleopt.partition import partition_model
+from staleopt.timeline import kind_of, simulate
+
+MIB = 2 ** 20
+
+
+@pytest.fixture(scope="module")
+def resnet50_cifar():
+    """torchvision ResNet-50, 10 classes, 3x3 stride-1 stem without bias, no max-pool (PipeMare §4.1)."""
+    torch.manual_seed(0)
+    model = torchvision.models.resnet50(num_classes=10)
+    model.conv1 = nn.Conv2d(3, 64, kernel_size=3, stride=1, padding=1, bias=False)
+    model.maxpool = nn.Identity()
+    return model
+
+
+def own_units(model):
+    """Bytes of each parametrized operator, in registration order (independent of staleopt.partition)."""
+    out = []
+    for module in model.modules():
+        n = sum(p.numel() * p.element_size() for p in module.parameters(recurse=False) if p.requires_grad)
+        if n:
+            out.append(n)
+    return out
+
+
+def own_stage_bytes(model, P):
+    """Equal operator counts per stage, the first ``U mod P`` stages one more (PipeMare §4.1)."""
+    units = own_units(model)
+    q, r = divmod(len(units), P)
+    out, start = [], 0
+    for i in range(P):
+        n = q + (i < r)
+        out.append(sum(units[start:start + n]))
+        start += n
+    return out
+
+
+# ------------------------------------------------------------------------ utilization
+
+@pytest.mark.parametrize("P,N,percent", [(107, 8, 7.0), (107, 16, 13.1), (93, 19, 17.1)])
+def test_gpipe_utilization_matches_pipemare_table_2(P, N, percent):
+    assert round(100 * hardware.pipeline_utilization("gpipe", P, N), 1) == percent
+    assert hardware.pipeline_utilization("pipedream-flush", P, N) == pytest.approx(N / (N + P - 1), abs=0)
+
+
+def test_asynchronous_methods_are_fully_utilized():
+    for name in ("1f1b", "pipedream", "pipedream-2bw", "pipemare", "pipemare-t1", "pipemare-stash", "pb",
+                 "pipeoptim", "spectrain", "xpipe", "dataflow", "hogwild"):
+        assert hardware.pipeline_utilization(name, 107, 8) == 1.0
+
+
+def covered_methods():
+    """Every method and schedule whose steady state both the hardware model and a timeline describe."""
+    out = []
+    for name in methods.names() + ["sync", "1f1b", "dataflow", "2bw", "pb"]:
+        try:
+            kind_of(name)
+        except ScheduleError:
+            continue
+        out.append(name)
+    return out
+
+
+def test_hardware_utilization_equals_timeline_steady_state():
+    names = covered_methods()
+    assert {"gpipe", "pipedream-flush", "1f1b", "pipedream", "pipedream-2bw", "pipemare", "pb"} <= set(names)
+    for name in names:
+        for P in range(1, 7):
+            for N in range(1, 5):
+                if kind_of(name) == "2bw" and N < P:
+                    continue
+                # phased methods: the steady state of their pipelined phase (no warmup; all steps pipelined)
+                phase = dict(total_steps=10, warmup_steps=0, pipelined_steps=10)
+                expected = simulate(name, P, N, 1).steady_state_utilization
+                assert hardware.pipeline_utilization(name, P, N, **phase) == pytest.approx(expected, abs=1e-15), \
+                    (name, P, N)
+
+
+def test_pipemare_w_amortized_over_warmup():
+    """PipeMare §4: Util = (E_PM + E_Sync) / (E_PM / 1 + E_Sync / Util_Sync)."""
+    P, N, warm, total = 107, 16, 30, 90
+    u_sync = N / (N + P - 1)
+    expected = (total - warm + warm) / ((total - warm) / 1 + warm / u_sync)
+    got = hardware.pipeline_utilization("pipemare-w", P, N, total_steps=total, warmup_steps=warm)
+    assert got == pytest.approx(expected, rel=1e-15)
+    assert u_sync < got < 1
+    # the method's own Warmup(steps) is the default warmup length
+    warm_default = methods.resolve("pipemare-w")[1][0].steps
+    assert hardware.pipeline_utilization("pipemare-w", P, N, total_steps=10 * warm_default) == pytest.approx(
+        hardware.amortized_utilization([(warm_default, u_sync), (9 * warm_default, 1.0)]))
+    with pytest.raises(ConfigError, match="total_steps"):
+        hardware.pipeline_utilization("pipemare-w", P, N)
+
+
+def test_hybrid_speedup_stale_weights_section_4():
+    """n / (n_p / (2K+1) + (n - n_p)): 2K+1 when all pipelined, 1 when none, Amdahl bound n/(n - n_p)."""
+    assert hardware.hybrid_speedup(100, 100, 4) == pytest.approx(7)
+    assert hardware.hybrid_speedup(100, 0, 4) == 1
+    assert hardware.hybrid_speedup(30_000, 20_000, 10 ** 7) == pytest.approx(3, rel=1e-6)
+    P, n, n_p = 4, 40_000, 20_000
+    u = hardware.pipeline_utilization("pb-hybrid", P, 1, total_steps=n, pipelined_steps=n_p)
+    assert u * (2 * P - 1) == pytest.approx(hardware.hybrid_speedup(n, n_p, P))
+    assert u == pytest.approx(hardware.amortized_utilization([(n_p, 1.0), (n - n_p, 1 / (2 * P - 1))]))
+
+
+def test_time_to_accuracy_divides_by_utilization():
+    assert hardware.time_to_accuracy(1000, "gpipe", 107, 8) == pytest.approx(1000 * 114 / 8)
+    assert hardware.time_to_accuracy(1000, "pipemare", 107, 8) == 1000
+
+
+# ------------------------------------------------------------------------ weight memory
+
+def test_gpipe_memory_of_cifar_resnet50_matches_table_2(resnet50_cifar):
+    rep = hardware.memory_report(resnet50_cifar, "gpipe", 107, 8, optimizer="sgd-momentum")
+    W = sum(own_units(resnet50_cifar))
+    assert rep.weights_bytes == rep.gradients_bytes == rep.optimizer_bytes == W
+    assert 269 * MIB <= rep.weight_optimizer_bytes <= 271 * MIB         # PipeMare Table 2: 1X (270MB)
+    assert rep.ratio_to_gpipe == 1
+
+
+@pytest.mark.parametrize("optimizer,extra", [("sgd-momentum", Fraction(1, 3)), ("adam", Fraction(1, 4))])
+def test_t2_adds_one_weight_copy(resnet50_cifar, optimizer, extra):
+    """PipeMare Table 2: PipeMare 1.33X (SGD momentum), 1.25X (Adam): T2's delta is one |W| buffer."""
+    rep = hardware.memory_report(resnet50_cifar, "pipemare", 107, 8, optimizer=optimizer)
+    gpipe = hardware.memory_report(resnet50_cifar, "gpipe", 107, 8, optimizer=optimizer)
+    assert rep.t2_bytes == rep.weights_bytes
+    assert Fraction(rep.weight_optimizer_bytes - gpipe.weight_optimizer_bytes, gpipe.weight_optimizer_bytes) == extra
+    assert rep.ratio_to_gpipe == pytest.approx(float(1 + extra), abs=1e-15)
+
+
+@pytest.mark.parametrize("method,P,N", [("pipedream", 107, 8), ("pipedream", 10, 1), ("pipemare-stash", 107, 8),
+                                        ("pipemare-stash", 13, 3)])
+def test_stash_bytes_are_sum_of_stage_bytes_times_delay(resnet50_cifar, method, P, N):
+    """PipeMare App. A.1: Mem = sum_i |w_i| * tau_fwd_i, with the delays written out here."""
+    w = own_stage_bytes(resnet50_cifar, P)
+    if method == "pipedream":
+        tau = [math.ceil((P - 1 - i) / N) for i in range(P)]
+    else:
+        tau = [math.ceil((2 * (P - 1 - i) + 1) / N) for i in range(P)]
+    rep = hardware.memory_report(resnet50_cifar, method, P, N)
+    assert list(rep.stage_weight_bytes) == w
+    assert rep.stash_bytes == sum(a * b for a, b in zip(w, tau)) > 0
+    assert rep.t2_bytes == rep.second_version_bytes == rep.prediction_bytes == 0
+
+
+def test_weight_versions_agree_with_executed_timelines():
+    """Extra weight copies of the memory model = versions a long executed run holds at once, minus 1."""
+    model = nn.Sequential(*[nn.Linear(3, 3) for _ in range(5)])
+    P = 5
+    w = [s.nbytes for s in partition_model(model, P)]
+    for method, N in [("pipedream", 1), ("pipedream-2bw", 5), ("1f1b", 2), ("dataflow", 3), ("gpipe", 2)]:
+        rep = hardware.memory_report(model, method, P, N)
+        held = simulate(method, P, N, 6 * P).peak_versions
+        extra = rep.stash_bytes + rep.second_version_bytes
+        assert extra == sum(wi * (v - 1) for wi, v in zip(w, held)), method
+
+
+def test_prediction_and_2bw_copies(resnet50_cifar):
+    W = sum(own_units(resnet50_cifar))
+    last = own_stage_bytes(resnet50_cifar, 107)[-1]
+    assert hardware.memory_report(resnet50_cifar, "pipedream-2bw", 107, 107).second_version_bytes == W
+    # PipeOptim Table I: [M, 2M] — the last 1F1B stage has no version gap, so it keeps no prediction
+    assert hardware.memory_report(resnet50_cifar, "pipeoptim", 107, 8).prediction_bytes == W - last
+    # XPipe with SGD momentum keeps its own Adam moments (2 slots) besides the predicted copy
+    assert hardware.memory_report(resnet50_cifar, "xpipe", 107, 8).prediction_bytes == 3 * (W - last)
+    assert hardware.memory_report(resnet50_cifar, "spectrain", 107, 8).prediction_bytes == W - last
+
+
+# ------------------------------------------------------------------------ activations
+
+def test_in_flight_counts_match_executed_timelines():
+    for name in covered_methods():
+        for P, N in [(1, 1), (3, 2), (5, 1), (4, 4), (6, 3)]:
+            if kind_of(name) == "2bw" and N < P:
+                continue
+            expected = simulate(name, P, N, 6 * P).peak_in_flight
+            assert hardware.in_flight_counts(name, P, N) == expected, (name, P, N)
+
+
+def uniform_model(P, d=4):
+    return nn.Sequential(*[nn.Linear(d, d) for _ in range(P)])
+
+
+def test_activation_sizes_are_operator_inputs():
+    model = nn.Sequential(nn.Linear(6, 4), nn.ReLU(), nn.Linear(4, 5), nn.Linear(5, 2))
+    part = partition_model(model, 2)                       # [Linear(6,4), Linear(4,5)], [Linear(5,2)]
+    sizes = hardware.activation_sizes(model, part, torch.zeros(2, 6), microbatch_size=8)
+    assert sizes == [((6 + 4) * 8 * 4, 6 * 8 * 4), (5 * 8 * 4, 5 * 8 * 4)]   # float32 bytes
+
+
+def test_activation_memory_table_4_without_recompute():
+    """PipeMare App. A.2 with P = L and equal operators: GPipe M N P (eq. 7), PipeMare M P^2 (eq. 6, 8)."""
+    P, N, mb = 12, 5, 3
+    model = uniform_model(P)
+    M = 4 * mb * 4                                        # one operator's input: d=4 floats x mb samples
+    x = torch.zeros(1, 4)
+    gp = hardware.memory_report(model, "gpipe", P, N, microbatch_size=mb, example_input=x)
+    pm = hardware.memory_report(model, "pipemare", P, N, microbatch_size=mb, example_input=x)
+    assert gp.activation_bytes == M * N * P
+    assert pm.activation_bytes == M * P ** 2
+
+
+def test_activation_memory_with_recompute_hand_count():
+    """Segments of S=2 over dataflow counts c = [7, 5, 3, 1]: (7 + 3 + 1) M + (3 + 3 + 1) M = 18 M."""
+    sizes = [(10, 10)] * 4
+    plain, rec, S = hardware.activation_memory(sizes, [7, 5, 3, 1], segment=2)
+    assert (plain, rec, S) == (160, 180, 2)
+    # GPipe-style, S=1: each stage keeps its input for N microbatches and one recompute (M (N P + L))
+    plain, rec, _ = hardware.activation_memory(sizes, [4] * 4, segment=1)
+    assert rec == 4 * 10 * 4 + 4 * 10
+
+
+@pytest.mark.parametrize("P", [64, 256])
+def test_recompute_scaling_table_4(P):
+    """Table 4 with recompute: PipeMare M P^{3/2} at S ~ sqrt(P); GPipe M P N^{1/2} at S ~ sqrt(N)."""
+    sizes = [(1, 1)] * P
+    plain, rec, S = hardware.activation_memory(sizes, [2 * (P - 1 - i) + 1 for i in range(P)])
+    assert plain == P ** 2
+    assert 1.5 * P ** 1.5 <= rec <= 2.5 * P ** 1.5 and abs(S - math.sqrt(P)) <= 2
+    N = 64
+    plain, rec, S = hardware.activation_memory(sizes, [N] * P)
+    assert plain == N * P
+    assert 1.5 * P * math.sqrt(N) <= rec <= 2.5 * P * math.sqrt(N) and abs(S - math.sqrt(N)) <= 2
+
+
+def test_errors():
+    model = uniform_model(3)
+    with pytest.raises(ConfigError, match="optimizer"):
+        hardware.memory_report(model, "gpipe", 3, 1, optimizer="rmsprop")
+    with pytest.raises(ConfigError, match="both"):
+        hardware.memory_report(model, "gpipe", 3, 1, microbatch_size=4)
+    with pytest.raises(ConfigError, match="stages"):
+        hardware.pipeline_utilization("gpipe", 0, 1)
+    with pytest.raises(ScheduleError, match="custom"):
+        hardware.pipeline_utilization(__import__("staleopt").schedules.get("custom", tau_fwd=[1, 0]), 2, 1)
+
+
+# ------------------------------------------------------------------------ CLI
+
+def test_cli_hardware_table_and_sweep(tmp_path, capsys):
+    assert main(["hardware", "--model", "mlp", "--compare", "gpipe,pipedream,pipemare", "--stages", "3",
+                 "--microbatches", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "| utilization" in out and "50.0%" in out and "100.0%" in out and "1.333x" in out
+    assert main(["hardware", "--model", "mlp", "--compare", "gpipe,pipemare", "--stages", "1,2,3",
+                 "--microbatches", "2", "--microbatch-size", "4", "--out", str(tmp_path)]) == 0
+    import csv
+    rows = list(csv.DictReader(open(tmp_path / "hardware.csv")))
+    assert [(r["method"], int(r["stages"])) for r in rows] == [("gpipe", 1), ("pipemare", 1), ("gpipe", 2),
+                                                               ("pipemare", 2), ("gpipe", 3), ("pipemare", 3)]
+    assert float(rows[4]["utilization"]) == pytest.approx(0.5)
+    assert int(rows[5]["activation_bytes"]) > 0
+    assert (tmp_path / "hardware.png").stat().st_size > 0
+
+
+def test_cli_timeline(tmp_path, capsys):
+    assert main(["timeline", "--method", "1f1b", "--stages", "4", "--microbatches", "4", "--minibatches", "3",
+                 "--out", str(tmp_path / "t.png")]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(simulate("1f1b", 4, 4, 3).ascii())
+    assert "tau_fwd  = [1, 1, 1, 0]" in out and "steady state 1.0000" in out
+    assert (tmp_path / "t.png").stat().st_size > 0
