@@ -1,0 +1,123 @@
+"""``staleopt train``: run one configuration from flags (one flag per :class:`RunConfig` field)."""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+from pathlib import Path
+
+__all__ = ["register", "run", "config_from_args"]
+
+EXAMPLES = """\
+Every RunConfig field is a flag (underscores become dashes); unset flags keep
+the RunConfig defaults. Dict fields take JSON, list fields comma-separated values.
+
+examples:
+  staleopt train --model resnet1d --method pipemare --stages 16 --epochs 10
+  staleopt train --method pipedream --stages max --lr 0.05 --out runs/pd.csv
+  staleopt train --config base.json --method 1f1b --stages 8 --seed 1
+  staleopt train --model mlp --model-kwargs '{"depth": 4}' --data synthetic \\
+                 --data-kwargs '{"num_samples": 500}' --method pipemare-t1 --stages 5
+  staleopt train --data cifar10 --download --model resnet20 --method pipemare --stages max
+
+The records (one row per epoch: train loss, test accuracy, wall time, and the
+method's analytic utilization and memory) are printed and, with --out, written
+as CSV. A run whose loss is non-finite or above --divergence-loss stops with
+status "diverged".
+"""
+
+
+def _stages(text):
+    return text if text == "max" else int(text)
+
+
+def _json(text):
+    from ..errors import ConfigError
+    try:
+        return json.loads(text)
+    except ValueError as e:
+        raise ConfigError(f"expected JSON (e.g. '{{\"depth\": 14}}'), got {text!r}: {e}") from None
+
+
+def _milestones(text):
+    return [int(v) for v in text.split(",") if v.strip()]
+
+
+_NONE = "none"  # `--divergence-loss none`: set the field to None (an unset flag is None too)
+
+
+def _optional_float(text):
+    return _NONE if text.lower() == _NONE else float(text)
+
+
+_TYPES = {"stages": _stages, "model_kwargs": _json, "data_kwargs": _json, "lr_milestones": _milestones,
+          "divergence_loss": _optional_float}
+
+
+def _help(name, default):
+    from ..config import CHOICES
+    extra = f"; one of {', '.join(CHOICES[name])}" if name in CHOICES else ""
+    return f"RunConfig.{name} (default {default!r}{extra})"
+
+
+def register(subparsers) -> None:
+    from ..config import RunConfig
+
+    p = subparsers.add_parser("train", help="train one configuration and print its per-epoch records",
+                              description="Train one configuration (model, data, method, stages, optimizer, "
+                                          "...) and print its per-epoch records.\n\n" + EXAMPLES,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", default=None, metavar="FILE",
+                   help="JSON or TOML file of RunConfig fields; flags override it")
+    defaults = RunConfig()
+    for f in dataclasses.fields(RunConfig):
+        default = getattr(defaults, f.name)
+        kind = _TYPES.get(f.name) or (type(default) if isinstance(default, (int, float, str))
+                                      and not isinstance(default, bool) else None)
+        if f.name in ("anneal_steps", "warmup_steps", "pipelined_steps", "max_steps"):
+            kind = int
+        elif f.name == "decay":
+            kind = float
+        p.add_argument("--" + f.name.replace("_", "-"), dest=f.name, type=kind, default=None,
+                       help=_help(f.name, default))
+    p.add_argument("--out", default=None, help="write the records to this CSV file")
+    p.add_argument("--download", action="store_true", help="download a missing dataset (CIFAR) first")
+    p.add_argument("--progress", action="store_true", help="show a progress bar over epochs")
+    p.set_defaults(func=run)
+
+
+def config_from_args(args):
+    """The :class:`RunConfig` of ``--config`` (if any) updated by every flag that was given."""
+    from ..config import RunConfig, field_names
+    from ..errors import ConfigError
+    given = {}
+    if args.config:
+        path = Path(args.config)
+        if not path.is_file():
+            raise ConfigError(f"--config {path} does not exist")
+        if path.suffix == ".toml":
+            import tomllib
+            given = tomllib.loads(path.read_text())
+        else:
+            given = _json(path.read_text())
+    given.update({k: None if v is _NONE else v for k in field_names()
+                  if (v := getattr(args, k, None)) is not None})
+    return RunConfig.from_dict(given).resolve()
+
+
+def run(args) -> int:
+    from .. import data, train
+
+    config = config_from_args(args)
+    if args.download:
+        data.load(config.data, download=True, **config.data_kwargs)
+    records = train.run(config, progress=args.progress)
+    print(f"{config.method} P={config.stages} N={config.microbatches} on {config.model}/{config.data}, "
+          f"seed {config.seed} (run id {config.run_id()}):")
+    print(records.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+    if args.out:
+        out = Path(args.out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        records.to_csv(out, index=False)
+        print(f"wrote {out}")
+    return 0

@@ -1,0 +1,242 @@
+"""Run one :class:`~staleopt.config.RunConfig`: ``run(config) -> pandas.DataFrame`` of per-epoch records.
+
+The loop is the plain PyTorch one, with the base optimizer wrapped in a
+:class:`~staleopt.optimizer.PipelineOptimizer`::
+
+    opt.zero_grad(); loss = criterion(model(x), y); loss.backward(); opt.step(); scheduler.step()
+
+Choices (each documented because it changes numbers):
+
+* **Steps.** One optimizer step per minibatch of ``batch_size`` samples; the
+  last incomplete minibatch of an epoch is dropped, so every step sees the same
+  batch size (``steps_per_epoch = n_train // batch_size``) and ``max_steps``
+  caps the run.
+* **Microbatches.** ``N = microbatches`` enters only the delay formulas
+  (DESIGN §1: delays count optimizer steps). The step itself is one
+  forward/backward of the whole minibatch: splitting it into ``N``
+  microbatches and summing their gradients gives the same gradient, except
+  that BatchNorm then normalizes over a microbatch instead of the minibatch.
+* **Corrections.** The method's step counts left ``None`` in the config are
+  scaled to the run (:func:`method_args`): T1's ``anneal_steps`` ``K`` is a
+  quarter of the first learning-rate phase (PipeMare App. C, Table 8: "20
+  epochs, which is a quarter of the total epochs before learning rate decay");
+  PipeMareW's ``warmup_steps`` equals ``K`` (PipeMare App. C: IWSLT14 and
+  WMT17 "use the same epochs for synchronous warmup and annealing"); the
+  hybrid's ``pipelined_steps`` is half the run (stale-weights paper §6.5:
+  100 pipelined + 100 non-pipelined epochs). T2's ``decay`` keeps the method's
+  default (0.1, PipeMare Table 8).
+* **Learning rate.** ``alpha_{k,base}`` follows ``lr_schedule`` per optimizer
+  step through a ``torch.optim.lr_scheduler.LambdaLR`` on the wrapper
+  (T1 scales on top of it): ``constant``; ``cosine``
+  ``(1 + cos(pi k / T)) / 2`` over the ``T`` steps of the run;
+  ``step`` ``gamma^{#{m in milestones : k >= m * steps_per_epoch}}``.
+* **Divergence.** A training loss that is non-finite or above
+  ``divergence_loss`` ends the run before that step's update; the epoch is
+  recorded with ``status = "diverged"``. Never an exception.
+* **Evaluation** at the end of each epoch: ``model.eval()`` under
+  ``torch.no_grad()``, so the model holds ``w_t`` (DESIGN §1) and BatchNorm
+  uses its running statistics.
+* **Determinism.** Initialization draws from ``seed``, the data order from a
+  ``torch.Generator`` seeded with ``seed``, and anything else random in the
+  loop (augmentation, dropout) from torch's global RNG seeded with ``seed``
+  inside a forked RNG state (the caller's RNG is left as it was). On CPU the
+  same config gives identical records except ``wall_time``.
+
+Record columns (one row per epoch; config keys are not repeated, a sweep adds
+them): ``epoch``, ``step`` (optimizer steps so far), ``train_loss`` (mean over
+the epoch's steps, computed with the stale views the pipeline would use),
+``test_loss``, ``test_acc`` (NaN for regression), ``lr_base`` (the
+scheduler's ``alpha_{k,base}`` after the epoch), ``wall_time`` (seconds since
+training began), ``status`` (``"ok"`` | ``"diverged"``), ``tau_max`` (largest
+forward delay, steps), and the analytic hardware figures of
+:mod:`staleopt.hardware`: ``utilization`` (fraction of busy pipeline
+workers, averaged over the run), ``memory_bytes`` (weights + gradients +
+optimizer state + the method's extra copies) and ``memory_ratio_gpipe``.
+"""
+from __future__ import annotations
+
+import math
+import time
+from typing import Any, Dict, Mapping, Optional, Union
+
+import pandas as pd
+import torch
+import torch.nn.functional as F
+
+from .config import RunConfig
+from .errors import ConfigError
+
+__all__ = ["run", "method_args", "steps_per_epoch", "total_steps", "build_optimizer", "lr_lambda",
+           "RECORD_COLUMNS"]
+
+#: Columns of the records :func:`run` returns, in order.
+RECORD_COLUMNS = ("epoch", "step", "train_loss", "test_loss", "test_acc", "lr_base", "wall_time", "status",
+                  "tau_max", "utilization", "memory_bytes", "memory_ratio_gpipe")
+
+#: :mod:`staleopt.hardware` prices optimizer state by slots; AdamW keeps Adam's two moments.
+_HARDWARE_OPTIMIZER = {"sgd": "sgd", "sgd-momentum": "sgd-momentum", "adam": "adam", "adamw": "adam"}
+_EVAL_BATCH = 1000
+
+
+def steps_per_epoch(config: RunConfig, n_train: int) -> int:
+    """``n_train // batch_size`` (the last incomplete minibatch is dropped)."""
+    if n_train < config.batch_size:
+        raise ConfigError(f"batch_size = {config.batch_size} exceeds the {n_train} training samples of "
+                          f"{config.data!r}: lower batch_size or use more samples")
+    return n_train // config.batch_size
+
+
+def total_steps(config: RunConfig, n_train: int) -> int:
+    """``epochs * steps_per_epoch``, capped by ``max_steps``."""
+    steps = config.epochs * steps_per_epoch(config, n_train)
+    return steps if config.max_steps is None else min(steps, config.max_steps)
+
+
+def method_args(config: RunConfig, n_train: int) -> Dict[str, Any]:
+    """The hyperparameters passed to the method: the config's, else defaults scaled to the run.
+
+    Only keys the method accepts (``staleopt.methods.get(method).defaults``)
+    appear. ``anneal_steps = max(1, first_phase // 4)`` with ``first_phase``
+    the steps before the first ``step``-schedule milestone (the whole run
+    otherwise); ``warmup_steps = anneal_steps``; ``pipelined_steps = total // 2``
+    (module docstring gives the papers' reasons).
+    """
+    from . import methods
+    if config.method not in methods.names():
+        return {}
+    accepted = methods.get(config.method).defaults
+    total = total_steps(config, n_train)
+    first = total
+    if config.lr_schedule == "step" and config.lr_milestones:
+        first = min(total, config.lr_milestones[0] * steps_per_epoch(config, n_train))
+    scaled = {"anneal_steps": max(1, first // 4), "warmup_steps": max(1, first // 4),
+              "pipelined_steps": total // 2}
+    out = {k: scaled[k] for k in accepted if k in scaled}
+    out.update(config.method_overrides())
+    return out
+
+
+def build_optimizer(config: RunConfig, params) -> torch.optim.Optimizer:
+    """The base optimizer: SGD, SGD with ``momentum``, or Adam/AdamW with ``betas = (momentum, 0.999)``."""
+    kw = {"lr": config.lr, "weight_decay": config.weight_decay}
+    if config.optimizer == "sgd":
+        return torch.optim.SGD(params, **kw)
+    if config.optimizer == "sgd-momentum":
+        return torch.optim.SGD(params, momentum=config.momentum, **kw)
+    cls = torch.optim.Adam if config.optimizer == "adam" else torch.optim.AdamW
+    return cls(params, betas=(config.momentum, 0.999), **kw)
+
+
+def lr_lambda(config: RunConfig, steps_per_epoch: int, total: int):
+    """``k -> alpha_{k,base} / lr`` for the config's ``lr_schedule`` (module docstring)."""
+    if config.lr_schedule == "cosine":
+        return lambda k: 0.5 * (1.0 + math.cos(math.pi * min(k, total) / total))
+    if config.lr_schedule == "step":
+        bounds = [m * steps_per_epoch for m in config.lr_milestones]
+        return lambda k: config.lr_gamma ** sum(k >= b for b in bounds)
+    return lambda k: 1.0
+
+
+def _hardware(config: RunConfig, model, opt, total: int, args: Dict[str, Any]) -> Dict[str, float]:
+    from . import hardware
+    P, N = opt.partition.num_stages, config.microbatches
+    util = hardware.pipeline_utilization(config.method, P, N, total_steps=total,
+                                         warmup_steps=args.get("warmup_steps"),
+                                         pipelined_steps=args.get("pipelined_steps"))
+    mem = hardware.memory_report(model, config.method, P, N, optimizer=_HARDWARE_OPTIMIZER[config.optimizer],
+                                 partition=opt.partition)
+    return {"tau_max": max(opt.max_delays[0]), "utilization": float(util),
+            "memory_bytes": int(mem.weight_optimizer_bytes), "memory_ratio_gpipe": float(mem.ratio_to_gpipe)}
+
+
+@torch.no_grad()
+def _evaluate(model, dataset, task: str, device) -> Dict[str, float]:
+    from .data import batches
+    model.eval()
+    loss_sum, correct, n = 0.0, 0, 0
+    for x, y in batches(dataset, _EVAL_BATCH):
+        x, y = x.to(device), y.to(device)
+        out = model(x)
+        if task == "classification":
+            loss_sum += F.cross_entropy(out, y, reduction="sum").item()
+            correct += (out.argmax(1) == y).sum().item()
+        else:
+            loss_sum += F.mse_loss(out, y, reduction="sum").item() / out[0].numel()
+        n += len(x)
+    model.train()
+    return {"test_loss": loss_sum / n, "test_acc": correct / n if task == "classification" else math.nan}
+
+
+def _rng_devices(device: torch.device):
+    if device.type == "cuda":
+        return [device.index if device.index is not None else torch.cuda.current_device()]
+    return []
+
+
+def run(config: Union[RunConfig, Mapping[str, Any]], progress: bool = False) -> pd.DataFrame:
+    """Train ``config`` and return one record per epoch (columns :data:`RECORD_COLUMNS`)."""
+    config = config if isinstance(config, RunConfig) else RunConfig.from_dict(dict(config))
+    config = config.resolve()
+    device = torch.device(config.device)
+    with torch.random.fork_rng(devices=_rng_devices(device)):
+        torch.manual_seed(config.seed)
+        return _train(config, device, progress)
+
+
+def _train(config: RunConfig, device: torch.device, progress: bool) -> pd.DataFrame:
+    from tqdm.auto import tqdm
+
+    from . import data as datasets
+    from . import models
+    from .optimizer import PipelineOptimizer
+
+    data = datasets.load(config.data, **config.data_kwargs)
+    model = models.get(config.model, seed=config.seed, num_classes=data.num_classes,
+                       input_shape=data.input_shape, **config.model_kwargs).to(device)
+    spe = steps_per_epoch(config, len(data.train))
+    total = total_steps(config, len(data.train))
+    args = method_args(config, len(data.train))
+    opt = PipelineOptimizer(model, build_optimizer(config, model.parameters()), stages=config.stages,
+                            schedule=config.method, microbatches=config.microbatches, seed=config.seed,
+                            partition=config.partition, method_args=args)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(config, spe, total))
+    hardware = _hardware(config, model, opt, total, args)
+    criterion = F.cross_entropy if data.task == "classification" else F.mse_loss
+    order = torch.Generator().manual_seed(config.seed)
+    bound = config.divergence_loss
+
+    records = []
+    model.train()
+    start = time.perf_counter()
+    bar = tqdm(total=config.epochs, desc=f"{config.method} P={config.stages}", unit="epoch", disable=not progress)
+    try:
+        for epoch in range(1, config.epochs + 1):
+            losses, status = [], "ok"
+            for x, y in datasets.batches(data.train, config.batch_size, shuffle=True, generator=order,
+                                         drop_last=True):
+                if opt.step_count >= total:
+                    break
+                x, y = x.to(device), y.to(device)
+                opt.zero_grad()
+                loss = criterion(model(x), y)
+                value = loss.item()
+                losses.append(value)
+                if not math.isfinite(value) or (bound is not None and value > bound):
+                    status = "diverged"
+                    break
+                loss.backward()
+                opt.step()
+                scheduler.step()
+            records.append({"epoch": epoch, "step": opt.step_count,
+                            "train_loss": sum(losses) / len(losses) if losses else math.nan,
+                            **_evaluate(model, data.test, data.task, device),
+                            "lr_base": opt.param_groups[0]["lr"], "wall_time": time.perf_counter() - start,
+                            "status": status, **hardware})
+            bar.update(1)
+            bar.set_postfix(loss=f"{records[-1]['train_loss']:.3g}", acc=f"{records[-1]['test_acc']:.3f}")
+            if status == "diverged" or opt.step_count >= total:
+                break
+    finally:
+        bar.close()
+        opt.remove_hooks()
+    return pd.DataFrame(records, columns=list(RECORD_COLUMNS))

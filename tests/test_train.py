@@ -1,0 +1,164 @@
+"""Training one config: the documented recipe by hand, determinism, divergence, defaults, hardware columns, CLI."""
+import math
+
+import pandas as pd
+import pytest
+import torch
+import torch.nn.functional as F
+
+from staleopt import data as datasets
+from staleopt import hardware, models, train
+from staleopt.cli import main
+from staleopt.config import RunConfig
+from staleopt.errors import ConfigError
+from staleopt.optimizer import PipelineOptimizer
+
+SMALL = dict(model="mlp", model_kwargs={"depth": 3, "hidden": 16}, data="synthetic",
+             data_kwargs={"num_samples": 250, "input_shape": [1, 8], "num_classes": 4, "separation": 0.5},
+             batch_size=16, epochs=3, lr=0.05)
+
+
+def cfg(**kw):
+    return RunConfig(**{**SMALL, **kw})
+
+
+def reference(config: RunConfig, anneal_steps: int):
+    """The module docstring's recipe written out by hand for a step lr schedule (test loss after training)."""
+    d = datasets.load(config.data, **config.data_kwargs)
+    spe = len(d.train) // config.batch_size
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(config.seed)
+        model = models.get(config.model, seed=config.seed, num_classes=d.num_classes, input_shape=d.input_shape,
+                           **config.model_kwargs)
+        base = torch.optim.SGD(model.parameters(), lr=config.lr, momentum=config.momentum)
+        opt = PipelineOptimizer(model, base, stages=config.stages, schedule=config.method,
+                                method_args={"anneal_steps": anneal_steps, "decay": 0.1})
+        bounds = [m * spe for m in config.lr_milestones]
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda k: config.lr_gamma ** sum(k >= b for b in bounds))
+        g = torch.Generator().manual_seed(config.seed)
+        losses = []
+        for _ in range(config.epochs):
+            n = len(d.train)
+            order = torch.randperm(n, generator=g)
+            x_all, y_all = d.train.tensors
+            for s in range(0, n - n % config.batch_size, config.batch_size):
+                idx = order[s:s + config.batch_size]
+                opt.zero_grad()
+                loss = F.cross_entropy(model(x_all[idx]), y_all[idx])
+                loss.backward()
+                opt.step()
+                sched.step()
+                losses.append(loss.item())
+        model.eval()
+        with torch.no_grad():
+            x, y = d.test.tensors
+            out = model(x)
+    return F.cross_entropy(out, y).item(), (out.argmax(1) == y).sum().item() / len(y), losses, spe
+
+
+def test_run_follows_the_documented_recipe():
+    c = cfg(method="pipemare", stages=4, lr_schedule="step", lr_milestones=[2], lr_gamma=0.5)
+    rec = train.run(c)
+    # first lr phase = 2 epochs of 200 // 16 = 12 steps; K = a quarter of it
+    test_loss, test_acc, losses, spe = reference(c, anneal_steps=(2 * 12) // 4)
+    assert spe == 12 and rec["step"].tolist() == [12, 24, 36]
+    assert rec["test_loss"].iloc[-1] == pytest.approx(test_loss, rel=1e-6)
+    assert rec["test_acc"].iloc[-1] == pytest.approx(test_acc, abs=1e-12)
+    assert rec["train_loss"].tolist() == pytest.approx([sum(losses[i:i + 12]) / 12 for i in (0, 12, 24)],
+                                                       rel=1e-12)
+    # another K gives other numbers, so the comparison above can fail
+    assert reference(c, anneal_steps=1)[0] != pytest.approx(test_loss, rel=1e-6)
+    assert rec["lr_base"].tolist() == [0.05, 0.025, 0.025]
+
+
+def test_same_config_same_records_and_caller_rng_untouched():
+    c = cfg(method="pipedream", stages=3, seed=7)
+    torch.manual_seed(123)
+    a = train.run(c)
+    after = torch.rand(3)
+    torch.manual_seed(123)
+    b = train.run(c.to_dict())
+    assert torch.equal(after, torch.rand(3))
+    pd.testing.assert_frame_equal(a.drop(columns="wall_time"), b.drop(columns="wall_time"))
+    assert list(a.columns) == list(train.RECORD_COLUMNS) and (a["status"] == "ok").all()
+    assert a["wall_time"].is_monotonic_increasing
+    other = train.run(c.replace(seed=8))
+    assert not other["train_loss"].equals(a["train_loss"])
+
+
+def test_divergence_ends_the_run_and_is_recorded():
+    rec = train.run(cfg(method="1f1b", stages=4, optimizer="sgd", lr=1e4, epochs=5))
+    assert rec["status"].iloc[-1] == "diverged" and (rec["status"].iloc[:-1] == "ok").all()
+    assert len(rec) < 5 or rec["step"].iloc[-1] < 5 * 12
+    last = rec["train_loss"].iloc[-1]
+    assert not math.isfinite(last) or last > 100.0
+    # a bound the first loss already exceeds: diverged before any update
+    early = train.run(cfg(divergence_loss=1e-3))
+    assert early[["epoch", "step", "status"]].values.tolist() == [[1, 0, "diverged"]]
+    assert early["train_loss"].iloc[0] > 1e-3
+
+
+def test_default_step_counts_scale_with_the_run():
+    n = 200  # SMALL's training samples; 12 steps per epoch of 16
+    c = cfg(epochs=8)  # 96 steps
+    assert train.method_args(c.replace(method="gpipe"), n) == {}
+    assert train.method_args(c.replace(method="pipemare"), n) == {"anneal_steps": 24}
+    assert train.method_args(c.replace(method="pipemare", decay=0.3, anneal_steps=5), n) == {
+        "anneal_steps": 5, "decay": 0.3}
+    assert train.method_args(c.replace(method="pipemare-t1", lr_schedule="step", lr_milestones=[4, 6]), n) == {
+        "anneal_steps": 12}
+    assert train.method_args(c.replace(method="pipemare-w"), n) == {"anneal_steps": 24, "warmup_steps": 24}
+    assert train.method_args(c.replace(method="pb-hybrid", max_steps=50), n) == {"pipelined_steps": 25}
+    assert train.total_steps(c.replace(max_steps=50), n) == 50
+    with pytest.raises(ConfigError, match="batch_size"):
+        train.steps_per_epoch(c.replace(batch_size=400), n)
+
+
+def test_lr_schedules_by_hand():
+    c = cfg(epochs=4)
+    cos = train.lr_lambda(c.replace(lr_schedule="cosine"), 12, 48)
+    assert [cos(k) for k in (0, 24, 48)] == pytest.approx([1.0, 0.5, 0.0], abs=1e-15)
+    step = train.lr_lambda(c.replace(lr_schedule="step", lr_milestones=[1, 3], lr_gamma=0.1), 12, 48)
+    assert [step(k) for k in (0, 11, 12, 35, 36)] == pytest.approx([1, 1, 0.1, 0.1, 0.01])
+    rec = train.run(c.replace(lr_schedule="cosine", epochs=2))
+    assert rec["lr_base"].iloc[-1] == pytest.approx(0.0, abs=1e-15)
+
+
+def test_hardware_columns_and_max_stages():
+    units = models.num_units("mlp", depth=3, hidden=16)
+    gp = train.run(cfg(method="gpipe", stages=4, microbatches=2, max_steps=3))
+    assert gp["utilization"].iloc[0] == pytest.approx(2 / (2 + 4 - 1))
+    assert gp["memory_ratio_gpipe"].iloc[0] == 1.0 and gp["tau_max"].iloc[0] == 0
+    assert gp["step"].iloc[-1] == 3 and len(gp) == 1
+    pd_ = train.run(cfg(method="pipedream", stages="max", max_steps=2))
+    model = models.get("mlp", depth=3, hidden=16, num_classes=4, input_shape=(1, 8))
+    report = hardware.memory_report(model, "pipedream", units, 1, optimizer="sgd-momentum")
+    assert pd_["tau_max"].iloc[0] == units - 1  # 1F1B: tau_0 = P - 1
+    assert pd_["memory_bytes"].iloc[0] == report.weight_optimizer_bytes
+    assert pd_["memory_ratio_gpipe"].iloc[0] == pytest.approx(report.ratio_to_gpipe) and report.ratio_to_gpipe > 1
+    assert pd_["utilization"].iloc[0] == 1.0
+
+
+def test_regression_task_reports_loss_not_accuracy():
+    c = cfg(data_kwargs={"task": "regression", "num_samples": 120, "input_shape": [1, 8], "num_classes": 2},
+            method="pipemare", stages=2, epochs=2)
+    rec = train.run(c)
+    assert rec["test_acc"].isna().all() and rec["test_loss"].map(math.isfinite).all()
+
+
+def test_train_command_prints_and_writes_records(tmp_path, capsys):
+    out = tmp_path / "rec.csv"
+    rc = main(["train", "--model", "mlp", "--model-kwargs", '{"depth": 3, "hidden": 16}', "--data", "synthetic",
+               "--data-kwargs", '{"num_samples": 250, "input_shape": [1, 8], "num_classes": 4}',
+               "--method", "pipemare", "--stages", "max", "--epochs", "2", "--batch-size", "16",
+               "--lr", "0.05", "--out", str(out)])
+    assert rc == 0
+    rec = pd.read_csv(out)
+    assert len(rec) == 2 and list(rec.columns) == list(train.RECORD_COLUMNS)
+    printed = capsys.readouterr().out
+    assert "test_acc" in printed and "P=4" in printed
+    direct = train.run(RunConfig(model="mlp", model_kwargs={"depth": 3, "hidden": 16}, data="synthetic",
+                                 data_kwargs={"num_samples": 250, "input_shape": [1, 8], "num_classes": 4},
+                                 method="pipemare", stages=4, epochs=2, batch_size=16, lr=0.05))
+    assert rec["test_loss"].tolist() == pytest.approx(direct["test_loss"].tolist(), rel=1e-12)
+    assert main(["train", "--method", "nope"]) == 2
