@@ -37,10 +37,14 @@ __all__ = ["OPTIMIZER_SLOTS", "MemoryReport", "pipeline_utilization", "amortized
 OPTIMIZER_SLOTS = {"sgd": 0, "sgd-momentum": 1, "adam": 2}
 
 
-def _resolve(method):
+def _resolve(method, stages: Optional[int] = None, microbatches: Optional[int] = None):
     from . import methods
     schedule, corrections = methods.resolve(method)
     name = method if isinstance(method, str) else schedule.name
+    if schedule.name == "2bw" and stages is not None and 1 < stages and microbatches < stages:
+        raise ScheduleError(f"2BW needs at least as many microbatches per minibatch as stages (2BW paper §3.1, "
+                            f"m >= d) to keep 2 weight versions: got N={microbatches} < P={stages}; "
+                            "raise microbatches")
     return name, schedule, corrections
 
 
@@ -99,7 +103,7 @@ def pipeline_utilization(method, stages: int, microbatches: int = 1, total_steps
     """
     from .corrections import Hybrid, Warmup
     _check_pn(stages, microbatches)
-    name, schedule, corrections = _resolve(method)
+    name, schedule, corrections = _resolve(method, stages, microbatches)
     if schedule.name == "custom":
         raise ScheduleError("custom delays have no pipeline schedule to price; use a named schedule or method")
     steady = _sync_utilization(stages, microbatches) if schedule.name == "sync" else 1.0
@@ -339,7 +343,7 @@ def memory_report(model: nn.Module, method, stages: int, microbatches: int = 1, 
         partition = partition_model(model, stages)
     elif partition.num_stages != stages:
         raise ConfigError(f"partition has {partition.num_stages} stages but stages={stages}: make them agree")
-    name, schedule, corrections = _resolve(method)
+    name, schedule, corrections = _resolve(method, stages, microbatches)
     tf, tb = effective_delays(method, stages, microbatches)
     w = [s.nbytes for s in partition]
     W = sum(w)

@@ -57,9 +57,12 @@ def test_gpipe_utilization_matches_pipemare_table_2(P, N, percent):
 
 
 def test_asynchronous_methods_are_fully_utilized():
-    for name in ("1f1b", "pipedream", "pipedream-2bw", "pipemare", "pipemare-t1", "pipemare-stash", "pb",
+    for name in ("1f1b", "pipedream", "pipemare", "pipemare-t1", "pipemare-stash", "pb",
                  "pipeoptim", "spectrain", "xpipe", "dataflow", "hogwild"):
         assert hardware.pipeline_utilization(name, 107, 8) == 1.0
+    assert hardware.pipeline_utilization("pipedream-2bw", 107, 107) == 1.0
+    with pytest.raises(ScheduleError, match="m >= d"):      # 2BW paper §3.1 needs N >= P
+        hardware.pipeline_utilization("pipedream-2bw", 107, 8)
 
 
 def covered_methods():
@@ -255,6 +258,7 @@ def test_cli_hardware_table_and_sweep(tmp_path, capsys):
                  "--microbatches", "2"]) == 0
     out = capsys.readouterr().out
     assert "| utilization" in out and "50.0%" in out and "100.0%" in out and "1.333x" in out
+    assert [c.strip() for c in out.splitlines()[1].split("|")[2:5]] == ["gpipe", "pipedream", "pipemare"]
     assert main(["hardware", "--model", "mlp", "--compare", "gpipe,pipemare", "--stages", "1,2,3",
                  "--microbatches", "2", "--microbatch-size", "4", "--out", str(tmp_path)]) == 0
     import csv
@@ -264,6 +268,8 @@ def test_cli_hardware_table_and_sweep(tmp_path, capsys):
     assert float(rows[4]["utilization"]) == pytest.approx(0.5)
     assert int(rows[5]["activation_bytes"]) > 0
     assert (tmp_path / "hardware.png").stat().st_size > 0
+    sweep = [[c.strip() for c in line.split("|")[1:4]] for line in capsys.readouterr().out.splitlines()[3:9]]
+    assert sweep[-1] == ["pipemare", "3", "100.0%"] and sweep[-2] == ["gpipe", "3", "50.0%"]
 
 
 def test_cli_timeline(tmp_path, capsys):

@@ -82,12 +82,32 @@ def rows_for(model, methods, stages_list, args, example_input=None):
     return rows
 
 
+def format_sweep(rows, model_name: str = "model") -> str:
+    """One line per (method, P): utilization, weight+optimizer memory and its ratio, activations if known."""
+    act = any(r["activation_bytes"] is not None for r in rows)
+    head = ["method", "P", "utilization", "weight+opt (MiB)", "ratio to GPipe"] + (
+        ["activations (MiB)", "with recompute (MiB)"] if act else [])
+    body = [[r["method"], str(r["stages"]), f"{100 * r['utilization']:.1f}%",
+             f"{r['weight_optimizer_bytes'] / _MIB:,.1f}", f"{r['ratio_to_gpipe']:.3f}x"]
+            + ([f"{r['activation_bytes'] / _MIB:,.1f}", f"{r['activation_recompute_bytes'] / _MIB:,.1f}"]
+               if act else []) for r in rows]
+    widths = [max(len(h), *(len(b[j]) for b in body)) for j, h in enumerate(head)]
+    r0 = rows[0]
+    lines = [f"{model_name}: N={r0['microbatches']}, optimizer {r0['optimizer']}",
+             "| " + " | ".join(h.ljust(w) if j == 0 else h.rjust(w) for j, (h, w) in enumerate(zip(head, widths)))
+             + " |",
+             "|" + "|".join("-" * (w + 2) if j == 0 else "-" * (w + 1) + ":" for j, w in enumerate(widths)) + "|"]
+    for b in body:
+        lines.append("| " + " | ".join(c.ljust(w) if j == 0 else c.rjust(w)
+                                      for j, (c, w) in enumerate(zip(b, widths))) + " |")
+    return "\n".join(lines)
+
+
 def format_table(rows, model_name: str = "model") -> str:
-    """Fields down, methods (or stage counts) across; bytes shown in MiB."""
+    """Fields down, methods across; bytes shown in MiB."""
     keys = [k for k in rows[0] if k not in ("method", "stages", "microbatches", "optimizer")]
     keys = [k for k in keys if any(r[k] is not None for r in rows)]
-    heads = [r["method"] if len({x["stages"] for x in rows}) == 1 else f"{r['method']} P={r['stages']}"
-             for r in rows]
+    heads = [r["method"] for r in rows]
 
     def cell(k, v):
         if v is None:
@@ -105,8 +125,7 @@ def format_table(rows, model_name: str = "model") -> str:
     cols = [[cell(k, r[k]) for k in keys] for r in rows]
     widths = [max(len(h), *(len(c) for c in col)) for h, col in zip(heads, cols)]
     r0 = rows[0]
-    lines = [f"{model_name}: P={', '.join(str(p) for p in sorted({r['stages'] for r in rows}))}, "
-             f"N={r0['microbatches']}, optimizer {r0['optimizer']}",
+    lines = [f"{model_name}: P={r0['stages']}, N={r0['microbatches']}, optimizer {r0['optimizer']}",
              "| " + "field".ljust(width0) + " | " + " | ".join(h.rjust(w) for h, w in zip(heads, widths)) + " |",
              "|" + "-" * (width0 + 2) + "|" + "|".join("-" * (w + 1) + ":" for w in widths) + "|"]
     for j, k in enumerate(keys):
@@ -131,7 +150,7 @@ def run(args) -> int:
     if args.microbatch_size is not None:
         example = torch.zeros(1, *models.info(args.model).input_shape)
     rows = rows_for(model, methods, stages_list, args, example)
-    print(format_table(rows, args.model))
+    print(format_table(rows, args.model) if len(stages_list) == 1 else format_sweep(rows, args.model))
     if args.out:
         os.makedirs(args.out, exist_ok=True)
         path = os.path.join(args.out, "hardware.csv")

@@ -33,7 +33,8 @@ def plot_timeline(timeline, ax=None, versions: bool = False, title: Optional[str
         color = _COLORS[kind][evs[0].minibatch % 2]
         ax.add_patch(Rectangle((slot, w), 1, 1, facecolor=color, edgecolor="white", linewidth=0.8))
         label = f"{evs[0].microbatch}" + (f"@{evs[0].version}" if versions else "")
-        ax.text(slot + 0.5, w + 0.5, label, ha="center", va="center", color="white",
+        ax.text(slot + 0.5, w + 0.5, label, ha="center", va="center",
+                color="white" if evs[0].minibatch % 2 == 0 else "#1a1a1a",
                 fontsize=7 if versions else 8)
     ax.set_xlim(0, timeline.slots)
     ax.set_ylim(len(timeline.workers), 0)
@@ -74,11 +75,13 @@ def plot_hardware_sweep(rows: Sequence[Dict], axes=None):
     for r in rows:
         if r["method"] not in methods:
             methods.append(r["method"])
-    for method in methods:
+    styles = ["-", "--", "-.", ":"]
+    for k, method in enumerate(methods):
         rs = sorted((r for r in rows if r["method"] == method), key=lambda r: r["stages"])
         ps = [r["stages"] for r in rs]
-        axes[0].plot(ps, [100 * r["utilization"] for r in rs], marker="o", label=method)
-        axes[1].plot(ps, [r["weight_optimizer_bytes"] / 2 ** 20 for r in rs], marker="o", label=method)
+        style = dict(marker="os^Dv"[k % 5], linestyle=styles[k % 4], label=method, markersize=5)
+        axes[0].plot(ps, [100 * r["utilization"] for r in rs], **style)
+        axes[1].plot(ps, [r["weight_optimizer_bytes"] / 2 ** 20 for r in rs], **style)
     axes[0].set_ylabel("pipeline utilization (%)")
     axes[1].set_ylabel("weight + optimizer memory (MiB)")
     for ax in axes:
