@@ -12,7 +12,7 @@ dataflow    fully asynchronous dataflow accelerator     ceil((2(P-1-i)+1)/N)    
             (PipeMare §2, App. A.1)
 1f1b        one-forward-one-backward, no stashing       ceil((P-1-i)/N)           0
             (PipeOptim §II "Vanilla-1F1B")
-pb          pipelined backprop, 2P-1 accelerators       2(P-1-i)                  0
+pb          pipelined backprop, 2P-1 accelerators       ceil(2(P-1-i)/N)          0
             (stale-weights paper §3)
 2bw         PipeDream-2BW double-buffered weights       1 (0 when P = 1)          = tau_fwd
             (2BW paper §3.1)
@@ -104,12 +104,20 @@ class OneFOneB(Schedule):
 
 
 class PipelinedBackprop(Schedule):
+    """Pipelined backprop (stale-weights paper §3): ``tau_fwd_i = ceil(2(P-1-i)/N)``.
+
+    The paper pipelines whole minibatches (``N = 1``: ``2(P-1-i)``, DESIGN §2).
+    With ``N`` microbatches per minibatch the executed pipeline
+    (:mod:`staleopt.timeline`) applies one update per ``N`` microbatches, so the
+    delay in minibatch steps is ``ceil(2(P-1-i)/N)``, as for the other schedules.
+    """
+
     name, paper = "pb", "Pipelined training with stale weights of deep CNNs, §3"
-    description = "pipelined backpropagation on 2P-1 accelerators: tau_fwd = 2(P-1-i), tau_bkwd = 0"
+    description = "pipelined backpropagation on 2P-1 accelerators: tau_fwd = ceil(2(P-1-i)/N), tau_bkwd = 0"
 
     def delays(self, stages, microbatches=1):
         _check_pn(stages, microbatches)
-        return [2 * (stages - 1 - i) for i in range(stages)], [0] * stages
+        return [math.ceil(2 * (stages - 1 - i) / microbatches) for i in range(stages)], [0] * stages
 
 
 class TwoBW(Schedule):

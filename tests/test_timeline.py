@@ -65,8 +65,6 @@ def test_delays_equal_closed_forms(kind):
     for k, P, N in cases():
         if k != kind:
             continue
-        if kind == "pb" and N > 1:
-            continue                               # see test_pb_closed_form_ignores_microbatches
         tl = simulate(kind, P, N, minibatches=2)
         fwd, bwd = schedules.get(sched_name).delays(P, N)
         assert tl.tau_fwd == fwd, (kind, P, N)
@@ -75,9 +73,8 @@ def test_delays_equal_closed_forms(kind):
         assert tl.uniform == (not varies), (kind, P, N)
 
 
-@pytest.mark.xfail(strict=True, reason="schedules.pb gives 2(P-1-i) for every N; the executed pipeline with "
-                                       "N microbatches per minibatch gives ceil(2(P-1-i)/N) (reported to the lead)")
-def test_pb_closed_form_ignores_microbatches():
+def test_pb_closed_form_counts_minibatches():
+    """With N microbatches per minibatch, pipelined backprop's delay is ceil(2(P-1-i)/N) minibatch steps."""
     tl = simulate("pb", 4, 2, minibatches=2)
     assert tl.tau_fwd == [3, 2, 1, 0]
     assert tl.tau_fwd == schedules.get("pb").delays(4, 2)[0]
