@@ -207,6 +207,7 @@ class PipelineOptimizer(torch.optim.Optimizer):
         self._generator = torch.Generator()
         self._generator.manual_seed(0 if seed is None else int(seed))
         self._step = 0
+        self._seen = set()  # which hooks fired during the current step
         self._delays: Optional[Tuple[List[int], List[int]]] = None
         self._check_parameters()
 
@@ -438,6 +439,7 @@ class PipelineOptimizer(torch.optim.Optimizer):
 
     def _on_forward_start(self, module, args):
         if module.training and torch.is_grad_enabled():
+            self._seen |= {"forward"}
             self._load(backward=False)
         else:
             self._restore()
@@ -449,6 +451,7 @@ class PipelineOptimizer(torch.optim.Optimizer):
                     t.register_hook(self._on_backward_start)
 
     def _on_backward_start(self, grad):
+        self._seen |= {"backward"}
         self._load(backward=True)
 
     @contextlib.contextmanager
@@ -456,6 +459,20 @@ class PipelineOptimizer(torch.optim.Optimizer):
         """Within the block the parameters hold ``w_t`` (the next forward/backward reloads its view)."""
         self._restore()
         yield self._model
+
+    def _warn_if_unseen(self, delays) -> None:
+        """A loop that bypasses the wrapped module's forward would silently train without delays."""
+        tf, tb = delays
+        if any(tf) and "forward" not in self._seen:
+            warnings.warn("PipelineOptimizer.step() saw no training forward pass of the model it wraps since the "
+                          "last step, so this step's gradient was computed without the simulated delays; call "
+                          "the model you passed to PipelineOptimizer (in train mode, with grad enabled)",
+                          stacklevel=3)
+        elif tf != tb and "forward" in self._seen and "backward" not in self._seen:
+            warnings.warn("PipelineOptimizer.step() saw no gradient reach the model's output since the last "
+                          "step, so the backward views were not applied; compute the loss from the output of "
+                          "the model you passed to PipelineOptimizer", stacklevel=3)
+        self._seen = set()
 
     def _check_storage(self) -> None:
         for c in self._chunks:
@@ -474,6 +491,7 @@ class PipelineOptimizer(torch.optim.Optimizer):
         self._check_storage()
         self._restore()
         delays = self._current_delays()
+        self._warn_if_unseen(delays)
         t = self._step
         stored = [c for c in self._chunks if c.S]
         dst, src = [], []

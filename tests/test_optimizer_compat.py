@@ -310,3 +310,21 @@ def test_hogwild_is_seeded_and_truncated():
     # stage 0 (mean 7) is staler on average than stage 3 (mean 1)
     mean = lambda i: sum(d[i] for d in draws[0]) / len(draws[0])
     assert mean(0) > mean(3)
+
+
+def test_a_loop_that_bypasses_the_wrapped_model_is_warned_about():
+    model = mlp(seed=8)
+    opt = staleopt.PipelineOptimizer(model, torch.optim.SGD(model.parameters(), lr=0.1), stages=3,
+                                     schedule="dataflow")
+    x, y = batches(1, seed=8)[0]
+    h = x
+    for layer in model:  # calls the layers, not the wrapped model: no hook fires
+        h = layer(h)
+    mse(h, y).backward()
+    with pytest.warns(UserWarning, match="saw no training forward pass"):
+        opt.step()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        opt.zero_grad()
+        mse(model(x), y).backward()
+        opt.step()
