@@ -14,7 +14,7 @@ dataflow    fully asynchronous dataflow accelerator     ceil((2(P-1-i)+1)/N)    
             (PipeOptim §II "Vanilla-1F1B")
 pb          pipelined backprop, 2P-1 accelerators       ceil(2(P-1-i)/N)          0
             (stale-weights paper §3)
-2bw         PipeDream-2BW double-buffered weights       1 (0 when P = 1)          = tau_fwd
+2bw         PipeDream-2BW double-buffered weights       1 (0 when P = 1; N >= P)  = tau_fwd
             (2BW paper §3.1)
 hogwild     per-stage random delays, truncated          random each step          = tau_fwd
             exponential (PipeMare App. E)
@@ -130,6 +130,10 @@ class TwoBW(Schedule):
         _check_pn(stages, microbatches)
         if stages == 1:
             return [0], [0]
+        if microbatches < stages:
+            raise ScheduleError(f"2BW keeps two weight versions only with at least as many microbatches per "
+                                f"minibatch as stages (2BW paper §3.1, m >= d): got N={microbatches} < "
+                                f"P={stages}; pass microbatches >= {stages}")
         return [1] * stages, [1] * stages
 
 

@@ -247,7 +247,7 @@ def test_vertical_sync_and_2bw_delays():
     assert (opt.tau_fwd, opt.tau_bkwd) == ([2, 2, 2], [2, 2, 2])
     assert VerticalSync().delays([3, 2, 1], [0, 0, 0], 0) == ([3, 3, 3], [0, 0, 0])
     opt = staleopt.PipelineOptimizer(model, torch.optim.SGD(model.parameters(), lr=0.05), stages=3,
-                                     schedule="pipedream-2bw")
+                                     schedule="pipedream-2bw", microbatches=3)
     assert (opt.tau_fwd, opt.tau_bkwd) == ([1, 1, 1], [1, 1, 1])
 
 
@@ -283,8 +283,9 @@ def test_zoo_every_method_trains_and_round_trips(method):
     args = {k: v for k, v in SMALL_STEPS.items() if k in methods.get(method).defaults}
     for name, make in ZOO_OPTIMIZERS.items():
         model = mlp(seed=12)
+        N = 3 if method == "pipedream-2bw" else 1  # 2BW needs N >= P
         opt = staleopt.PipelineOptimizer(model, make(model.parameters()), stages=3, schedule=method,
-                                         method_args=args, seed=0)
+                                         microbatches=N, method_args=args, seed=0)
         losses = train(model, opt, data[:60])
         assert all(math.isfinite(l) for l in losses), (method, name)
         sd, msd = copy.deepcopy(opt.state_dict()), copy.deepcopy(model.state_dict())
@@ -292,7 +293,7 @@ def test_zoo_every_method_trains_and_round_trips(method):
         model2 = mlp(seed=0)
         model2.load_state_dict(msd)
         opt2 = staleopt.PipelineOptimizer(model2, make(model2.parameters()), stages=3, schedule=method,
-                                          method_args=args, seed=0)
+                                          microbatches=N, method_args=args, seed=0)
         opt2.load_state_dict(sd)
         train(model2, opt2, data[60:])
         for a, b in zip(model.parameters(), model2.parameters()):
@@ -330,7 +331,7 @@ def test_bad_correction_inputs():
                                    corrections=[WeightPrediction("adam", state="base")])
     with pytest.raises(CorrectionError, match="tau_bkwd = 0"):
         staleopt.PipelineOptimizer(model, torch.optim.SGD(model.parameters(), lr=0.1), stages=3, schedule="2bw",
-                                   corrections=[WeightPrediction()])
+                                   microbatches=3, corrections=[WeightPrediction()])
     with pytest.raises(CorrectionError, match="Correction objects"):
         staleopt.PipelineOptimizer(model, torch.optim.SGD(model.parameters(), lr=0.1), stages=3,
                                    corrections=["t2"])

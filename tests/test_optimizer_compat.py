@@ -296,6 +296,8 @@ def test_custom_schedule_and_registry():
     s = schedules.get("custom", tau_fwd=[2, 1], tau_bkwd=[1, 0])
     assert s.delays(2, 1) == ([2, 1], [1, 0])
     assert set(schedules.names()) >= {"sync", "dataflow", "1f1b", "pb", "custom", "2bw", "hogwild"}
+    with pytest.raises(ScheduleError, match="m >= d"):
+        schedules.get("2bw").delays(4, 2)
 
 
 def test_hogwild_is_seeded_and_truncated():
