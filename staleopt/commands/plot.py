@@ -1,0 +1,64 @@
+"""``staleopt plot``: accuracy, utilization and memory against stages (PipeMare Fig. 2), or accuracy curves."""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+__all__ = ["register", "run"]
+
+EXAMPLES = """\
+examples:
+  staleopt plot runs/demo --out runs/demo/accuracy_vs_stages.png
+  staleopt plot runs/demo --out fig.pdf --metric final_acc --methods gpipe,pipemare
+  staleopt plot runs/demo --curves --stages 16 --out runs/demo/curves_P16.png
+
+Default figure (PipeMare Figure 2 layout): three panels against the number of
+stages, one line per method: pipeline utilization, weight + optimizer memory
+relative to GPipe, and test accuracy (best over epochs, mean over seeds with
+a confidence band). Diverged runs are drawn as x, never dropped.
+--curves draws test accuracy against epochs at one stage count (Fig. 7/8).
+"""
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("plot", help="plot a sweep: accuracy/utilization/memory vs stages, or curves",
+                              description="Plot the finished runs of a sweep directory.\n\n" + EXAMPLES,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("sweep_dir", metavar="SWEEP_DIR", help="the --out directory of `staleopt sweep`")
+    p.add_argument("--out", default=None,
+                   help="image path, format from the suffix (default SWEEP_DIR/accuracy_vs_stages.png, "
+                        "or SWEEP_DIR/accuracy_vs_epoch_P<stages>.png with --curves)")
+    p.add_argument("--curves", action="store_true", help="test accuracy against epochs at --stages")
+    p.add_argument("--stages", type=int, default=None, help="stage count P of the --curves plot")
+    p.add_argument("--metric", choices=("best_acc", "final_acc"), default="best_acc",
+                   help="accuracy shown against stages (default best_acc: the best over epochs)")
+    p.add_argument("--methods", default=None, help="comma-separated methods to draw (default: all in the sweep)")
+    p.add_argument("--level", type=float, default=0.95, help="confidence level of the bands (default 0.95)")
+    p.add_argument("--title", default=None, help="figure title")
+    p.add_argument("--dpi", type=int, default=150)
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from ..errors import ConfigError
+    from ..plot import sweep as plots
+
+    sweep_dir = Path(args.sweep_dir)
+    if not (sweep_dir / "runs").is_dir():
+        raise ConfigError(f"{sweep_dir} is not a sweep directory (no runs/ inside); pass the --out directory "
+                          "of `staleopt sweep` or `staleopt demo`")
+    methods = args.methods.split(",") if args.methods else None
+    if args.curves:
+        if args.stages is None:
+            raise ConfigError("--curves needs --stages P (one of the sweep's stage counts)")
+        fig = plots.plot_accuracy_vs_epoch(sweep_dir, args.stages, level=args.level, methods=methods,
+                                           title=args.title)
+        out = args.out or sweep_dir / f"accuracy_vs_epoch_P{args.stages}.png"
+    else:
+        if args.stages is not None:
+            raise ConfigError("--stages selects the stage count of --curves; the default figure shows all stages")
+        fig = plots.plot_accuracy_vs_stages(sweep_dir, metric=args.metric, level=args.level, methods=methods,
+                                            title=args.title)
+        out = args.out or sweep_dir / "accuracy_vs_stages.png"
+    print(f"wrote {plots.save(fig, out, dpi=args.dpi)}")
+    return 0

@@ -1,0 +1,212 @@
+"""Figures of a sweep: PipeMare Figure 2 (utilization, memory, accuracy vs stages) and Fig. 7/8 curves.
+
+Both take the records of :func:`staleopt.sweep.collect` (or a sweep
+directory) and return a matplotlib ``Figure`` (no pyplot: ``savefig`` renders
+with Agg). Lines are one per method (and per any other config key the sweep
+varies, seeds pooled); each method keeps its color across panels and figures.
+
+* :func:`plot_accuracy_vs_stages`: three panels against the number of stages
+  ``P`` (PipeMare Fig. 2, 3): pipeline utilization, weight + optimizer memory
+  relative to GPipe, and test accuracy (by default the best over epochs, as
+  PipeMare App. C reports it) as the mean over seeds with a Student-t
+  confidence band (:func:`staleopt.sweep.t_interval`). Diverged runs stay in
+  the mean and are also drawn as ``x`` markers at their own value.
+* :func:`plot_accuracy_vs_epoch`: test accuracy against epochs at one ``P``
+  (PipeMare Fig. 7, 8), mean over seeds with its band; a diverged run's last
+  epoch is marked ``x``.
+"""
+from __future__ import annotations
+
+import os
+from typing import List, Optional, Sequence, Tuple, Union
+
+import numpy as np
+import pandas as pd
+
+from ..errors import ConfigError
+
+__all__ = ["METHOD_ORDER", "per_run", "line_keys", "plot_accuracy_vs_stages", "plot_accuracy_vs_epoch", "save"]
+
+#: Legend order of the papers' methods (others follow alphabetically).
+METHOD_ORDER = ("gpipe", "pipedream-flush", "pipedream", "pipedream-vs", "pipedream-2bw", "pipemare-stash",
+                "1f1b", "dataflow", "pb", "pb-hybrid", "pipeoptim", "spectrain", "xpipe", "pipemare-t1",
+                "pipemare", "pipemare-w")
+_METRICS = {"best_acc": "best test accuracy", "final_acc": "final test accuracy"}
+_PER_RUN = ("method", "stages", "seed", "best_acc", "final_acc", "epochs_run", "diverged", "utilization",
+            "memory_ratio_gpipe")
+
+
+def _records(source) -> pd.DataFrame:
+    if isinstance(source, pd.DataFrame):
+        return source
+    from ..sweep import collect
+    records = collect(source)
+    if records.empty:
+        raise ConfigError(f"{source} holds no finished runs: run the sweep first (staleopt sweep FILE --out "
+                          f"{source})")
+    return records
+
+
+def line_keys(records: pd.DataFrame) -> List[str]:
+    """Config keys that tell lines apart: ``method`` and every other varying key but ``stages``, ``seed``."""
+    from ..config import field_names
+    varying = [k for k in field_names() if k in records.columns and k not in ("method", "stages", "seed")
+               and records[k].astype(str).nunique() > 1]
+    return ["method"] + varying
+
+
+def per_run(source) -> pd.DataFrame:
+    """One row per run: its line keys, ``stages``, ``seed``, ``best_acc``, ``final_acc``, ``epochs_run``,
+    ``diverged`` (bool) and the hardware columns (constant within a run)."""
+    records = _records(source)
+    keys = line_keys(records)
+    rows = []
+    for _, r in records.sort_values(["run", "epoch"]).groupby("run", sort=False):
+        last = r.iloc[-1]
+        rows.append({**{k: last[k] for k in keys}, "stages": int(last["stages"]), "seed": last["seed"],
+                     "best_acc": r["test_acc"].max(), "final_acc": last["test_acc"], "epochs_run": len(r),
+                     "diverged": last["status"] == "diverged", "utilization": last["utilization"],
+                     "memory_ratio_gpipe": last["memory_ratio_gpipe"]})
+    return pd.DataFrame(rows)
+
+
+def _order(labels) -> List:
+    def rank(label):
+        method = label[0] if isinstance(label, tuple) else label
+        return (METHOD_ORDER.index(method) if method in METHOD_ORDER else len(METHOD_ORDER), str(label))
+    return sorted(labels, key=rank)
+
+
+def _lines(table: pd.DataFrame, keys: Sequence[str], methods: Optional[Sequence[str]]):
+    """``[(label, color, rows)]`` in legend order; colors follow the method order of the whole table."""
+    from matplotlib import colormaps
+    if methods is not None:
+        missing = sorted(set(methods) - set(table["method"]))
+        if missing:
+            raise ConfigError(f"methods {missing} are not in the sweep; it has {sorted(set(table['method']))}")
+        table = table[table["method"].isin(methods)]
+    groups = dict(list(table.groupby(list(keys), sort=False)))
+    groups = {k if isinstance(k, tuple) else (k,): v for k, v in groups.items()}
+    cmap = colormaps["tab10"] if len(groups) <= 10 else colormaps["tab20"]
+    out = []
+    for i, key in enumerate(_order(groups)):
+        label = key[0] + "".join(f" {k}={v}" for k, v in zip(keys[1:], key[1:]))
+        out.append((label, cmap(i % cmap.N), groups[key]))
+    return out
+
+
+def _band(ax, x, values_by_x, color, label, level, marker="o"):
+    from ..sweep import t_interval
+    stats = [t_interval(v, level) for v in values_by_x]
+    mean = np.array([s[0] for s in stats])
+    half = np.array([0.0 if np.isnan(s[1]) else s[1] for s in stats])
+    ax.plot(x, mean, marker=marker, ms=4, lw=1.5, color=color, label=label)
+    if np.any(half > 0):
+        ax.fill_between(x, mean - half, mean + half, color=color, alpha=0.2, lw=0)
+
+
+def _legend(ax):
+    """Handles and labels of ``ax`` with the "diverged run" marker last."""
+    pairs = list(zip(*ax.get_legend_handles_labels()))
+    pairs.sort(key=lambda hl: hl[1] == "diverged run")
+    return [h for h, _ in pairs], [lab for _, lab in pairs]
+
+
+def _stage_axis(ax, stages):
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(stages)
+    ax.set_xticklabels([str(s) for s in stages])
+    ax.minorticks_off()
+    ax.set_xlabel("pipeline stages P")
+    ax.grid(alpha=0.3)
+
+
+def plot_accuracy_vs_stages(source, metric: str = "best_acc", level: float = 0.95,
+                            methods: Optional[Sequence[str]] = None, title: Optional[str] = None,
+                            figsize: Tuple[float, float] = (13.0, 3.8)):
+    """PipeMare Fig. 2 layout: utilization, memory (x GPipe) and ``metric`` against ``P``, one line per method.
+
+    ``metric``: ``"best_acc"`` (max over epochs) or ``"final_acc"`` (last
+    epoch); the band is the ``level`` Student-t interval over seeds. Each
+    diverged run is also an ``x`` at its own value; nothing is dropped.
+    """
+    from matplotlib.figure import Figure
+    if metric not in _METRICS:
+        raise ConfigError(f"metric must be one of {list(_METRICS)}, got {metric!r}")
+    records = _records(source)
+    table, keys = per_run(records), line_keys(records)
+    stages = sorted(table["stages"].unique())
+    fig = Figure(figsize=figsize, layout="constrained")
+    axes = fig.subplots(1, 3)
+    diverged_shown = False
+    for label, color, rows in _lines(table, keys, methods):
+        by_p = [rows[rows["stages"] == p] for p in stages]
+        xs = [p for p, r in zip(stages, by_p) if len(r)]
+        by_p = [r for r in by_p if len(r)]
+        axes[0].plot(xs, [r["utilization"].mean() for r in by_p], marker="o", ms=4, color=color, label=label)
+        axes[1].plot(xs, [r["memory_ratio_gpipe"].mean() for r in by_p], marker="o", ms=4, color=color,
+                     label=label)
+        _band(axes[2], xs, [r[metric] for r in by_p], color, label, level)
+        bad = rows[rows["diverged"]]
+        if len(bad):
+            axes[2].scatter(bad["stages"], bad[metric], marker="x", s=60, color=color, zorder=5,
+                            label=None if diverged_shown else "diverged run")
+            diverged_shown = True
+    for ax in axes:
+        _stage_axis(ax, stages)
+    axes[0].set_ylabel("pipeline utilization")
+    axes[0].set_ylim(0, 1.05)
+    axes[1].set_ylabel("weight + optimizer memory (x GPipe)")
+    axes[2].set_ylabel(f"{_METRICS[metric]} (mean, {level:.0%} CI)")
+    axes[0].set_title("throughput", fontsize=10)
+    axes[1].set_title("memory", fontsize=10)
+    axes[2].set_title("model quality", fontsize=10)
+    fig.legend(*_legend(axes[2]), loc="outside right center", fontsize=8, frameon=False)
+    if title:
+        fig.suptitle(title, fontsize=11)
+    return fig
+
+
+def plot_accuracy_vs_epoch(source, stages: int, level: float = 0.95, methods: Optional[Sequence[str]] = None,
+                           title: Optional[str] = None, figsize: Tuple[float, float] = (6.5, 4.0)):
+    """Test accuracy against epochs at ``P = stages`` (PipeMare Fig. 7/8), mean over seeds with a band.
+
+    The mean at each epoch is over the runs that reached it; a run that
+    diverged is marked ``x`` at its last recorded epoch.
+    """
+    from matplotlib.figure import Figure
+    records = _records(source)
+    available = sorted(int(p) for p in records["stages"].unique())
+    if int(stages) not in available:
+        raise ConfigError(f"the sweep has no runs with stages={stages}; it has stages {available}")
+    at = records[records["stages"].astype(int) == int(stages)]
+    keys = line_keys(records)
+    fig = Figure(figsize=figsize, layout="constrained")
+    ax = fig.add_subplot()
+    diverged_shown = False
+    runs_table = at.groupby("run", sort=False).first().reset_index()
+    for label, color, rows in _lines(runs_table, keys, methods):
+        mine = at[at["run"].isin(rows["run"])]
+        epochs = sorted(mine["epoch"].unique())
+        _band(ax, epochs, [mine.loc[mine["epoch"] == e, "test_acc"] for e in epochs], color, label, level,
+              marker=None)
+        ends = mine.sort_values("epoch").groupby("run").tail(1)
+        bad = ends[ends["status"] == "diverged"]
+        if len(bad):
+            ax.scatter(bad["epoch"], bad["test_acc"], marker="x", s=60, color=color, zorder=5,
+                       label=None if diverged_shown else "diverged run")
+            diverged_shown = True
+    ax.set_xlabel("epoch")
+    ax.set_ylabel(f"test accuracy (mean, {level:.0%} CI)")
+    ax.set_title(title or f"P = {stages}", fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(*_legend(ax), fontsize=8, frameon=False)
+    return fig
+
+
+def save(fig, path: Union[str, os.PathLike], dpi: int = 150) -> str:
+    """Write ``fig`` to ``path`` (format from the suffix), creating folders; returns the path."""
+    path = os.fspath(path)
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    fig.savefig(path, dpi=dpi)
+    return path

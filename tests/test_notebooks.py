@@ -1,0 +1,31 @@
+"""Every notebook in notebooks/ runs headlessly (nbclient) on small inputs and draws its figures."""
+from pathlib import Path
+
+import nbformat
+import pytest
+
+nbclient = pytest.importorskip("nbclient")
+
+REPO = Path(__file__).resolve().parents[1]
+NOTEBOOKS = sorted((REPO / "notebooks").glob("*.ipynb"))
+#: Figures each of our notebooks must show (others: at least one).
+FIGURES = {"accuracy_vs_stages.ipynb": 2, "hardware_model.ipynb": 2}
+
+
+def test_there_are_notebooks():
+    assert {"accuracy_vs_stages.ipynb", "hardware_model.ipynb"} <= {p.name for p in NOTEBOOKS}
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
+def test_notebook_runs_and_draws_its_figures(path, monkeypatch, tmp_path):
+    monkeypatch.setenv("STALEOPT_NOTEBOOK_SMALL", "1")
+    monkeypatch.setenv("STALEOPT_SWEEP_DIR", str(tmp_path / "no-sweep-here"))
+    monkeypatch.setenv("MPLBACKEND", "Agg")
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    nb = nbformat.read(path, as_version=4)
+    nbclient.NotebookClient(nb, timeout=300, kernel_name="python3",
+                            resources={"metadata": {"path": str(REPO)}}).execute()
+    outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])]
+    assert not [o for o in outputs if o.output_type == "error"]
+    figures = sum("image/png" in o.get("data", {}) for o in outputs)
+    assert figures >= FIGURES.get(path.name, 1), f"{path.name} drew {figures} figure(s)"
