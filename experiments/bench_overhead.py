@@ -1,0 +1,562 @@
+"""Cost of simulating a pipeline with :class:`staleopt.PipelineOptimizer`: time, memory, growth (issue 7).
+
+    python experiments/bench_overhead.py --out runs/bench            # `make bench`: a few minutes
+    python experiments/bench_overhead.py --out /tmp/bench --quick    # smoke run: seconds, measures nothing
+
+Everything runs in one process and is reported as ratios:
+
+1. **Step time.** A whole training step (``zero_grad``, forward, backward, ``step``)
+   with the wrapper against the base optimizer alone, same model, batch and
+   initial weights. The variants are interleaved round by round (so drifting
+   machine load hits them alike); the ratio is the median over rounds of
+   ``t_variant / t_plain`` within a round, with its interquartile range.
+   Because on a shared CPU the step-time noise is larger than the
+   simulator's own cost, the *engine time* is also timed directly: the wall
+   time inside the wrapper's forward pre-hook, forward hook, backward-start
+   tensor hook and ``step()`` minus the base optimizer's ``step`` (hooks placed
+   before and after the wrapper's own; the same probes on the plain model
+   measure the probes' cost, which is subtracted).
+2. **Stale-weight memory.** Bytes of the tensors the wrapper allocated, found
+   by walking every live tensor storage (``gc``) after building the wrapper
+   and taking steps, minus the storages alive before, against the minimum
+   the delays require::
+
+       M_min = sum_i max(tau_fwd_i, tau_bkwd_i) * |w_i|  +  documented correction buffers
+
+   (T2 keeps one ``|w_i|`` buffer per stage with ``tau_fwd_i > tau_bkwd_i``,
+   PipeMare §3.2; weight prediction one ``dW`` buffer per delayed stage,
+   PipeOptim §III; stashing and T1 keep none). The engine stores exactly
+   ``H_i = max_t max(tau_fwd_i, tau_bkwd_i)`` versions per stage (loads swap
+   the parameters with a slot), plus one free slot per stage whose backward
+   view T2 rewrites in place; ``engine_reported_bytes`` is its own account
+   (``opt.memory_bytes()``), which the measurement must equal. The hand-rolled
+   deque is measured per snapshot and scaled to its steady state (full deque,
+   ``H + 1`` snapshots of the whole ``state_dict``).
+3. **Hand-rolled.** The same delays simulated the way it is usually written
+   by hand: every step ``history.append(copy.deepcopy(model.state_dict()))``
+   into a ``collections.deque(maxlen=H+1)``, then a per-parameter
+   ``p.data.copy_`` of each stage's slice before the forward and before the
+   backward, and of the current weights before ``step``. It simulates the
+   schedule's delays only (``dataflow``; ``pipedream`` = ``1f1b`` with
+   stashing), no T1/T2/prediction, which favours it. Both simulators are
+   checked to produce the same weights before they are timed.
+4. **Growth.** Engine time and memory of ``pipemare`` and of the hand-rolled
+   ``dataflow`` simulation as the stage count ``P`` grows (1 to the model's
+   unit count) and as the ResNet-20 width grows; plotted in ``growth.png``.
+
+Outputs in ``--out``: ``step.csv``, ``memory.csv``, ``handrolled.csv``,
+``growth.csv``, ``growth.png``, ``meta.json``; the tables are printed.
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import copy
+import datetime
+import gc
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+import pandas as pd
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import staleopt
+from staleopt import models, schedules
+from staleopt.corrections import DiscrepancyCorrection, WeightPrediction
+
+__all__ = ["main", "HandRolled", "EngineClock", "new_storage_bytes", "minimum_bytes", "ModelSpec", "MODELS"]
+
+METHODS = ("pipemare", "pipedream", "pipeoptim")
+HAND = {"dataflow": ("dataflow", False), "pipedream": ("1f1b", True)}  # hand-rolled name -> (schedule, stashing)
+
+
+class ModelSpec:
+    """A benchmark model: registry name, constructor arguments, batch size and input shape."""
+
+    def __init__(self, label: str, name: str, batch: int, kwargs: Optional[dict] = None):
+        self.label, self.name, self.batch, self.kwargs = label, name, batch, dict(kwargs or {})
+        self.input_shape = tuple(self.kwargs.get("input_shape", models.info(name).input_shape))
+
+    def build(self, seed: int = 0) -> nn.Module:
+        return models.get(self.name, seed=seed, **self.kwargs)
+
+    @property
+    def max_stages(self) -> int:
+        return models.num_units(self.name, **self.kwargs)
+
+    def batch_of(self, size: Optional[int] = None, seed: int = 0):
+        g = torch.Generator().manual_seed(seed)
+        n = size or self.batch
+        return torch.randn(n, *self.input_shape, generator=g), torch.randint(0, 10, (n,), generator=g)
+
+
+MODELS = {
+    "resnet20": ModelSpec("ResNet-20 (CIFAR, batch 128)", "resnet20", 128),
+    "cnn1d": ModelSpec("MNIST-1D CNN (batch 64)", "cnn1d", 64),
+    "transformer": ModelSpec("Transformer, 2 blocks dim 128, 64 tokens (batch 64)", "transformer", 64,
+                             {"input_shape": (1, 256), "dim": 128, "heads": 4, "layers": 2, "patch": 4}),
+}
+QUICK = {
+    "resnet20": ModelSpec("ResNet-20 width 4 (batch 4)", "resnet20", 4, {"width": 4, "input_shape": (3, 8, 8)}),
+    "cnn1d": ModelSpec("MNIST-1D CNN width 8 (batch 4)", "cnn1d", 4, {"width": 8}),
+    "transformer": ModelSpec("Transformer dim 16 (batch 4)", "transformer", 4, {"dim": 16, "layers": 3}),
+}
+
+
+# ---------------------------------------------------------------------------------------------- timing
+class EngineClock:
+    """Wall time spent inside a simulator per step, timed around its hooks and ``step``.
+
+    Probes are hooks placed before and after the wrapper's own (``prepend=True``
+    and appended); tensor hooks on the model output fire in registration order,
+    so the backward-start hook is bracketed too. ``base_step`` is the time of
+    the base optimizer's ``step`` inside the wrapper's.
+    """
+
+    def __init__(self, model: nn.Module, base: torch.optim.Optimizer):
+        self.seconds = 0.0
+        self._t0 = 0.0
+        self._handles = [model.register_forward_pre_hook(self._start, prepend=True),
+                         model.register_forward_pre_hook(self._stop),
+                         model.register_forward_hook(self._fwd_start, prepend=True),
+                         model.register_forward_hook(self._fwd_stop)]
+        self.base_step = 0.0
+        orig = base.step
+
+        def timed_step(*args, **kwargs):
+            t = time.perf_counter()
+            try:
+                return orig(*args, **kwargs)
+            finally:
+                self.base_step += time.perf_counter() - t
+
+        base.step = timed_step
+
+    def _start(self, *args):
+        self._t0 = time.perf_counter()
+
+    def _stop(self, *args):
+        self.seconds += time.perf_counter() - self._t0
+
+    def _outputs(self, output):
+        return [t for t in torch.utils._pytree.tree_flatten(output)[0]
+                if isinstance(t, torch.Tensor) and t.requires_grad]
+
+    def _fwd_start(self, module, args, output):
+        for t in self._outputs(output):
+            t.register_hook(lambda g: self._start())
+        self._t0 = time.perf_counter()
+
+    def _fwd_stop(self, module, args, output):
+        self.seconds += time.perf_counter() - self._t0
+        for t in self._outputs(output):
+            t.register_hook(lambda g: self._stop())
+
+    def reset(self) -> None:
+        self.seconds, self.base_step = 0.0, 0.0
+
+
+class HandRolled:
+    """The stale-weight simulation written by hand: a deque of ``deepcopy(state_dict())`` per step.
+
+    ``tau_fwd``/``tau_bkwd`` per stage; ``w_{t-tau}`` is ``history[-1 - tau]``
+    (``history[0] = w_0`` until the deque is full, which is the ``t - tau < 0``
+    rule). ``p.data.copy_`` swaps without bumping autograd's version counter, so
+    the backward's ``W^T delta`` reads the backward view. ``seconds`` sums the
+    time spent in the simulation's own code (snapshot and loads).
+    """
+
+    def __init__(self, model: nn.Module, base: torch.optim.Optimizer, partition, tau_fwd, tau_bkwd):
+        self.model, self.base = model, base
+        name_of = {id(p): n for n, p in model.named_parameters()}
+        self.entries = [(name_of[id(p)], p, tau_fwd[s.index], tau_bkwd[s.index]) for s in partition for p in s.params]
+        self.stale_backward = any(tau_bkwd)  # else the backward reads w_t
+        self.history = collections.deque(maxlen=max(max(tau_fwd), max(tau_bkwd)) + 1)
+        self.seconds = 0.0
+
+    @torch.no_grad()
+    def _load(self, which: int) -> None:  # 0: w_t, 1: forward views, 2: backward views
+        h = self.history
+        for name, p, tf, tb in self.entries:
+            tau = (0, tf, tb)[which]
+            p.data.copy_(h[-1 - min(tau, len(h) - 1)][name])
+
+    def train_step(self, x, y, loss_fn) -> torch.Tensor:
+        t0 = time.perf_counter()
+        self.history.append(copy.deepcopy(self.model.state_dict()))
+        self._load(1)
+        t1 = time.perf_counter()
+        self.base.zero_grad()
+        loss = loss_fn(self.model(x), y)
+        t2 = time.perf_counter()
+        if self.stale_backward:
+            self._load(2)
+        else:
+            self._load(0)
+        t3 = time.perf_counter()
+        loss.backward()
+        t4 = time.perf_counter()
+        if self.stale_backward:
+            self._load(0)
+        t5 = time.perf_counter()
+        self.base.step()
+        self.seconds += (t1 - t0) + (t3 - t2) + (t5 - t4)
+        return loss
+
+
+# ---------------------------------------------------------------------------------------------- memory
+def _storages() -> Dict[int, int]:
+    out = {}
+    for o in gc.get_objects():
+        if isinstance(o, torch.Tensor) and o.device.type != "meta":
+            s = o.untyped_storage()
+            if s.data_ptr():
+                out[s.data_ptr()] = s.nbytes()
+    return out
+
+
+def new_storage_bytes(before: Dict[int, int]) -> int:
+    """Bytes of tensor storages alive now that were not alive in ``before`` (from :func:`_storages`)."""
+    gc.collect()
+    return sum(n for ptr, n in _storages().items() if ptr not in before)
+
+
+def documented_buffers(correction, partition, tau_fwd, tau_bkwd) -> int:
+    """Bytes of weight-sized buffers ``correction`` documents (see the module docstring)."""
+    if isinstance(correction, DiscrepancyCorrection):  # PipeMare §3.2: one delta per corrected stage
+        return sum(s.nbytes for s in partition if tau_fwd[s.index] > tau_bkwd[s.index])
+    if isinstance(correction, WeightPrediction):  # PipeOptim §III: one dW per delayed stage
+        if correction.rule != "optimizer":
+            raise ValueError("the benchmark counts the buffers of WeightPrediction('optimizer') only")
+        return sum(s.nbytes for s in partition if max(tau_fwd[s.index], tau_bkwd[s.index]) > 0)
+    return 0
+
+
+def minimum_bytes(opt: staleopt.PipelineOptimizer) -> int:
+    """``M_min = sum_i max(tau_fwd_i, tau_bkwd_i) |w_i|`` plus the corrections' documented buffers."""
+    tf, tb = opt.max_delays
+    hist = sum(max(tf[s.index], tb[s.index]) * s.nbytes for s in opt.partition)
+    return hist + sum(documented_buffers(c, opt.partition, tf, tb) for c in opt.corrections)
+
+
+# ---------------------------------------------------------------------------------------------- variants
+class Variant:
+    """One simulator (or none) on its own copy of the model: ``step()`` runs a whole training step."""
+
+    def __init__(self, name: str, spec: ModelSpec, stages: int, x, y, kind: str, method: Optional[str] = None):
+        self.name, self.kind, self.method = name, kind, method
+        self.model = spec.build(seed=0)
+        self.model.train()
+        self.x, self.y = x, y
+        self.base = torch.optim.SGD(self.model.parameters(), lr=1e-3, momentum=0.9)
+        self.opt = self.hand = None
+        self._step_s = 0.0
+        self._train_step()  # the base optimizer's own state exists before the memory baseline
+        self.base.zero_grad()
+        before = _storages()
+        if kind == "staleopt":
+            self.opt = staleopt.PipelineOptimizer(self.model, self.base, stages=stages, schedule=method)
+        self.clock = EngineClock(self.model, self.base) if kind != "hand" else None
+        if kind == "hand":
+            sched, stash = HAND[method]
+            part = staleopt.partition_model(self.model, stages)
+            tf, tb = schedules.get(sched).delays(stages, 1)
+            self.hand = HandRolled(self.model, self.base, part, tf, list(tf) if stash else tb)
+        self.rounds_s: List[float] = []
+        self.engine_s: List[float] = []
+        for _ in range(2):
+            self._train_step()
+        self.base.zero_grad()
+        self.bytes = new_storage_bytes(before)
+        if self.hand is not None:  # the deque grows to maxlen snapshots: its steady state
+            self.bytes = self.bytes // len(self.hand.history) * self.hand.history.maxlen
+
+    def _train_step(self) -> None:
+        """``zero_grad; loss = crit(model(x), y); loss.backward(); step`` (the hand-rolled loop does its own)."""
+        if self.hand is not None:
+            self.hand.train_step(self.x, self.y, F.cross_entropy)
+            return
+        opt = self.opt or self.base
+        opt.zero_grad()
+        F.cross_entropy(self.model(self.x), self.y).backward()
+        t = time.perf_counter()
+        opt.step()
+        self._step_s += time.perf_counter() - t
+
+    step = _train_step
+
+    def engine_seconds(self) -> float:
+        """Simulator time accumulated since the last :meth:`reset`."""
+        if self.hand is not None:
+            return self.hand.seconds
+        if self.opt is None:  # the probes' own cost
+            return self.clock.seconds
+        return self.clock.seconds + (self._step_s - self.clock.base_step)
+
+    def reset(self) -> None:
+        if self.hand is not None:
+            self.hand.seconds = 0.0
+        else:
+            self.clock.reset()
+        self._step_s = 0.0
+
+    def timed_steps(self, n: int) -> float:
+        """Mean seconds of ``n`` whole steps; records the engine time per step too."""
+        self.reset()
+        t0 = time.perf_counter()
+        for _ in range(n):
+            self._train_step()
+        total = (time.perf_counter() - t0) / n
+        self.rounds_s.append(total)
+        self.engine_s.append(self.engine_seconds() / n)
+        return total
+
+    def release(self) -> None:
+        if self.opt is not None:
+            self.opt.remove_hooks()
+        self.model = self.opt = self.hand = self.base = None
+
+
+def interleaved(variants: Sequence[Variant], rounds: int, steps: int) -> None:
+    """``rounds`` rounds; in each every variant times ``steps`` steps, starting at a rotating position."""
+    for r in range(rounds):
+        for k in range(len(variants)):
+            variants[(r + k) % len(variants)].timed_steps(steps)
+
+
+def _quantiles(xs: Sequence[float]) -> Tuple[float, float, float]:
+    xs = sorted(xs)
+    if len(xs) < 2:
+        return xs[0], xs[0], xs[0]
+    q = statistics.quantiles(xs, n=4, method="inclusive")
+    return q[0], statistics.median(xs), q[2]
+
+
+def check_same_weights(spec: ModelSpec, stages: int, method: str, steps: int, batch: int) -> float:
+    """Largest |difference| of the weights after ``steps`` steps: staleopt vs hand-rolled, same delays."""
+    sched, stash = HAND[method]
+    out = []
+    for kind in ("staleopt", "hand"):
+        model = spec.build(seed=0)
+        base = torch.optim.SGD(model.parameters(), lr=1e-2, momentum=0.9)
+        if kind == "staleopt":
+            opt = staleopt.PipelineOptimizer(model, base, stages=stages, schedule=method)
+        else:
+            tf, tb = schedules.get(sched).delays(stages, 1)
+            hand = HandRolled(model, base, staleopt.partition_model(model, stages), tf, list(tf) if stash else tb)
+        for t in range(steps):
+            x, y = spec.batch_of(batch, seed=100 + t)
+            if kind == "staleopt":
+                opt.zero_grad()
+                F.cross_entropy(model(x), y).backward()
+                opt.step()
+            else:
+                hand.train_step(x, y, F.cross_entropy)
+        out.append(torch.cat([p.detach().flatten() for p in model.parameters()]))
+        if kind == "staleopt":
+            opt.remove_hooks()
+    return float((out[0] - out[1]).abs().max())
+
+
+# ---------------------------------------------------------------------------------------------- sections
+def bench_model(key: str, spec: ModelSpec, rounds: int, steps: int, warmup: int, log) -> Tuple[list, list, list]:
+    """Step, memory and hand-rolled rows of one model at its maximum stage count."""
+    P = spec.max_stages
+    x, y = spec.batch_of()
+    variants = [Variant("plain", spec, P, x, y, "plain")]
+    variants += [Variant(m, spec, P, x, y, "staleopt", m) for m in (*METHODS, "dataflow")]
+    variants += [Variant(f"hand-rolled {h}", spec, P, x, y, "hand", h) for h in HAND]
+    for v in variants:
+        for _ in range(warmup):
+            v.step()
+    interleaved(variants, rounds, steps)
+    plain = variants[0]
+    probe = statistics.median(plain.engine_s)
+    plain_med = statistics.median(plain.rounds_s)
+    step_rows, mem_rows, hand_rows = [], [], []
+    by = {v.name: v for v in variants}
+    for v in variants[1:]:
+        ratios = [a / b for a, b in zip(v.rounds_s, plain.rounds_s)]
+        q1, med, q3 = _quantiles(ratios)
+        engine = max(statistics.median(v.engine_s) - (probe if v.kind == "staleopt" else 0.0), 0.0)
+        step_rows.append({"model": key, "stages": P, "variant": v.name, "batch": spec.batch,
+                          "plain_ms": 1e3 * plain_med, "step_ms": 1e3 * statistics.median(v.rounds_s),
+                          "ratio": med, "ratio_q1": q1, "ratio_q3": q3,
+                          "engine_ms": 1e3 * engine, "engine_ratio": (plain_med + engine) / plain_med,
+                          "rounds": rounds, "steps_per_round": steps})
+        if v.kind == "staleopt":
+            minimum = minimum_bytes(v.opt)
+            mem_rows.append({"model": key, "stages": P, "method": v.name, "measured_bytes": v.bytes,
+                             "engine_reported_bytes": v.opt.memory_bytes(), "minimum_bytes": minimum,
+                             "ratio_to_minimum": v.bytes / minimum if minimum else 1.0})
+    for h in HAND:
+        s, hr = by[h], by[f"hand-rolled {h}"]
+        err = check_same_weights(spec, P, h, steps=4, batch=min(spec.batch, 8))
+        s_row = next(r for r in step_rows if r["variant"] == h)
+        h_row = next(r for r in step_rows if r["variant"] == hr.name)
+        minimum = minimum_bytes(s.opt)
+        hand_rows.append({"model": key, "stages": P, "simulation": h,
+                          "staleopt_ratio": s_row["ratio"], "hand_ratio": h_row["ratio"],
+                          "speed_ratio": statistics.median([a / b for a, b in zip(hr.rounds_s, s.rounds_s)]),
+                          "staleopt_engine_ms": s_row["engine_ms"], "hand_engine_ms": h_row["engine_ms"],
+                          "overhead_ratio": h_row["engine_ms"] / max(s_row["engine_ms"], 1e-9),
+                          "staleopt_bytes": s.bytes, "hand_bytes": hr.bytes, "minimum_bytes": minimum,
+                          "memory_ratio": hr.bytes / max(s.bytes, 1), "max_abs_weight_diff": err})
+    for v in variants:
+        v.release()
+    log(f"  {key}: P={P}, plain step {1e3 * plain_med:.1f} ms")
+    return step_rows, mem_rows, hand_rows
+
+
+def bench_growth(spec: ModelSpec, stage_counts: Sequence[int], widths: Sequence[int], batch: int, steps: int,
+                 log) -> List[dict]:
+    """Engine time and memory of pipemare and hand-rolled dataflow vs P, and vs width at the max P."""
+    rows = []
+    configs = [("stages", P, spec) for P in stage_counts]
+    for w in widths:
+        configs.append(("width", w, ModelSpec(f"width {w}", spec.name, spec.batch, {**spec.kwargs, "width": w})))
+    for axis, value, s in configs:
+        P = value if axis == "stages" else s.max_stages
+        x, y = s.batch_of(batch)
+        vs = [Variant("plain", s, P, x, y, "plain"), Variant("pipemare", s, P, x, y, "staleopt", "pipemare"),
+              Variant("hand-rolled dataflow", s, P, x, y, "hand", "dataflow")]
+        for v in vs:
+            v.step()
+        interleaved(vs, 3, steps)
+        probe = statistics.median(vs[0].engine_s)
+        st, hd = vs[1], vs[2]
+        minimum = minimum_bytes(st.opt)
+        params = sum(p.numel() for p in st.model.parameters())
+        rows.append({"axis": axis, "value": value, "stages": P, "params": params,
+                     "staleopt_engine_ms": 1e3 * max(statistics.median(st.engine_s) - probe, 0.0),
+                     "hand_engine_ms": 1e3 * statistics.median(hd.engine_s),
+                     "plain_ms": 1e3 * statistics.median(vs[0].rounds_s),
+                     "staleopt_bytes": st.bytes, "hand_bytes": hd.bytes, "minimum_bytes": minimum})
+        for v in vs:
+            v.release()
+        log(f"  growth {axis}={value}: done")
+    return rows
+
+
+def plot_growth(df: pd.DataFrame, path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(2, 2, figsize=(10, 7))
+    for col, axis, xlabel in ((0, "stages", "stages P"), (1, "width", "ResNet-20 width (max P)")):
+        d = df[df.axis == axis].sort_values("value")
+        if d.empty:
+            continue
+        ax = axes[0, col]
+        ax.plot(d.value, d.staleopt_engine_ms, "o-", label="staleopt (pipemare: T1+T2)")
+        ax.plot(d.value, d.hand_engine_ms, "s--", label="hand-rolled deque (dataflow)")
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel("simulator time per step (ms)")
+        ax.set_yscale("log")
+        ax.legend(fontsize=8)
+        ax = axes[1, col]
+        ax.plot(d.value, d.staleopt_bytes / 2**20, "o-", label="staleopt, measured")
+        ax.plot(d.value, d.minimum_bytes / 2**20, "k:", label="minimum (delays + buffers)")
+        ax.plot(d.value, d.hand_bytes / 2**20, "s--", label="hand-rolled deque")
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel("stale-weight memory (MiB)")
+        ax.legend(fontsize=8)
+        if axis == "width":
+            for a in axes[:, col]:
+                a.set_xscale("log", base=2)
+    fig.suptitle("Growth of simulator time and memory (ResNet-20, CPU)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
+def _table(df: pd.DataFrame, cols: Sequence[str]) -> str:
+    return df[list(cols)].to_string(index=False, float_format=lambda v: f"{v:.3g}")
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default="runs/bench", help="output directory (CSV, PNG)")
+    ap.add_argument("--quick", action="store_true", help="tiny models, few repeats: checks the script runs")
+    ap.add_argument("--models", default=",".join(MODELS), help=f"comma-separated subset of {','.join(MODELS)}")
+    ap.add_argument("--rounds", type=int, default=None, help="interleaved timing rounds (default 5; quick 2)")
+    ap.add_argument("--threads", type=int, default=1,
+                    help="torch threads (default 1: on a small shared machine the steadiest; the engine's "
+                         "time does not depend on it, the compute does)")
+    ap.add_argument("--no-growth", action="store_true", help="skip the growth section")
+    args = ap.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    table = QUICK if args.quick else MODELS
+    keys = [k for k in args.models.split(",") if k]
+    unknown = [k for k in keys if k not in table]
+    if unknown:
+        ap.error(f"unknown model(s) {unknown}; choose from {list(table)}")
+    rounds = args.rounds or (2 if args.quick else 5)
+    log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
+    started = time.perf_counter()
+    meta = {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+            "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.processor() or platform.system()}",
+            "torch": torch.__version__, "threads": torch.get_num_threads(), "rounds": rounds,
+            "load_before": os.getloadavg()[0], "quick": args.quick}
+    torch.manual_seed(0)
+    step_rows, mem_rows, hand_rows = [], [], []
+    for key in keys:
+        spec = table[key]
+        steps = 1 if spec.batch >= 64 and key != "cnn1d" else 5
+        s, m, h = bench_model(key, spec, rounds, steps, warmup=1, log=log)
+        step_rows += s
+        mem_rows += m
+        hand_rows += h
+    step, mem, hand = pd.DataFrame(step_rows), pd.DataFrame(mem_rows), pd.DataFrame(hand_rows)
+    step.to_csv(out / "step.csv", index=False)
+    mem.to_csv(out / "memory.csv", index=False)
+    hand.to_csv(out / "handrolled.csv", index=False)
+    if not args.no_growth:
+        spec = table["resnet20"]
+        maxP = spec.max_stages
+        Ps = sorted({p for p in ((1, 4, maxP) if args.quick else (1, 2, 4, 8, 16, 32, maxP)) if p <= maxP})
+        widths = (2, 4) if args.quick else (8, 16, 32)
+        growth = pd.DataFrame(bench_growth(spec, Ps, widths, batch=min(spec.batch, 8), steps=2 if args.quick else 4,
+                                           log=log))
+        growth.to_csv(out / "growth.csv", index=False)
+        plot_growth(growth, out / "growth.png")
+    meta["load_after"] = os.getloadavg()[0]
+    meta["seconds"] = time.perf_counter() - started
+    (out / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
+
+    print(f"staleopt overhead benchmark — {meta['date']}, {meta['machine']}, torch {meta['torch']}, "
+          f"{meta['threads']} threads, load {meta['load_before']:.2f}->{meta['load_after']:.2f}")
+    print("\n1. whole training step vs the base optimizer alone (max P; ratio = median over rounds [IQR]);"
+          "\n   engine_ms = the simulator's own time per step, timed directly")
+    print(_table(step, ["model", "stages", "variant", "plain_ms", "ratio", "ratio_q1", "ratio_q3", "engine_ms",
+                        "engine_ratio"]))
+    print("\n2. stale-weight memory (bytes of tensors allocated) vs the minimum the delays require")
+    print(_table(mem, ["model", "stages", "method", "measured_bytes", "engine_reported_bytes", "minimum_bytes",
+                       "ratio_to_minimum"]))
+    print("\n3. hand-rolled deque of deepcopy(state_dict()) vs staleopt (same delays, same weights)")
+    print(_table(hand, ["model", "stages", "simulation", "speed_ratio", "staleopt_engine_ms", "hand_engine_ms",
+                        "overhead_ratio", "memory_ratio", "max_abs_weight_diff"]))
+    if not args.no_growth:
+        print("\n4. growth (ResNet-20; engine time per step, memory)")
+        print(_table(growth, ["axis", "value", "stages", "params", "staleopt_engine_ms", "hand_engine_ms",
+                              "staleopt_bytes", "minimum_bytes", "hand_bytes"]))
+    print(f"\nwrote {out}/step.csv, memory.csv, handrolled.csv" + ("" if args.no_growth else ", growth.csv, growth.png")
+          + f" in {meta['seconds']:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,120 @@
+"""PipelineOptimizer under DistributedDataParallel: 2 gloo processes on CPU equal 1 process (issue 7).
+
+Each rank trains on its half of every minibatch; DDP averages the gradients,
+so the update equals the one of a single process on the full batch (mean
+loss, no batch-coupled layers), up to the all-reduce's summation order. The
+wrapper is given either the DDP module or ``ddp.module``: both hook the same
+forward (DDP's forward calls ``module(...)``) and both work.
+"""
+import os
+import socket
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+import staleopt
+from helpers import batches, mlp, mse
+
+STEPS, STAGES, METHOD = 6, 3, "pipemare"
+ARGS = {"anneal_steps": 4, "decay": 0.5}  # T1 and T2 both active over the run
+SIZES = (5, 7, 6, 3)
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _base(model):
+    return torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+
+
+def _flat(model):
+    return torch.cat([p.detach().flatten() for p in model.parameters()])
+
+
+def _reference(accumulate: int = 1):
+    """One process, full batch (split into ``accumulate`` microbatches whose losses are averaged)."""
+    model = mlp(SIZES)
+    opt = staleopt.PipelineOptimizer(model, _base(model), stages=STAGES, schedule=METHOD, method_args=ARGS)
+    for x, y in batches(STEPS, batch=8):
+        opt.zero_grad()
+        for xm, ym in zip(x.chunk(accumulate), y.chunk(accumulate)):
+            (mse(model(xm), ym) / accumulate).backward()
+        opt.step()
+    return _flat(model), opt.state_dict()["staleopt"]["history"]
+
+
+def _train_rank(rank: int, world: int, wrap: str, accumulate: int):
+    model = DDP(mlp(SIZES))
+    target = model if wrap == "ddp" else model.module
+    opt = staleopt.PipelineOptimizer(target, _base(model), stages=STAGES, schedule=METHOD, method_args=ARGS)
+    for x, y in batches(STEPS, batch=8):
+        x, y = x.chunk(world)[rank], y.chunk(world)[rank]
+        opt.zero_grad()
+        micro = list(zip(x.chunk(accumulate), y.chunk(accumulate)))
+        for i, (xm, ym) in enumerate(micro):
+            if i < len(micro) - 1:
+                with model.no_sync():  # accumulate locally; the last backward all-reduces the sum
+                    (mse(model(xm), ym) / accumulate).backward()
+            else:
+                (mse(model(xm), ym) / accumulate).backward()
+        opt.step()
+    return _flat(model), opt.state_dict()["staleopt"]["history"]
+
+
+def _worker(rank: int, world: int, port: int, out: str):
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    try:
+        results = {f"{wrap}/{acc}": _train_rank(rank, world, wrap, acc)
+                   for wrap in ("ddp", "module") for acc in (1, 2)}
+        torch.save(results, os.path.join(out, f"rank{rank}.pt"))
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory):
+    if not dist.is_available() or not dist.is_gloo_available():
+        pytest.skip("torch.distributed with gloo is not available")
+    out = tmp_path_factory.mktemp("ddp")
+    mp.spawn(_worker, args=(2, _free_port(), str(out)), nprocs=2, join=True)
+    return [torch.load(out / f"rank{r}.pt") for r in range(2)]
+
+
+@pytest.mark.parametrize("wrap", ["ddp", "module"])
+def test_two_ranks_equal_one_process_full_batch(ranks, wrap):
+    weights, _ = _reference()
+    for r in ranks:
+        got, _ = r[f"{wrap}/1"]
+        assert torch.allclose(got, weights, rtol=0, atol=1e-6), (got - weights).abs().max()
+    assert not torch.equal(weights, _flat(mlp(SIZES)))  # it trained
+
+
+@pytest.mark.parametrize("wrap", ["ddp", "module"])
+def test_ranks_keep_identical_histories(ranks, wrap):
+    for acc in (1, 2):
+        (w0, h0), (w1, h1) = ranks[0][f"{wrap}/{acc}"], ranks[1][f"{wrap}/{acc}"]
+        assert torch.equal(w0, w1)
+        assert len(h0) == len(h1) and any(h is not None for h in h0)
+        for a, b in zip(h0, h1):
+            assert (a is None and b is None) or torch.equal(a, b)
+
+
+def test_no_sync_microbatch_accumulation_equals_full_batch(ranks):
+    """Two microbatches per rank, the first under ``no_sync``: the engine accepts several
+    forward/backward passes per step, and the result is the full-batch step."""
+    weights, history = _reference(accumulate=2)
+    full, _ = _reference(accumulate=1)
+    assert torch.allclose(weights, full, rtol=0, atol=1e-12)
+    for wrap in ("ddp", "module"):
+        for r in ranks:
+            got, hist = r[f"{wrap}/2"]
+            assert torch.allclose(got, weights, rtol=0, atol=1e-6)
+            for a, b in zip(hist, history):
+                assert (a is None and b is None) or torch.allclose(a, b, rtol=0, atol=1e-6)
