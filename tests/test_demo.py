@@ -1,0 +1,183 @@
+"""End to end with the real trainer: a sweep killed with SIGKILL resumes to the uninterrupted records;
+the demo and plot commands on it; the sweep figures' numbers checked against hand-made records."""
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from staleopt import sweep, train
+from staleopt.cli import main
+from staleopt.commands.demo import DEFAULT_SWEEP
+from staleopt.errors import ConfigError
+from staleopt.plot import sweep as plots
+
+REPO = Path(__file__).resolve().parents[1]
+TINY = """\
+name = "tiny-demo"
+description = "2 methods x 2 stage counts, synthetic data"
+[base]
+model = "mlp"
+model_kwargs = {depth = 3, hidden = 32}
+data = "synthetic"
+data_kwargs = {num_samples = 1000, input_shape = [1, 8], num_classes = 4}
+batch_size = 20
+epochs = 4
+lr = 0.05
+[grid]
+method = ["1f1b", "pipemare"]
+stages = [2, 4]
+seed = [0]
+"""
+
+
+def _records(sweep_dir):
+    return sweep.collect(sweep_dir).drop(columns="wall_time").sort_values(["run", "epoch"], ignore_index=True)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    root = tmp_path_factory.mktemp("demo")
+    path = root / "tiny.toml"
+    path.write_text(TINY)
+    clean = root / "clean"
+    report = sweep.run_sweep(path, clean, bar=False)
+    assert report.ok and len(report.finished) == 4
+    return path, clean
+
+
+def test_killed_sweep_resumes_to_the_uninterrupted_records(tiny, tmp_path):
+    path, clean = tiny
+    killed = tmp_path / "killed"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "staleopt.cli", "sweep", str(path), "--out", str(killed),
+                             "--no-bar"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.time() + 50
+        while not list(killed.glob("runs/*/done")):
+            assert proc.poll() is None, proc.stderr.read().decode()
+            assert time.time() < deadline, "no run finished within 50 s"
+            time.sleep(0.01)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.stderr.close()
+    states = sweep.runs(killed)["state"].tolist()
+    done = [r for r, s in zip(sweep.runs(killed)["run"], states) if s == "done"]
+    assert 1 <= len(done) < 4, states
+    kept = {r: (killed / "runs" / r / "records.csv").read_bytes() for r in done}
+
+    report = sweep.run_sweep(path, killed, bar=False)
+    assert sorted(report.skipped) == sorted(done) and len(report.finished) == 4 - len(done) and report.ok
+    assert all((killed / "runs" / r / "records.csv").read_bytes() == b for r, b in kept.items())
+    pd.testing.assert_frame_equal(_records(killed), _records(clean))
+    assert len(_records(clean)) == 4 * 4 and set(_records(clean)["status"]) == {"ok"}
+
+
+def test_demo_command_prints_table_and_writes_figures(tiny, capsys):
+    path, clean = tiny
+    assert main(["demo", "--sweep", str(path), "--out", str(clean), "--workers", "1", "--no-bar"]) == 0
+    out = capsys.readouterr().out
+    assert "4 runs (4 already done" in out and "P=2" in out and "P=4" in out and "pipemare" in out
+    for name in ("accuracy_vs_stages.png", "accuracy_vs_epoch_P4.png", "summary.csv", "records.csv"):
+        assert (clean / name).stat().st_size > 0
+    summary = pd.read_csv(clean / "summary.csv")
+    best = _records(clean).groupby("run")["test_acc"].max()
+    runs = sweep.runs(clean).set_index("run")
+    for row in summary.itertuples():
+        run = runs[(runs["method"] == row.method) & (runs["stages"] == row.stages)].index.item()
+        assert row.best_acc == best[run]
+    assert (clean / "records.csv").read_text().count("\n") == 1 + 16
+
+
+def test_plot_command(tiny, tmp_path):
+    _, clean = tiny
+    assert main(["plot", str(clean), "--out", str(tmp_path / "a.png")]) == 0
+    assert main(["plot", str(clean), "--curves", "--stages", "2", "--out", str(tmp_path / "c.png")]) == 0
+    assert (tmp_path / "a.png").stat().st_size > 0 and (tmp_path / "c.png").stat().st_size > 0
+    assert main(["plot", str(clean), "--curves", "--stages", "3"]) == 2  # no such P: an error, not a crash
+    assert main(["plot", str(tmp_path)]) == 2
+
+
+def test_demo_sweep_file_is_the_issue_grid():
+    spec = sweep.load_sweep(DEFAULT_SWEEP)
+    assert spec.base["data"] == "mnist1d"
+    assert spec.grid["method"] == ["gpipe", "pipedream", "1f1b", "pipemare-t1", "pipemare"] or \
+        set(spec.grid["method"]) >= {"gpipe", "pipedream", "1f1b", "pipemare-t1", "pipemare"}
+    assert spec.grid["stages"][:5] == [1, 2, 4, 8, 16] and spec.grid["stages"][-1] == "max"
+    assert len(spec.grid["seed"]) == 2
+    units = max(c.stages for c in spec.configs)
+    assert units > 16 and len(spec.configs) == len(spec.grid["method"]) * 6 * 2
+
+
+# ----------------------------------------------------------------------------- figures by hand
+
+def _hand_records():
+    """2 methods x 2 stage counts x 2 seeds; pipemare at P=8 seed 1 diverged in epoch 2."""
+    rows = []
+    acc = {("gpipe", 2): ([0.5, 0.7], [0.6, 0.8]), ("gpipe", 8): ([0.5, 0.7], [0.6, 0.8]),
+           ("pipemare", 2): ([0.4, 0.6], [0.5, 0.65]), ("pipemare", 8): ([0.3, 0.5], [0.45])}
+    util = {("gpipe", 2): 0.5, ("gpipe", 8): 1 / 8, ("pipemare", 2): 1.0, ("pipemare", 8): 1.0}
+    mem = {("gpipe", 2): 1.0, ("gpipe", 8): 1.0, ("pipemare", 2): 4 / 3, ("pipemare", 8): 4 / 3}
+    for (method, p), seeds in acc.items():
+        for seed, accs in enumerate(seeds):
+            for epoch, a in enumerate(accs, 1):
+                diverged = (method, p, seed, epoch) == ("pipemare", 8, 1, 1)
+                rows.append({"run": f"{method}-{p}-{seed}", "method": method, "stages": p, "seed": seed,
+                             "lr": 0.1, "epoch": epoch, "step": 10 * epoch, "test_acc": a,
+                             "train_loss": math.nan if diverged else 1.0 / epoch,
+                             "status": "diverged" if diverged else "ok",
+                             "utilization": util[method, p], "memory_ratio_gpipe": mem[method, p]})
+    return pd.DataFrame(rows)
+
+
+def test_per_run_table_by_hand():
+    table = plots.per_run(_hand_records()).set_index(["method", "stages", "seed"])
+    assert table.loc[("pipemare", 8, 1), ["best_acc", "final_acc", "epochs_run", "diverged"]].tolist() == \
+        [0.45, 0.45, 1, True]
+    assert table.loc[("gpipe", 2, 1), "best_acc"] == 0.8 and table["diverged"].sum() == 1
+    assert plots.line_keys(_hand_records()) == ["method"]
+
+
+def test_accuracy_vs_stages_figure_numbers():
+    fig = plots.plot_accuracy_vs_stages(_hand_records())
+    util_ax, mem_ax, acc_ax = fig.axes[:3]
+    lines = {ln.get_label(): ln for ln in acc_ax.get_lines()}
+    assert list(lines) == ["gpipe", "pipemare"]  # METHOD_ORDER
+    np.testing.assert_allclose(lines["gpipe"].get_ydata(), [0.75, 0.75])
+    # the diverged run stays in the mean at P=8: (0.5 + 0.45) / 2
+    np.testing.assert_allclose(lines["pipemare"].get_ydata(), [0.625, 0.475])
+    np.testing.assert_allclose(lines["pipemare"].get_xdata(), [2, 8])
+    util = {ln.get_label(): ln.get_ydata() for ln in util_ax.get_lines()}
+    np.testing.assert_allclose(util["gpipe"], [0.5, 0.125])
+    mem = {ln.get_label(): ln.get_ydata() for ln in mem_ax.get_lines()}
+    np.testing.assert_allclose(mem["pipemare"], [4 / 3, 4 / 3])
+    crosses = [c for c in acc_ax.collections if c.get_label() == "diverged run"]
+    assert len(crosses) == 1
+    np.testing.assert_allclose(crosses[0].get_offsets(), [[8, 0.45]])
+    # 95% band of gpipe at P=2: mean 0.75, t_{0.975,1} * s / sqrt(2) with s = 0.0707
+    band = [c for c in acc_ax.collections if c.get_label() != "diverged run"][0]
+    lo, hi = band.get_paths()[0].vertices[:, 1].min(), band.get_paths()[0].vertices[:, 1].max()
+    half = 12.706204736174698 * (0.1 / math.sqrt(2)) / math.sqrt(2)
+    assert (lo, hi) == pytest.approx((0.75 - half, 0.75 + half))
+
+
+def test_accuracy_vs_epoch_figure_marks_the_diverged_run():
+    fig = plots.plot_accuracy_vs_epoch(_hand_records(), 8)
+    ax = fig.axes[0]
+    lines = {ln.get_label(): ln for ln in ax.get_lines()}
+    np.testing.assert_allclose(lines["pipemare"].get_ydata(), [(0.3 + 0.45) / 2, 0.5])
+    crosses = [c for c in ax.collections if c.get_label() == "diverged run"]
+    np.testing.assert_allclose(crosses[0].get_offsets(), [[1, 0.45]])
+    with pytest.raises(ConfigError, match="stages"):
+        plots.plot_accuracy_vs_epoch(_hand_records(), 4)
+    with pytest.raises(ConfigError, match="not in the sweep"):
+        plots.plot_accuracy_vs_stages(_hand_records(), methods=["xpipe"])
