@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable, List, Optional, Sequence, Tuple, Union
+from typing import Callable, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import nn
@@ -34,46 +34,67 @@ from . import theory
 from .errors import ConfigError
 from .partition import Partition, partition_model
 
-__all__ = ["Advice", "advise", "hessian_top_eigenvalue", "stage_curvatures"]
+__all__ = ["Advice", "Curvature", "advise", "hessian_top_eigenvalue", "stage_curvatures"]
+
+
+class Curvature(NamedTuple):
+    """A top-eigenvalue estimate: ``value``, whether power iteration ``converged``, Hessian-vector ``products`` used."""
+
+    value: float
+    converged: bool
+    products: int
 
 
 def _dot(a: Sequence[torch.Tensor], b: Sequence[torch.Tensor]) -> torch.Tensor:
     return sum((x * y).sum() for x, y in zip(a, b))
 
 
-def _power(op: Callable, v: List[torch.Tensor], iters: int, tol: float) -> float:
-    """Rayleigh quotient of ``op`` after power iteration from unit vector ``v``; stops at relative change < tol."""
-    mu = None
-    for _ in range(iters):
+def _power(op: Callable, v: List[torch.Tensor], iters: int, tol: float) -> Tuple[float, bool, float, int]:
+    """Power iteration on ``op`` from unit vector ``v``.
+
+    Stops when ``v`` is an eigenvector to within ``||op(v) - mu v|| <= sqrt(tol) ||op(v)||``
+    (then the Rayleigh quotient ``mu`` is off by about ``tol``, relative) or
+    after ``iters`` products. Returns ``mu``, whether it stopped on the
+    residual, the largest ``||op(v)||`` seen (a lower estimate of the
+    spectral radius) and the number of products.
+    """
+    mu, norm_max = 0.0, 0.0
+    for k in range(1, iters + 1):
         hv = op(v)
-        new = float(_dot(v, hv))
+        mu = float(_dot(v, hv))
         norm = float(torch.sqrt(_dot(hv, hv)))
+        norm_max = max(norm_max, norm)
         if norm == 0.0:
-            return 0.0
+            return 0.0, True, 0.0, k
+        res = [h - mu * x for h, x in zip(hv, v)]
+        if float(torch.sqrt(_dot(res, res))) <= tol ** 0.5 * norm:
+            return mu, True, norm_max, k
         v = [x / norm for x in hv]
-        done = mu is not None and abs(new - mu) <= tol * abs(new)
-        mu = new
-        if done:
-            break
-    return mu
+    return mu, False, norm_max, iters
 
 
 def hessian_top_eigenvalue(loss: torch.Tensor, params: Sequence[torch.Tensor], iters: int = 50,
-                           tol: float = 1e-5, seed: int = 0) -> float:
+                           tol: float = 1e-5, seed: int = 0) -> Curvature:
     """Largest (algebraic) eigenvalue of ``d^2 loss / d params^2`` by power iteration on Hessian-vector products.
 
-    ``v -> H v`` is ``autograd.grad(grad(loss) . v)``, the start vector is
-    Gaussian from a CPU generator seeded with ``seed``. If the dominant
-    eigenvalue ``mu`` is negative, a second run on ``H - mu I`` finds the top
-    one. The Rayleigh quotient approaches the eigenvalue from below; it stops
-    when it changes by less than ``tol`` (relative) or after ``iters`` products.
+    ``v -> H v`` is ``autograd.grad(grad(loss) . v)``; the start vector is
+    Gaussian from a CPU generator seeded with ``seed``. A run stops when its
+    vector is an eigenvector to relative accuracy ``sqrt(tol)`` (the Rayleigh
+    quotient, which approaches the eigenvalue from below, is then accurate to
+    about ``tol``) or after ``iters`` products. When that run ends negative or
+    unconverged (the dominant eigenvalue is negative, or ``+-rho`` compete, as
+    in indefinite Hessians), a second run on ``H + s I`` with
+    ``s = 1.05 x`` the first run's spectral-radius estimate (positive
+    semidefinite, dominant eigenvalue ``lam_max + s``) returns ``nu - s``; if
+    that run does not converge either (eigenvalues clustered near the top),
+    ``converged`` is False and ``value`` is only a lower bound.
     ``loss``'s graph must still be alive (it is retained).
     """
     params = list(params)
     grads = torch.autograd.grad(loss, params, create_graph=True, allow_unused=True)
     pairs = [(p, g) for p, g in zip(params, grads) if g is not None and g.requires_grad]
     if not pairs:
-        return 0.0  # the loss is at most linear in these parameters
+        return Curvature(0.0, True, 0)  # the loss is at most linear in these parameters
     ps, gs = [p for p, _ in pairs], [g for _, g in pairs]
     gen = torch.Generator().manual_seed(int(seed))
     v = [torch.randn(p.shape, generator=gen, dtype=torch.float64).to(device=p.device, dtype=p.dtype) for p in ps]
@@ -84,10 +105,12 @@ def hessian_top_eigenvalue(loss: torch.Tensor, params: Sequence[torch.Tensor], i
         out = torch.autograd.grad(gs, ps, grad_outputs=vec, retain_graph=True, allow_unused=True)
         return [torch.zeros_like(p) if h is None else h.detach() for p, h in zip(ps, out)]
 
-    mu = _power(hvp, v, iters, tol)
-    if mu >= 0.0:
-        return mu
-    return mu + _power(lambda vec: [h - mu * x for h, x in zip(hvp(vec), vec)], v, iters, tol)
+    mu, converged, rho, k = _power(hvp, v, iters, tol)
+    if converged and mu >= 0.0:
+        return Curvature(mu, True, k)
+    shift = 1.05 * max(rho, abs(mu))
+    nu, converged, _, k2 = _power(lambda vec: [h + shift * x for h, x in zip(hvp(vec), vec)], v, iters, tol)
+    return Curvature(nu - shift, converged, k + k2)
 
 
 def _check_batch(batch):
@@ -97,7 +120,7 @@ def _check_batch(batch):
 
 
 def stage_curvatures(model: nn.Module, loss_fn: Callable, batch, partition: Partition, iters: int = 50,
-                     tol: float = 1e-5, seed: int = 0) -> List[float]:
+                     tol: float = 1e-5, seed: int = 0) -> List[Curvature]:
     """Top Hessian eigenvalue of ``loss_fn(model(x), y)`` restricted to each stage's parameters (stage ``i`` seeds ``seed + i``)."""
     x, y = _check_batch(batch)
     loss = loss_fn(model(x), y)
@@ -114,8 +137,10 @@ class Advice:
     (top Hessian eigenvalue of the stage), ``max_stable_lr`` (quadratic-model
     bound for that curvature and ``tau_fwd``), ``lr_factor`` (the method's
     per-stage multiplier, e.g. T1's), ``effective_lr = lr * lr_factor``,
-    ``headroom = max_stable_lr / effective_lr`` and ``exceeds``
-    (``effective_lr >= max_stable_lr``).
+    ``headroom = max_stable_lr / effective_lr``, ``exceeds``
+    (``effective_lr >= max_stable_lr``) and ``converged`` (False: the power
+    iteration ran out of ``iters``; the curvature is then a lower bound and
+    the stage's bound optimistic).
     """
 
     table: "object"
@@ -145,6 +170,10 @@ class Advice:
         verdict = (f"lr={self.lr:g} exceeds the bound of stage(s) {', '.join(map(str, bad))}: expect divergence"
                    if bad else f"lr={self.lr:g} is below every stage's bound")
         lines.append(f"{verdict}; largest stable lr: {self.max_lr:.4g}")
+        loose = [int(s) for s in self.table.loc[~self.table["converged"], "stage"]]
+        if loose:
+            lines.append(f"note: the curvature of stage(s) {', '.join(map(str, loose))} did not converge "
+                         "(a lower bound); raise iters for a firmer bound")
         return "\n".join(lines)
 
     def _repr_html_(self) -> str:  # notebooks
@@ -170,7 +199,7 @@ def _delays_and_factors(method, stages: int, microbatches: int, step: int,
 
 def advise(model: nn.Module, loss_fn: Callable, batch, method: Union[str, object], stages: Union[int, Partition],
            microbatches: int = 1, lr: float = 0.1, momentum: float = 0.0, *, step: int = 0,
-           partition: str = "ops", method_args: Optional[dict] = None, iters: int = 50, tol: float = 1e-5,
+           partition: str = "ops", method_args: Optional[dict] = None, iters: int = 30, tol: float = 1e-4,
            seed: int = 0) -> Advice:
     """Per-stage stability check of ``lr`` for ``method`` on ``model`` (module docstring).
 
@@ -205,7 +234,7 @@ def advise(model: nn.Module, loss_fn: Callable, batch, method: Union[str, object
     curv = stage_curvatures(model, loss_fn, batch, part, iters, tol, seed)
     rows = []
     for i, stage in enumerate(part):
-        lam = curv[i]
+        lam = curv[i].value
         if lam <= 0.0:
             bound = math.inf  # no positive curvature: the quadratic model puts no limit on the step size
         elif momentum == 0.0:
@@ -215,6 +244,6 @@ def advise(model: nn.Module, loss_fn: Callable, batch, method: Union[str, object
         eff = float(lr) * factors[i]
         rows.append({"stage": i, "params": stage.numel, "tau_fwd": tf[i], "tau_bkwd": tb[i], "curvature": lam,
                      "max_stable_lr": bound, "lr_factor": factors[i], "effective_lr": eff,
-                     "headroom": bound / eff, "exceeds": eff >= bound})
+                     "headroom": bound / eff, "exceeds": eff >= bound, "converged": curv[i].converged})
     name = method if isinstance(method, str) else getattr(method, "name", type(method).__name__)
     return Advice(pd.DataFrame(rows), name, float(lr), float(momentum), step)

@@ -1,0 +1,73 @@
+"""``staleopt advise``: per-stage stability check of a step size before training (staleopt.advisor)."""
+from __future__ import annotations
+
+import argparse
+
+__all__ = ["register", "run"]
+
+DESCRIPTION = """\
+Estimate each pipeline stage's curvature (top Hessian eigenvalue of the loss on
+one training batch, by power iteration) and compare the step size the stage
+gets under METHOD with PipeMare's quadratic-model bound for its delay
+(Lemma 1, or the momentum companion matrix with --momentum).
+
+The loss is cross-entropy for classification data and mean squared error for
+regression data; the model is built at its seeded initialization.
+
+examples:
+  staleopt advise --model resnet1d --method pipemare --stages 8 --lr 0.1
+  staleopt advise --model cnn1d --method 1f1b --stages 9 --lr 0.05 --momentum 0.9
+  staleopt advise --model mlp --method pipemare-t1 --stages 3 --lr 0.5 --step 1000 --markdown
+"""
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("advise", help="check a step size against each stage's stability bound",
+                              description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="resnet1d", help="model name (staleopt models; default: resnet1d)")
+    p.add_argument("--data", default="mnist1d", help="dataset name for the batch (default: mnist1d)")
+    p.add_argument("--method", required=True, help="method or schedule name, e.g. pipemare, 1f1b, dataflow")
+    p.add_argument("--stages", type=int, required=True, help="number of pipeline stages P")
+    p.add_argument("--microbatches", type=int, default=1, help="microbatches per minibatch N (default: 1)")
+    p.add_argument("--lr", type=float, required=True, help="base step size to check")
+    p.add_argument("--momentum", type=float, default=0.0, help="heavy-ball momentum beta (default: 0)")
+    p.add_argument("--step", type=int, default=0,
+                   help="T1 step k at which the method's lr factors are taken (default: 0, factor 1/tau)")
+    p.add_argument("--batch-size", type=int, default=128, help="batch on which the Hessian is taken (default: 128)")
+    p.add_argument("--iters", type=int, default=30, help="power iterations per stage, at most (default: 30)")
+    p.add_argument("--seed", type=int, default=0, help="model initialization, batch and power iteration seed")
+    p.add_argument("--markdown", action="store_true", help="print the table as Markdown")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    import torch
+    import torch.nn.functional as F
+
+    from .. import data as datasets
+    from .. import models
+    from ..advisor import advise
+
+    d = datasets.load(args.data)
+    model = models.get(args.model, num_classes=d.num_classes, input_shape=d.input_shape, seed=args.seed)
+    gen = torch.Generator().manual_seed(args.seed)
+    batch = next(datasets.batches(d.train, args.batch_size, shuffle=True, generator=gen))
+    loss_fn = F.cross_entropy if d.task == "classification" else F.mse_loss
+    advice = advise(model, loss_fn, batch, args.method, args.stages, args.microbatches, lr=args.lr,
+                    momentum=args.momentum, step=args.step, iters=args.iters, seed=args.seed)
+    if args.markdown:
+        print(_markdown(advice.table))
+        print(f"\nlargest stable lr: {advice.max_lr:.4g}")
+    else:
+        print(advice)
+    return 0
+
+
+def _markdown(table) -> str:
+    def fmt(v):
+        return f"{v:.4g}" if isinstance(v, float) else str(v)
+
+    head = list(table.columns)
+    rows = ["| " + " | ".join(head) + " |", "| " + " | ".join("---" for _ in head) + " |"]
+    rows += ["| " + " | ".join(fmt(v) for v in r) + " |" for r in table.itertuples(index=False)]
+    return "\n".join(rows)
