@@ -1,0 +1,94 @@
+"""Run sweep jobs as Ray tasks: on the cluster at ``RAY_ADDRESS``, or on a Ray started locally.
+
+Optional: ``pip install 'staleopt[ray]'``. A *job* is the argument tuple of the
+sweep runner's per-run function, ``execute(train_fn, config, run_dir, progress)``
+(:func:`staleopt.sweep._execute`), which writes ``run_dir/config.json``, then
+``records.csv`` and the ``done`` marker by atomic rename. Ray only decides where
+and when each job runs, so the run directories and the resume rules are the
+sweep runner's own: a relaunch skips runs with ``done`` and restarts the rest.
+
+* **Where.** ``address`` (else ``$RAY_ADDRESS``) names a running cluster; with
+  neither, a local Ray is started with ``workers`` CPUs and stopped at the end.
+  If Ray is already initialized in this process (``ray.init`` called by the
+  user), that instance is used as it is.
+* **Files.** Each task writes its run directory itself: on a multi-machine
+  cluster the sweep directory must be on a filesystem every node mounts at the
+  same path, and ``staleopt`` and the train function must be importable on every
+  node. A local Ray gets the driver's ``sys.path``, as a process pool would.
+* **Threads.** Each task takes one Ray CPU and sets ``threads`` torch threads.
+"""
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any, Callable, Iterable, Iterator, Optional, Sequence, Tuple
+
+from .errors import ConfigError
+
+__all__ = ["run_jobs", "is_available"]
+
+Job = Tuple[Any, dict, str, bool]  # (train_fn, config dict, run_dir, progress)
+
+
+def is_available() -> bool:
+    """Whether ``import ray`` works."""
+    try:
+        import ray  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _import_ray():
+    try:
+        import ray
+    except ImportError:
+        raise ConfigError("--executor ray needs Ray: pip install 'staleopt[ray]' (or pip install ray), "
+                          "or use the default local executor (--workers N)") from None
+    return ray
+
+
+def _task(execute: Callable, threads: Optional[int], job: Sequence) -> Any:
+    """Body of one Ray task: set the torch threads, then run the job."""
+    if threads:
+        import torch
+        torch.set_num_threads(threads)
+    return execute(*job)
+
+
+def run_jobs(execute: Callable, jobs: Iterable[Job], *, address: Optional[str] = None,
+             workers: Optional[int] = None, threads: Optional[int] = 1) -> Iterator[Any]:
+    """Run ``execute(*job)`` for every job as a Ray task; yield each result as it finishes.
+
+    ``address`` (default ``$RAY_ADDRESS``) connects to a running cluster; without
+    one a local Ray with ``workers`` CPUs (default: all cores) is started and shut
+    down when the iteration ends. Interrupting the iteration cancels the tasks not
+    yet finished (their run directories stay unfinished, so a relaunch redoes them).
+    """
+    ray = _import_ray()
+    jobs = list(jobs)
+    if workers is not None and workers < 1:
+        raise ConfigError(f"workers must be >= 1, got {workers}")
+    if not jobs:
+        return
+    started = False
+    if not ray.is_initialized():
+        address = address or os.environ.get("RAY_ADDRESS") or None
+        if address:
+            ray.init(address=address, log_to_driver=True)
+        else:
+            ray.init(num_cpus=workers or os.cpu_count(), include_dashboard=False, log_to_driver=True,
+                     object_store_memory=128 * 2**20,
+                     runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}})
+        started = True
+    remote = ray.remote(num_cpus=1, max_retries=0)(_task)
+    pending = [remote.remote(execute, threads, tuple(job)) for job in jobs]
+    try:
+        while pending:
+            done, pending = ray.wait(pending, num_returns=1)
+            yield ray.get(done[0])
+    finally:
+        for ref in pending:
+            ray.cancel(ref, force=True)
+        if started:
+            ray.shutdown()
