@@ -168,6 +168,11 @@ class PipelineOptimizer(torch.optim.Optimizer):
             ``False`` runs the reference per-tensor loop.
         method_args: hyperparameters of a named method, e.g. ``{"anneal_steps": 500, "decay": 0.2}``
             for ``"pipemare"`` (:mod:`staleopt.methods` lists each method's).
+        microbatch_passes: the loop runs one forward/backward per microbatch (``N`` passes between
+            ``zero_grad()`` and ``step()``), and pass ``j`` sees the delays of microbatch ``j``,
+            ``Schedule.microbatch_delays`` — exactly what the executed pipeline does when the
+            microbatches of one minibatch straddle an update (1F1B, dataflow, pb with ``N > 1``).
+            Default: every pass sees the minibatch's delays (those of microbatch 0, the largest).
 
     The update rule is the base optimizer's, applied to ``w_t`` with the gradient
     ``grad f_t(u_fwd_t, u_bkwd_t)`` (module docstring).
@@ -176,7 +181,8 @@ class PipelineOptimizer(torch.optim.Optimizer):
     def __init__(self, model: nn.Module, base_optimizer: torch.optim.Optimizer,
                  stages: Union[int, Partition] = 1, schedule: Union[str, Schedule] = "dataflow",
                  microbatches: int = 1, corrections: Iterable[Correction] = (), seed: Optional[int] = None,
-                 partition: str = "ops", foreach: bool = True, method_args: Optional[dict] = None):
+                 partition: str = "ops", foreach: bool = True, method_args: Optional[dict] = None,
+                 microbatch_passes: bool = False):
         from . import methods  # methods imports the corrections, which import this package
 
         if not isinstance(model, nn.Module):
@@ -202,13 +208,15 @@ class PipelineOptimizer(torch.optim.Optimizer):
         self._corrections: List[Correction] = method_corrections + corrections
         self._partition = stages if isinstance(stages, Partition) else partition_model(model, stages, partition)
         self._microbatches = microbatches
+        self._microbatch_passes = bool(microbatch_passes)
+        self._passes, self._pass = 0, 0  # training forwards since zero_grad/step; index of the latest
         self._foreach = foreach
         self._seed = seed
         self._generator = torch.Generator()
         self._generator.manual_seed(0 if seed is None else int(seed))
         self._step = 0
         self._seen = set()  # which hooks fired during the current step
-        self._delays: Optional[Tuple[List[int], List[int]]] = None
+        self._delays: Optional[List[Tuple[List[int], List[int]]]] = None  # per pass of this step
         self._check_parameters()
 
         P = self._partition.num_stages
@@ -284,6 +292,7 @@ class PipelineOptimizer(torch.optim.Optimizer):
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         self._base.zero_grad(set_to_none=set_to_none)
+        self._passes = 0
 
     def _by_stage(self, group: dict) -> List[dict]:
         """One group per stage present in ``group`` (per-stage step sizes need it)."""
@@ -363,19 +372,31 @@ class PipelineOptimizer(torch.optim.Optimizer):
         return self.history_bytes() + sum(c.extra_bytes() for c in self._corrections)
 
     # ------------------------------------------------------------------ the engine
-    def _current_delays(self) -> Tuple[List[int], List[int]]:
+    def _step_delays(self) -> List[Tuple[List[int], List[int]]]:
+        """Delays of each pass of the current step: ``N`` with ``microbatch_passes``, else one."""
         if self._delays is None:
-            P = self._partition.num_stages
-            tf, tb = self._schedule.sample(P, self._microbatches, self._generator)
-            for c in self._corrections:
-                tf, tb = c.delays(list(tf), list(tb), self._step)
-            for i in range(P):
-                if tf[i] > self._max_delays[0][i] or tb[i] > self._max_delays[1][i] or min(tf[i], tb[i]) < 0:
-                    raise StaleoptError(f"step {self._step} asked for delays ({tf[i]}, {tb[i]}) at stage {i}, "
-                                        f"outside 0..{self._max_delays[0][i]}/{self._max_delays[1][i]}; a "
-                                        "correction's delays(step=None) must bound its delays")
-            self._delays = (list(tf), list(tb))
+            P, N = self._partition.num_stages, self._microbatches
+            if self._microbatch_passes and not self._schedule.random:
+                tf_ij, tb_ij = self._schedule.microbatch_delays(P, N)
+                raw = [([row[j] for row in tf_ij], [row[j] for row in tb_ij]) for j in range(N)]
+            else:
+                raw = [self._schedule.sample(P, N, self._generator)]
+            self._delays = []
+            for tf, tb in raw:
+                for c in self._corrections:
+                    tf, tb = c.delays(list(tf), list(tb), self._step)
+                for i in range(P):
+                    if not (0 <= tf[i] <= self._max_delays[0][i] and 0 <= tb[i] <= self._max_delays[1][i]):
+                        raise StaleoptError(f"step {self._step} asked for delays ({tf[i]}, {tb[i]}) at stage {i}, "
+                                            f"outside 0..{self._max_delays[0][i]}/{self._max_delays[1][i]}; a "
+                                            "correction's delays(step=None) must bound its delays")
+                self._delays.append((list(tf), list(tb)))
         return self._delays
+
+    def _current_delays(self) -> Tuple[List[int], List[int]]:
+        """Delays of the current pass (the step's, unless ``microbatch_passes``)."""
+        passes = self._step_delays()
+        return passes[min(self._pass, len(passes) - 1)]
 
     def _load(self, backward: bool) -> None:
         """Put each stage's forward (or backward) view into the parameters."""
@@ -440,6 +461,12 @@ class PipelineOptimizer(torch.optim.Optimizer):
     def _on_forward_start(self, module, args):
         if module.training and torch.is_grad_enabled():
             self._seen |= {"forward"}
+            if self._microbatch_passes:
+                if self._passes >= self._microbatches:
+                    raise StaleoptError(f"microbatch_passes=True expects at most N={self._microbatches} training "
+                                        "forward passes between zero_grad() and step(); call zero_grad() "
+                                        "before the first microbatch of each step")
+                self._pass, self._passes = self._passes, self._passes + 1
             self._load(backward=False)
         else:
             self._restore()
@@ -490,7 +517,7 @@ class PipelineOptimizer(torch.optim.Optimizer):
                 loss = closure()
         self._check_storage()
         self._restore()
-        delays = self._current_delays()
+        delays = self._step_delays()[0]  # microbatch 0's: the step's nominal delays
         self._warn_if_unseen(delays)
         t = self._step
         stored = [c for c in self._chunks if c.S]
@@ -531,6 +558,7 @@ class PipelineOptimizer(torch.optim.Optimizer):
             k.after_update(stored, delays, self._step)
         self._step += 1
         self._delays = None
+        self._passes, self._pass = 0, 0
         return loss
 
     # ------------------------------------------------------------------ checkpoints
@@ -540,6 +568,7 @@ class PipelineOptimizer(torch.optim.Optimizer):
         state["staleopt"] = {
             "step": self._step,
             "delays": self._delays,
+            "passes": (self._passes, self._pass),
             "chunks": [c.state() for c in self._chunks],
             "history": [c.ring for c in self._chunks],
             "generator": self._generator.get_state(),
@@ -550,6 +579,7 @@ class PipelineOptimizer(torch.optim.Optimizer):
 
     def _signature(self) -> dict:
         return {"stages": self._partition.num_stages, "schedule": repr(self._schedule),
+                "microbatches": self._microbatches, "microbatch_passes": self._microbatch_passes,
                 "corrections": [type(k).__name__ for k in self._corrections],
                 "chunks": [(c.stage, c.numel, c.S) for c in self._chunks]}
 
@@ -569,7 +599,8 @@ class PipelineOptimizer(torch.optim.Optimizer):
                 if c.ring is not None:
                     c.ring.copy_(ring)
         self._step = mine["step"]
-        self._delays = None if mine["delays"] is None else (list(mine["delays"][0]), list(mine["delays"][1]))
+        self._delays = None if mine["delays"] is None else [(list(f), list(b)) for f, b in mine["delays"]]
+        self._passes, self._pass = mine["passes"]
         self._generator.set_state(mine["generator"])
         for k, s in zip(self._corrections, mine["corrections"]):
             k.load_state_dict(s)
@@ -585,4 +616,5 @@ class PipelineOptimizer(torch.optim.Optimizer):
         tf, tb = self._max_delays
         return (f"PipelineOptimizer(base={type(self._base).__name__}, stages={self._partition.num_stages}, "
                 f"schedule={self._schedule!r}, microbatches={self._microbatches}, "
+                f"microbatch_passes={self._microbatch_passes}, "
                 f"corrections={self._corrections}, tau_fwd={tf}, tau_bkwd={tb})")

@@ -21,6 +21,10 @@ hogwild     per-stage random delays, truncated          random each step        
 custom      user-given arrays                           given                     given
 ==========  ==========================================  ========================  ==========
 
+With ``N > 1``, microbatch ``j`` of a minibatch sees ``ceil((D_i - j)/N)`` in
+the asynchronous pipelines (``D_i`` = 2(P-1-i)+1, P-1-i, 2(P-1-i)); the table
+gives ``j = 0``, the largest (:meth:`Schedule.microbatch_delays`).
+
 For example ``P=4, N=1``::
 
     schedule   tau_fwd        tau_bkwd
@@ -72,8 +76,39 @@ class Schedule:
         """Delays for one step. Deterministic schedules return :meth:`delays`."""
         return self.delays(stages, microbatches)
 
+    def microbatch_delays(self, stages: int, microbatches: int) -> Tuple[List[List[int]], List[List[int]]]:
+        """``tau[i][j]``: the delay microbatch ``j`` of a minibatch sees at stage ``i``.
+
+        Default: every microbatch sees the minibatch's delay. Pipelines that run
+        the microbatches of one minibatch across an update (1F1B, dataflow, pb)
+        override it; :mod:`staleopt.timeline` derives the same tables from events.
+        """
+        tf, tb = self.delays(stages, microbatches)
+        return [[t] * microbatches for t in tf], [[t] * microbatches for t in tb]
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
+
+
+def _depth_delays(depths: Sequence[int], microbatches: int) -> List[List[int]]:
+    """``tau[i][j] = max(0, ceil((D_i - j)/N))``: microbatch ``j`` of a minibatch is read ``D_i - j``
+    microbatch slots before the minibatch's update, and updates come every ``N`` microbatches."""
+    return [[max(0, math.ceil((d - j) / microbatches)) for j in range(microbatches)] for d in depths]
+
+
+class _DepthSchedule(Schedule):
+    """A schedule whose stage ``i`` reads its weights ``D_i`` microbatch slots before they update."""
+
+    def depths(self, stages: int) -> List[int]:
+        raise NotImplementedError
+
+    def delays(self, stages, microbatches=1):
+        tf, tb = self.microbatch_delays(stages, microbatches)
+        return [row[0] for row in tf], [row[0] for row in tb]
+
+    def microbatch_delays(self, stages, microbatches):
+        _check_pn(stages, microbatches)
+        return _depth_delays(self.depths(stages), microbatches), [[0] * microbatches for _ in range(stages)]
 
 
 class Sync(Schedule):
@@ -85,25 +120,23 @@ class Sync(Schedule):
         return [0] * stages, [0] * stages
 
 
-class Dataflow(Schedule):
+class Dataflow(_DepthSchedule):
     name, paper = "dataflow", "PipeMare §2, App. A.1"
     description = "fully asynchronous dataflow pipeline: tau_fwd = ceil((2(P-1-i)+1)/N), tau_bkwd = 0"
 
-    def delays(self, stages, microbatches=1):
-        _check_pn(stages, microbatches)
-        return ([math.ceil((2 * (stages - 1 - i) + 1) / microbatches) for i in range(stages)], [0] * stages)
+    def depths(self, stages):
+        return [2 * (stages - 1 - i) + 1 for i in range(stages)]
 
 
-class OneFOneB(Schedule):
+class OneFOneB(_DepthSchedule):
     name, paper = "1f1b", "PipeOptim §II (Vanilla-1F1B); PipeDream §3.2 without stashing"
     description = "one-forward-one-backward without weight stashing: tau_fwd = ceil((P-1-i)/N), tau_bkwd = 0"
 
-    def delays(self, stages, microbatches=1):
-        _check_pn(stages, microbatches)
-        return [math.ceil((stages - 1 - i) / microbatches) for i in range(stages)], [0] * stages
+    def depths(self, stages):
+        return [stages - 1 - i for i in range(stages)]
 
 
-class PipelinedBackprop(Schedule):
+class PipelinedBackprop(_DepthSchedule):
     """Pipelined backprop (stale-weights paper §3): ``tau_fwd_i = ceil(2(P-1-i)/N)``.
 
     The paper pipelines whole minibatches (``N = 1``: ``2(P-1-i)``, DESIGN §2).
@@ -115,9 +148,8 @@ class PipelinedBackprop(Schedule):
     name, paper = "pb", "Pipelined training with stale weights of deep CNNs, §3"
     description = "pipelined backpropagation on 2P-1 accelerators: tau_fwd = ceil(2(P-1-i)/N), tau_bkwd = 0"
 
-    def delays(self, stages, microbatches=1):
-        _check_pn(stages, microbatches)
-        return [math.ceil(2 * (stages - 1 - i) / microbatches) for i in range(stages)], [0] * stages
+    def depths(self, stages):
+        return [2 * (stages - 1 - i) for i in range(stages)]
 
 
 class TwoBW(Schedule):

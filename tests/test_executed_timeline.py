@@ -9,7 +9,10 @@ the weight version that event reads — the forward computes
 gradient ``dz^T x_in`` and the error ``dz W`` with the weights the backward
 reads — and applies its optimizer step when the schedule's update lands. The
 loss of a minibatch is the mean over its microbatches of the mean squared
-error. PipelineOptimizer with the same method must reach the same weights.
+error. PipelineOptimizer with the same method must reach the same weights:
+with one pass per minibatch where every microbatch of a minibatch reads the
+same version, and with ``microbatch_passes=True`` (one pass per microbatch)
+everywhere, including 1F1B, dataflow and pb with ``N > 1``.
 """
 import pytest
 import torch
@@ -98,6 +101,22 @@ def run_optimizer(method: str, model: nn.Sequential, xs, ys, minibatches: int, m
     return [[m.weight.detach(), m.bias.detach()] for m in model if isinstance(m, nn.Linear)]
 
 
+def run_optimizer_per_microbatch(method: str, model: nn.Sequential, xs, ys, minibatches: int, microbatches: int):
+    """One forward/backward per microbatch (``microbatch_passes=True``): pass j sees microbatch j's delays."""
+    P = sum(isinstance(m, nn.Linear) for m in model)
+    base = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM, weight_decay=WEIGHT_DECAY)
+    opt = PipelineOptimizer(model, base, stages=P, schedule=method, microbatches=microbatches,
+                            microbatch_passes=True)
+    N = microbatches
+    for t in range(minibatches):
+        opt.zero_grad()
+        for j in range(N):
+            m = t * N + j
+            (((model(xs[m]) - ys[m]) ** 2).mean() / N).backward()
+        opt.step()
+    return [[m.weight.detach(), m.bias.detach()] for m in model if isinstance(m, nn.Linear)]
+
+
 def max_diff(a, b):
     return max((p - q).abs().max().item() for ps, qs in zip(a, b) for p, q in zip(ps, qs))
 
@@ -124,11 +143,24 @@ def test_executed_timeline_equals_pipeline_optimizer(method, microbatches):
     assert max((p.detach() - q).abs().max().item() for p, q in zip(model.parameters(), initial)) > 1e-2
 
 
+@pytest.mark.parametrize("method,microbatches", [("1f1b", 2), ("1f1b", 3), ("pipedream", 2), ("dataflow", 2),
+                                                 ("dataflow", 4), ("pb", 3), ("gpipe", 2), ("pipedream-2bw", 4)])
+def test_microbatch_passes_reproduce_the_executed_pipeline_exactly(method, microbatches):
+    """With one pass per microbatch, microbatch j of every minibatch reads w_{t - ceil((D_i - j)/N)} as in
+    the executed pipeline, and the weights agree to 1e-10 where the single-pass closed form cannot."""
+    K = 30
+    xs, ys = make_data(K, microbatches, seed=3)
+    executed = execute_timeline(method, make_model(0), xs, ys, K, microbatches)
+    simulated = run_optimizer_per_microbatch(method, make_model(0), xs, ys, K, microbatches)
+    assert max_diff(executed, simulated) <= 1e-10
+
+
 @pytest.mark.parametrize("method", ["1f1b", "dataflow"])
 def test_closed_form_is_an_approximation_when_microbatches_read_different_versions(method):
     """With N > 1 the later microbatches of a minibatch read newer weights than the first
-    (``tau_fwd[i][j] = ceil((D_i - j)/N)``); the delay queue gives all of them the first one's
-    delay, so the executed pipeline and PipelineOptimizer part ways — and the executor sees it."""
+    (``tau_fwd[i][j] = ceil((D_i - j)/N)``); one pass per minibatch gives all of them the first one's
+    delay, so the executed pipeline and PipelineOptimizer part ways — and the executor sees it
+    (``microbatch_passes=True`` closes the gap, tested above)."""
     K, N = 30, 2
     assert not simulate(method, 4, N, 2).uniform
     xs, ys = make_data(K, N, seed=2)

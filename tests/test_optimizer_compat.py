@@ -330,3 +330,22 @@ def test_a_loop_that_bypasses_the_wrapped_model_is_warned_about():
         opt.zero_grad()
         mse(model(x), y).backward()
         opt.step()
+
+
+def test_microbatch_passes_follow_the_per_microbatch_table_and_reset_at_zero_grad():
+    model = mlp(seed=9)
+    opt = staleopt.PipelineOptimizer(model, torch.optim.SGD(model.parameters(), lr=0.1), stages=3,
+                                     schedule="dataflow", microbatches=2, microbatch_passes=True)
+    assert opt.max_delays == ([3, 2, 1], [0, 0, 0])
+    x, y = batches(1, seed=9)[0]
+    seen = []
+    for _ in range(2):  # an abandoned step (a GradScaler skip) is fine: zero_grad starts the passes again
+        opt.zero_grad()
+        for xs, ys in zip(x.chunk(2), y.chunk(2)):
+            mse(model(xs), ys).backward()
+            seen.append(opt.tau_fwd)
+    assert seen == [[3, 2, 1], [2, 1, 0]] * 2
+    with pytest.raises(StaleoptError, match="at most N=2"):
+        model(x)
+    opt.step()
+    assert opt.tau_fwd == [3, 2, 1]
