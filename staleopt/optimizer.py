@@ -58,7 +58,9 @@ Limits (documented, not checked):
 from __future__ import annotations
 
 import contextlib
+import inspect
 import warnings
+import weakref
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 import torch
@@ -84,6 +86,40 @@ def _copy(dst: List[torch.Tensor], src: List[torch.Tensor], foreach: bool) -> No
 
 
 _INT_OF_SIZE = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def _as_int(t: torch.Tensor) -> torch.Tensor:
+    """The same bytes as an integer tensor (complex numbers as pairs of floats first)."""
+    if t.is_complex():
+        t = torch.view_as_real(t)
+    return t.view(_INT_OF_SIZE[t.element_size()])
+
+
+class _Hook:
+    """Calls an optimizer method through a weak reference.
+
+    A copy or a pickle of the model (``copy.deepcopy``, ``AveragedModel``,
+    ``torch.save(model)``) gets a no-op in its place: the copy is not the
+    model the optimizer drives.
+    """
+
+    def __init__(self, owner, method: str):
+        self._owner, self._method = weakref.ref(owner), method
+
+    def __call__(self, *args):
+        owner = self._owner()
+        return None if owner is None else getattr(owner, self._method)(*args)
+
+    def __deepcopy__(self, memo):
+        return _NoHook()
+
+    def __reduce__(self):
+        return _NoHook, ()
+
+
+class _NoHook:
+    def __call__(self, *args):
+        return None
 
 
 def _swap(a: List[torch.Tensor], b: List[torch.Tensor]) -> None:
@@ -126,9 +162,8 @@ class _Chunk:
             with torch.no_grad():
                 for s in range(self.S):
                     torch._foreach_copy_(self.views[s], self.data)
-            itype = _INT_OF_SIZE[p0.element_size()]
-            self.idata = [d.view(itype) for d in self.data]
-            self.iviews = [[v.view(itype) for v in views] for views in self.views]
+            self.idata = [_as_int(d) for d in self.data]
+            self.iviews = [[_as_int(v) for v in views] for views in self.views]
         self.where: Dict[int, int] = {-a: a - 1 for a in range(1, history + 1)}  # w_{-a} = w_0
         self.free: List[int] = list(range(history, self.S))
         self.key = (0, False)
@@ -192,6 +227,11 @@ class PipelineOptimizer(torch.optim.Optimizer):
                               f"parameters(), lr=0.1)), got {type(base_optimizer).__name__}")
         if isinstance(base_optimizer, PipelineOptimizer):
             raise ConfigError("base_optimizer is already a PipelineOptimizer: wrap the plain optimizer once")
+        closure = inspect.signature(base_optimizer.step).parameters.get("closure")
+        if closure is not None and closure.default is inspect.Parameter.empty:
+            raise ConfigError(f"{type(base_optimizer).__name__}.step needs a closure that re-evaluates the loss "
+                              "(line search); a pipeline computes one gradient per step, so use an optimizer "
+                              "whose step() works without a closure")
         if isinstance(microbatches, bool) or not isinstance(microbatches, int) or microbatches < 1:
             raise ConfigError(f"microbatches must be an int >= 1 (microbatches per minibatch), got {microbatches!r}")
         corrections = list(corrections)
@@ -235,15 +275,17 @@ class PipelineOptimizer(torch.optim.Optimizer):
                 self._chunks.append(_Chunk(i, ps, max(tf[i], tb[i]), spare=rewrites and tf[i] != tb[i]))
 
         self._stage_of_param = {id(p): s.index for s in self._partition for p in s.params}
-        self._split_groups = any(type(c).lr_factors is not Correction.lr_factors for c in self._corrections)
-        if self._split_groups:
-            self._base.param_groups[:] = [g for group in self._base.param_groups for g in self._by_stage(group)]
+        self._per_stage_lr = any(type(c).lr_factors is not Correction.lr_factors for c in self._corrections)
+        self._stage_split = None  # cached (group index, stage, params) triples for per-stage step sizes
+        self._lr_factors = [1.0] * self._partition.num_stages
+        self._outside = [p for g in self._base.param_groups for p in g["params"] if id(p) not in self._stage_of_param]
+        self._warned = set()
         self._initialized = True
         for c in self._corrections:
             c.bind(self)
-        self._hooks = [model.register_forward_pre_hook(self._on_forward_start),
-                       model.register_forward_hook(self._on_forward_end),
-                       model.register_state_dict_pre_hook(lambda *_: self._restore())]
+        self._hooks = [model.register_forward_pre_hook(_Hook(self, "_on_forward_start")),
+                       model.register_forward_hook(_Hook(self, "_on_forward_end")),
+                       model.register_state_dict_pre_hook(_Hook(self, "_on_state_dict"))]
 
     # ------------------------------------------------------------------ torch.optim plumbing
     @property
@@ -285,21 +327,41 @@ class PipelineOptimizer(torch.optim.Optimizer):
                 f"add_param_group got {len(outside)} parameter(s) that are not in the pipeline partition "
                 "(not in the model, or frozen when the PipelineOptimizer was built): set requires_grad "
                 "before building the PipelineOptimizer, or build a new one")
-        n = len(self._base.param_groups)
         self._base.add_param_group({**param_group, "params": params})
-        if self._split_groups:
-            self._base.param_groups[n:] = self._by_stage(self._base.param_groups[n])
+        self._stage_split = None
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         self._base.zero_grad(set_to_none=set_to_none)
         self._passes = 0
 
-    def _by_stage(self, group: dict) -> List[dict]:
-        """One group per stage present in ``group`` (per-stage step sizes need it)."""
-        by: Dict[int, list] = {}
-        for p in group["params"]:
-            by.setdefault(self._stage_of_param.get(id(p), -1), []).append(p)
-        return [{**group, "params": ps} for _, ps in sorted(by.items())]
+    def _stage_groups(self, factors: List[float]) -> List[dict]:
+        """The base's groups split by stage, each with the scheduler's lr times its stage's factor.
+
+        Installed only for the duration of one base step: the user's groups are never changed.
+        """
+        if self._stage_split is None:
+            self._stage_split = []
+            for gi, group in enumerate(self._base.param_groups):
+                by: Dict[int, list] = {}
+                for p in group["params"]:
+                    by.setdefault(self._stage_of_param.get(id(p), -1), []).append(p)
+                self._stage_split += [(gi, s, ps) for s, ps in sorted(by.items())]
+        groups = self._base.param_groups
+        return [{**groups[gi], "params": ps, "lr": groups[gi]["lr"] * (factors[s] if s >= 0 else 1.0)}
+                for gi, s, ps in self._stage_split]
+
+    def lr_factor(self, stage: int) -> float:
+        """The factor (T1) on the scheduler's lr for ``stage`` in the current step."""
+        return self._lr_factors[stage]
+
+    def _warn_once(self, key: str, message: str) -> None:
+        if key not in self._warned:
+            self._warned.add(key)
+            warnings.warn(message, stacklevel=4)
+
+    def __getstate__(self):
+        raise StaleoptError("a PipelineOptimizer is not pickled or deep-copied: save opt.state_dict() and "
+                            "model.state_dict(), and load them into a new optimizer")
 
     def _check_parameters(self) -> None:
         in_model = {id(p) for p in self._model.parameters()}
@@ -421,37 +483,44 @@ class PipelineOptimizer(torch.optim.Optimizer):
         a parameter content that also lives in a slot is simply overwritten by a copy;
         before a view is rewritten in place its raw version is copied to a free slot.
         """
-        swap_a, swap_b, dst, src, keep_dst, keep_src, modified = [], [], [], [], [], [], []
+        swap_a, swap_b, dst, src, keep_dst, keep_src, modified, plans = [], [], [], [], [], [], [], []
         for c, (version, mod) in zip(self._chunks, targets):
             if c.key == (version, mod):
                 continue
-            if c.key != (version, False):
+            key, unique, moved, kept = c.key, c.unique, None, None
+            if key != (version, False):
                 if version not in c.where:
                     raise StaleoptError(f"stage {c.stage}: weight version {version} is no longer stored; "
                                         "this is a bug in a correction's delays (please report it)")
                 slot = c.where[version]
-                if c.unique:  # the parameters hold the only copy of a raw version: trade places
+                if unique:  # the parameters hold the only copy of a raw version: trade places
                     swap_a += c.idata
                     swap_b += c.iviews[slot]
-                    del c.where[version]
-                    c.where[c.key[0]] = slot
+                    moved = (version, key[0], slot)
                 else:  # they hold a duplicate or a rewritten view: overwrite
                     dst += c.data
                     src += c.views[slot]
-                c.key = (version, False)
+                key = (version, False)
             if mod:
-                if c.unique:
-                    slot = c.free.pop()
-                    keep_dst += c.views[slot]
+                if unique:
+                    kept = (version, c.free[-1])
+                    keep_dst += c.views[kept[1]]
                     keep_src += c.data
-                    c.where[version] = slot
-                c.unique = False
-                c.key = (version, True)
+                unique, key = False, (version, True)
                 modified.append(c)
+            plans.append((c, key, unique, moved, kept))
         with torch.no_grad():
             _swap(swap_a, swap_b)
             _copy(dst, src, self._foreach)
             _copy(keep_dst, keep_src, self._foreach)
+        for c, key, unique, moved, kept in plans:  # bookkeeping only once the data has moved
+            if moved is not None:
+                del c.where[moved[0]]
+                c.where[moved[1]] = moved[2]
+            if kept is not None:
+                c.free.pop()
+                c.where[kept[0]] = kept[1]
+            c.key, c.unique = key, unique
         return modified
 
     def _restore(self) -> None:
@@ -468,24 +537,46 @@ class PipelineOptimizer(torch.optim.Optimizer):
                                         "before the first microbatch of each step")
                 self._pass, self._passes = self._passes, self._passes + 1
             self._load(backward=False)
+            self._check_autocast()
         else:
             self._restore()
 
     def _on_forward_end(self, module, args, output):
         if module.training and torch.is_grad_enabled():
             for t in tree_flatten(output)[0]:
-                if isinstance(t, torch.Tensor) and t.requires_grad:
-                    t.register_hook(self._on_backward_start)
+                if isinstance(t, torch.Tensor) and t.grad_fn is not None:  # leaves would keep their hooks
+                    t.register_hook(_Hook(self, "_on_backward_start"))
 
     def _on_backward_start(self, grad):
         self._seen |= {"backward"}
+        if "backward-pending" not in self._seen:
+            self._seen |= {"backward-pending"}
+            torch.autograd.Variable._execution_engine.queue_callback(_Hook(self, "_on_backward_end"))
         self._load(backward=True)
+
+    def _on_backward_end(self):
+        """At the end of every backward pass the parameters hold ``w_t`` again (at rest, DESIGN §1)."""
+        self._seen.discard("backward-pending")
+        self._restore()
+
+    def _on_state_dict(self, *args):
+        self._restore()
 
     @contextlib.contextmanager
     def current_weights(self):
         """Within the block the parameters hold ``w_t`` (the next forward/backward reloads its view)."""
         self._restore()
         yield self._model
+
+    def _check_autocast(self) -> None:
+        device = self._chunks[0].params[0].device.type
+        if torch.is_autocast_enabled(device):
+            tf, tb = self._current_delays()
+            if tf != tb or any(k.rewrites_backward_view for k in self._corrections):
+                self._warn_once("autocast", "under autocast the backward pass multiplies with the cast copies of "
+                                "the forward weights, so the backward views (tau_bkwd != tau_fwd, T2) are not "
+                                "applied and the step behaves as with weight stashing; run without autocast to "
+                                "simulate them")
 
     def _warn_if_unseen(self, delays) -> None:
         """A loop that bypasses the wrapped module's forward would silently train without delays."""
@@ -500,6 +591,10 @@ class PipelineOptimizer(torch.optim.Optimizer):
                           "step, so the backward views were not applied; compute the loss from the output of "
                           "the model you passed to PipelineOptimizer", stacklevel=3)
         self._seen = set()
+        if any(p.grad is not None for p in self._outside):
+            self._warn_once("outside", "parameters the base optimizer updates but that were frozen when the "
+                            "PipelineOptimizer was built now have gradients: they train without delay; build "
+                            "the PipelineOptimizer after setting requires_grad")
 
     def _check_storage(self) -> None:
         for c in self._chunks:
@@ -531,27 +626,22 @@ class PipelineOptimizer(torch.optim.Optimizer):
                 src += c.data
                 c.where[t] = slot
         _copy(dst, src, self._foreach)
-        for k in self._corrections:
-            k.transform_stored(stored, delays, self._step)
-            k.before_update(delays, self._step)
         factors = [1.0] * self._partition.num_stages
         for k in self._corrections:
             f = k.lr_factors(delays, self._step)
             if f is not None:
                 factors = [a * b for a, b in zip(factors, f)]
-        saved = None
-        if self._split_groups and any(f != 1.0 for f in factors):
-            saved = [g["lr"] for g in self._base.param_groups]
-            for g in self._base.param_groups:
-                s = self._stage_of_param.get(id(g["params"][0]), -1) if g["params"] else -1
-                if s >= 0:
-                    g["lr"] = g["lr"] * factors[s]
+        self._lr_factors = factors
+        for k in self._corrections:
+            k.transform_stored(stored, delays, self._step)
+            k.before_update(delays, self._step)
+        groups = self._base.param_groups
+        if self._per_stage_lr and any(f != 1.0 for f in factors):
+            self._base.param_groups = self._stage_groups(factors)
         try:
             self._base.step()
         finally:
-            if saved is not None:
-                for g, lr in zip(self._base.param_groups, saved):
-                    g["lr"] = lr
+            self._base.param_groups = groups
         for c in self._chunks:
             c.key, c.unique = (t + 1, False), True
         for k in self._corrections:
@@ -593,6 +683,7 @@ class PipelineOptimizer(torch.optim.Optimizer):
                                          f"{self._signature()}: rebuild it with the same model, stages, schedule "
                                          "and corrections")
         self._base.load_state_dict({k: v for k, v in state_dict.items() if k != "staleopt"})
+        self._stage_split = None
         with torch.no_grad():
             for c, cstate, ring in zip(self._chunks, mine["chunks"], mine["history"]):
                 c.load_state(cstate)

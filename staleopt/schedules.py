@@ -16,8 +16,8 @@ pb          pipelined backprop, 2P-1 accelerators       ceil(2(P-1-i)/N)        
             (stale-weights paper §3)
 2bw         PipeDream-2BW double-buffered weights       1 (0 when P = 1; N >= P)  = tau_fwd
             (2BW paper §3.1)
-hogwild     per-stage random delays, truncated          random each step          = tau_fwd
-            exponential (PipeMare App. E)
+hogwild     per-stage random delays, truncated          random each step,         = tau_fwd
+            exponential (PipeMare App. E)               mean = dataflow's
 custom      user-given arrays                           given                     given
 ==========  ==========================================  ========================  ==========
 
@@ -170,17 +170,24 @@ class TwoBW(Schedule):
 
 
 class Hogwild(Schedule):
-    """Per-stage delays drawn each step from an exponential truncated at ``tau_max`` (PipeMare App. E).
+    """Per-stage delays drawn each step from a truncated exponential (PipeMare App. E).
 
-    Stage ``i`` has mean ``means[i]`` (default: the dataflow delays, so later
-    stages are less stale). A draw is ``floor(X)`` with ``X ~ Exp(mean)``
-    conditioned on ``X < tau_max + 1``, by inverse-CDF sampling, so every delay
-    lies in ``0..tau_max``. Forward and backward use the same version (eq. 16).
-    Draws come from the optimizer's seeded generator, so runs are reproducible.
+    A draw is ``floor(X)`` for ``X`` exponential truncated to ``[0, tau_max + 1)``,
+    i.e. a truncated geometric law ``P(tau = k) ∝ r^k``, ``k = 0..tau_max``.
+    ``r`` is solved per stage so that the expected delay equals ``means[i]``
+    (``0 < means[i] < tau_max``; ``r > 1``, a negative rate, for means above
+    ``tau_max / 2``). Defaults: the dataflow delays as means — on average as stale
+    as PipeMare's pipeline — and ``tau_max`` twice the largest of them. Forward and
+    backward read the same version. Draws come from the optimizer's seeded
+    generator, so runs are reproducible.
+
+    PipeMare's eq. (16) takes stage ``i``'s gradient with the whole model at
+    ``w_{t - tau_i}``; here, as in a pipeline, each stage runs on its own version
+    ``w_{t - tau_j}`` during the same pass.
     """
 
     name, paper, random = "hogwild", "PipeMare App. E", True
-    description = "random per-stage delays, exponential truncated at tau_max, forward = backward"
+    description = "random per-stage delays, truncated exponential with given means, forward = backward"
 
     def __init__(self, tau_max: Optional[int] = None, means: Optional[Sequence[float]] = None):
         if tau_max is not None and (isinstance(tau_max, bool) or not isinstance(tau_max, int) or tau_max < 0):
@@ -188,14 +195,30 @@ class Hogwild(Schedule):
         if means is not None and any(float(m) <= 0 for m in means):
             raise ScheduleError(f"hogwild means must be > 0, got {list(means)!r}")
         self.tau_max, self.means = tau_max, None if means is None else [float(m) for m in means]
+        self._cdf = {}
 
     def _params(self, stages, microbatches):
         _check_pn(stages, microbatches)
-        means = self.means or [max(float(t), 0.5) for t in Dataflow().delays(stages, microbatches)[0]]
+        dataflow = Dataflow().delays(stages, microbatches)[0]
+        means = self.means or [float(t) for t in dataflow]
         if len(means) != stages:
             raise ScheduleError(f"hogwild got {len(means)} means for {stages} stages: give one per stage")
-        tau_max = self.tau_max if self.tau_max is not None else math.ceil((2 * stages - 1) / microbatches)
+        tau_max = self.tau_max if self.tau_max is not None else 2 * max(dataflow)
+        if tau_max > 0 and any(m >= tau_max for m in means):
+            raise ScheduleError(f"hogwild means {means} must be below tau_max={tau_max}: a delay law on "
+                                f"0..tau_max cannot have a larger mean")
         return means, tau_max
+
+    @staticmethod
+    def law(mean: float, tau_max: int) -> torch.Tensor:
+        """Probabilities of ``0..tau_max`` under ``P(k) ∝ r^k`` with expectation ``mean`` (float64)."""
+        k = torch.arange(tau_max + 1, dtype=torch.float64)
+        lo, hi = -60.0, 60.0  # log r
+        for _ in range(200):
+            mid = (lo + hi) / 2
+            w = torch.softmax(mid * k, 0)
+            lo, hi = (mid, hi) if float((w * k).sum()) < mean else (lo, mid)
+        return torch.softmax((lo + hi) / 2 * k, 0)
 
     def delays(self, stages, microbatches=1):
         _, tau_max = self._params(stages, microbatches)
@@ -203,12 +226,13 @@ class Hogwild(Schedule):
 
     def sample(self, stages, microbatches, generator):
         means, tau_max = self._params(stages, microbatches)
-        u = torch.rand(stages, generator=generator, dtype=torch.float64)
-        rates = 1.0 / torch.tensor(means, dtype=torch.float64)
-        # Inverse CDF of Exp(rate) truncated to [0, tau_max + 1).
-        mass = -torch.expm1(-rates * (tau_max + 1))
-        x = -torch.log1p(-u * mass) / rates
-        tau = [min(int(v), tau_max) for v in x.floor().tolist()]
+        if tau_max == 0:
+            return [0] * stages, [0] * stages
+        key = (tuple(means), tau_max)
+        if key not in self._cdf:
+            self._cdf[key] = torch.stack([self.law(m, tau_max).cumsum(0) for m in means])
+        u = torch.rand(stages, 1, generator=generator, dtype=torch.float64)
+        tau = (self._cdf[key] < u).sum(1).clamp(max=tau_max).tolist()
         return tau, list(tau)
 
     def __repr__(self):

@@ -256,7 +256,7 @@ def test_hogwild_through_the_optimizer_is_reproducible():
     for _ in range(2):
         model = mlp(seed=11)
         opt = staleopt.PipelineOptimizer(model, torch.optim.SGD(model.parameters(), lr=0.05), stages=3,
-                                         schedule=schedules.get("hogwild", tau_max=4), seed=5)
+                                         schedule=schedules.get("hogwild", tau_max=4, means=[2.0, 1.5, 0.5]), seed=5)
         taus = []
         for x, y in batches(20, seed=11):
             taus.append(opt.tau_fwd)
@@ -335,3 +335,39 @@ def test_bad_correction_inputs():
     with pytest.raises(CorrectionError, match="Correction objects"):
         staleopt.PipelineOptimizer(model, torch.optim.SGD(model.parameters(), lr=0.1), stages=3,
                                    corrections=["t2"])
+
+
+def test_prediction_skips_parameters_outside_the_base_optimizer_and_follows_added_groups():
+    for method in ("pipeoptim", "spectrain", "xpipe"):
+        model = mlp(seed=13)
+        params = list(model.parameters())
+        with pytest.warns(UserWarning, match="will not train"):
+            opt = staleopt.PipelineOptimizer(model, torch.optim.SGD(params[2:], lr=0.05, momentum=0.9), stages=3,
+                                             schedule=method)
+        first = [p.detach().clone() for p in params[:2]]
+        train(model, opt, batches(4, seed=13))
+        for p, w in zip(params[:2], first):
+            assert torch.equal(p, w)
+        opt.add_param_group({"params": params[:2]})
+        train(model, opt, batches(4, seed=14))
+        assert not torch.equal(params[0], first[0])
+
+
+def test_prediction_uses_the_t1_scaled_step_size():
+    """Combined with T1, the stored prediction of stage 0 is w - (lr * factor) * s * dW."""
+    model = mlp(seed=15)
+    base = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    opt = staleopt.PipelineOptimizer(model, base, stages=3, schedule="1f1b",
+                                     corrections=[LRReschedule(100), WeightPrediction("optimizer")])
+    train(model, opt, batches(3, seed=15))
+    wp = opt.corrections[1]
+    w_t = torch.cat([p.detach().flatten() for p in opt.partition[0].params])
+    buf = torch.cat([base.state[p]["momentum_buffer"].flatten() for p in opt.partition[0].params])
+    factor = t1_factor(2, 3, 100)
+    opt.zero_grad()
+    x, y = batches(1, seed=16)[0]
+    mse(model(x), y).backward()
+    opt.step()  # step 3 stores the prediction made from w_3 and the state after update 2
+    stored = torch.cat([v.flatten() for v in opt.chunks[0].stored(3)])
+    torch.testing.assert_close(stored, w_t - 0.05 * factor * 2 * buf, atol=1e-12, rtol=0)
+    assert wp.direction(0).shape == buf.shape

@@ -300,18 +300,27 @@ def test_custom_schedule_and_registry():
         schedules.get("2bw").delays(4, 2)
 
 
-def test_hogwild_is_seeded_and_truncated():
-    s = schedules.get("hogwild", tau_max=5)
+def test_hogwild_is_seeded_truncated_and_has_the_requested_means():
+    s = schedules.get("hogwild", tau_max=6, means=[4.5, 3.0, 1.0, 0.5])
     draws = []
     for _ in range(2):
         g = torch.Generator().manual_seed(3)
-        draws.append([s.sample(4, 1, g)[0] for _ in range(300)])
+        draws.append([s.sample(4, 1, g)[0] for _ in range(4000)])
     assert draws[0] == draws[1]
     flat = [t for d in draws[0] for t in d]
-    assert min(flat) == 0 and max(flat) == 5
-    # stage 0 (mean 7) is staler on average than stage 3 (mean 1)
-    mean = lambda i: sum(d[i] for d in draws[0]) / len(draws[0])
-    assert mean(0) > mean(3)
+    assert min(flat) == 0 and max(flat) == 6
+    for i, m in enumerate([4.5, 3.0, 1.0, 0.5]):
+        law = schedules.Hogwild.law(m, 6)
+        assert float((law * torch.arange(7.0, dtype=torch.float64)).sum()) == pytest.approx(m, abs=1e-9)
+        emp = sum(d[i] for d in draws[0]) / len(draws[0])
+        assert emp == pytest.approx(m, abs=0.12)  # 4000 draws: a few standard errors
+    # the law is the floor of a truncated exponential: geometric ratios
+    law = schedules.Hogwild.law(1.0, 6)
+    ratios = law[1:] / law[:-1]
+    torch.testing.assert_close(ratios, torch.full_like(ratios, float(ratios[0])))
+    assert schedules.get("hogwild").delays(4, 1) == ([14] * 4, [14] * 4)  # default tau_max: 2 x dataflow's max
+    with pytest.raises(ScheduleError, match="below tau_max"):
+        schedules.get("hogwild", tau_max=3, means=[3, 1]).sample(2, 1, torch.Generator())
 
 
 def test_a_loop_that_bypasses_the_wrapped_model_is_warned_about():

@@ -21,7 +21,7 @@ class WeightPrediction(Correction):
 
     for a stage whose forward reads ``W_t = w_{t'-tau_fwd}``, with ``s = tau_fwd - tau_bkwd`` the
     version gap between its forward and the update its gradient enters, and ``lr``
-    the group's current step size. ``dW_t`` uses only what exists when ``W_t`` is
+    the step size the stage takes (the group's lr times T1's factor when combined). ``dW_t`` uses only what exists when ``W_t`` is
     current: the gradient and optimizer state of the update that produced ``W_t``.
     The engine therefore stores the *predicted* version ``W_hat`` in the history when
     ``W_t`` enters it, so a forward pass ``tau_fwd`` steps later reads a prediction
@@ -33,7 +33,8 @@ class WeightPrediction(Correction):
       SGD ``dW = buf`` (momentum buffer ``buf = mu buf + (1 - dampening)(g + wd w)``),
       Nesterov ``dW = g + wd w + mu buf``, no momentum ``dW = g + wd w``;
       Adam ``dW = m_hat / (sqrt(v_hat) + eps)`` (AMSGrad: the running max of ``v``);
-      AdamW adds its decoupled ``wd w``. Any other optimizer: the last applied update,
+      AdamW adds its decoupled ``wd w`` — Table I prints AdamW's row without it, but it
+      is part of the update AdamW applies, so the prediction follows the optimizer. Any other optimizer: the last applied update,
       ``dW = (w_{t-1} - w_t) / lr``. We pick this over a dry run of the base step on
       cloned state because it is exact (for SGD and Adam it equals Table I's ``dW``
       up to rounding), costs one subtraction instead of an extra optimizer step and a
@@ -96,7 +97,6 @@ class WeightPrediction(Correction):
                 if g.get("maximize", False):
                     raise CorrectionError("WeightPrediction does not support maximize=True: minimize the "
                                           "negated objective instead")
-        self._group_of = {id(p): gi for gi, g in enumerate(base.param_groups) for p in g["params"]}
         self._buffers: Dict[str, List[torch.Tensor]] = {"dW": []}
         if self._own:
             self._buffers.update({"m": []} if self.rule == "sgdm" else {"m": [], "v": []})
@@ -123,26 +123,33 @@ class WeightPrediction(Correction):
             off += p.numel()
         return out
 
-    def _group(self, p):
-        return self.engine.param_groups[self._group_of[id(p)]]
+    def _groups(self) -> Dict[int, dict]:
+        """Parameter id -> its base-optimizer group, read afresh (groups may be added or reloaded)."""
+        return {id(p): g for g in self.engine.param_groups for p in g["params"]}
 
     # ------------------------------------------------------------------ hooks
     def transform_stored(self, chunks, delays, step):
         tf, tb = delays
+        groups = self._groups()
         for ci, c in enumerate(self._chunks):
             s = tf[c.stage] - tb[c.stage]
             if s <= 0:
                 continue
+            factor = self.engine.lr_factor(c.stage)  # the step size this stage really takes (T1)
             for stored, d, p in zip(c.stored(step), self._views("dW", ci), c.params):
-                stored.add_(d, alpha=-float(self._group(p)["lr"]) * s)
+                if id(p) in groups:  # parameters the base optimizer does not hold do not move
+                    stored.add_(d, alpha=-float(groups[id(p)]["lr"]) * factor * s)
 
     def before_update(self, delays, step):
         """Keep what the update overwrites: ``w_t`` (generic rule) or ``wd * w_t`` (Nesterov, AdamW)."""
         if self.rule != "optimizer":
             return
+        groups = self._groups()
         for ci, c in enumerate(self._chunks):
             for d, w, p in zip(self._views("dW", ci), c.data, c.params):
-                g = self._group(p)
+                g = groups.get(id(p))
+                if g is None:
+                    continue
                 if self._kind == "other":
                     d.copy_(w)
                 elif (self._kind == "sgd" and (not g["momentum"] or g["nesterov"])) or self._kind == "adamw":
@@ -152,12 +159,17 @@ class WeightPrediction(Correction):
         base = self.engine.base_optimizer
         if self._own:
             self._own_step += 1
+        groups = self._groups()
         for ci, c in enumerate(self._chunks):
             own = {k: self._views(k, ci) for k in self._buffers if k != "dW"}
             for j, (d, w, p) in enumerate(zip(self._views("dW", ci), c.data, c.params)):
-                g, st = self._group(p), base.state.get(p, {})
+                g, st = groups.get(id(p)), base.state.get(p, {})
+                if g is None:
+                    d.zero_()
+                    continue
                 if self.rule == "optimizer" and self._kind == "other":
-                    d.sub_(w).div_(float(g["lr"]))  # (w_{t-1} - w_t) / lr
+                    lr = float(g["lr"]) * self.engine.lr_factor(c.stage)
+                    d.sub_(w).div_(lr)  # (w_{t-1} - w_t) / lr: the update the step applied
                     continue
                 if p.grad is None:
                     d.zero_()

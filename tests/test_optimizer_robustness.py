@@ -1,0 +1,155 @@
+"""Edge cases found in review: copies of the model, rest state after skipped steps, groups, odd models."""
+import copy
+import io
+import warnings
+
+import pytest
+import torch
+from torch import nn
+
+import staleopt
+from staleopt import schedules
+from staleopt.errors import ConfigError, StaleoptError
+
+from helpers import batches, mlp, mse, train
+
+
+def _opt(model, schedule="pipemare", **kw):
+    return staleopt.PipelineOptimizer(model, torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9),
+                                      stages=3, schedule=schedule, **kw)
+
+
+def test_model_copies_and_pickles_are_independent_of_the_optimizer():
+    model = mlp(seed=1)
+    opt = _opt(model)
+    train(model, opt, batches(4, seed=1))
+    twin = copy.deepcopy(model)  # AveragedModel / EMA do this
+    buf = io.BytesIO()
+    torch.save(model, buf)
+    buf.seek(0)
+    loaded = torch.load(buf, weights_only=False)
+    for m in (twin, loaded):
+        for a, b in zip(m.parameters(), model.parameters()):
+            assert torch.equal(a, b)
+        x, y = batches(1, seed=2)[0]
+        mse(m(x), y).backward()  # the copy's hooks are no-ops: it trains as a plain model
+    with pytest.raises(StaleoptError, match="state_dict"):
+        copy.deepcopy(opt)
+    train(model, opt, batches(2, seed=3))  # the original still works
+
+
+def test_parameters_hold_current_weights_after_every_backward():
+    """A step skipped by GradScaler (backward without step) leaves w_t in the parameters (at rest)."""
+    model = mlp(seed=4)
+    opt = _opt(model)
+    train(model, opt, batches(6, seed=4))
+    w_t = [p.detach().clone() for p in model.parameters()]
+    x, y = batches(1, seed=5)[0]
+    opt.zero_grad()
+    mse(model(x), y).backward()
+    for p, w in zip(model.parameters(), w_t):
+        assert torch.equal(p, w)
+
+
+def test_per_stage_lr_keeps_the_users_groups():
+    model = mlp(seed=6)
+    params = list(model.parameters())
+    base = torch.optim.SGD([{"params": params[:3]}, {"params": params[3:], "weight_decay": 0.01}], lr=0.05)
+    before = base.state_dict()
+    opt = staleopt.PipelineOptimizer(model, base, stages=3, schedule="pipemare-t1", method_args={"anneal_steps": 5})
+    assert len(opt.param_groups) == 2 and opt.param_groups[1]["weight_decay"] == 0.01
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, [lambda k: 1.0, lambda k: 0.5])
+    train(model, opt, batches(3, seed=6))
+    sched.step()
+    assert len(opt.param_groups) == 2
+    base.load_state_dict(before)  # a checkpoint of the plain optimizer still fits
+
+
+def test_leaf_outputs_do_not_collect_hooks():
+    class WithTemperature(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.body = mlp(seed=7)
+            self.log_temp = nn.Parameter(torch.zeros(()))
+
+        def forward(self, x):
+            return self.body(x), self.log_temp
+
+    model = WithTemperature().double()
+    opt = staleopt.PipelineOptimizer(model, torch.optim.SGD(model.parameters(), lr=0.05), stages=2,
+                                     schedule="dataflow")
+    for x, y in batches(10, seed=7):
+        opt.zero_grad()
+        out, lt = model(x)
+        (mse(out, y) * lt.exp()).backward()
+        opt.step()
+    assert not model.log_temp._backward_hooks
+
+
+def test_unfrozen_parameters_are_warned_about():
+    model = mlp(seed=8)
+    model[0].requires_grad_(False)
+    opt = staleopt.PipelineOptimizer(model, torch.optim.SGD(model.parameters(), lr=0.05), stages=2,
+                                     schedule="dataflow")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        train(model, opt, batches(2, seed=8))
+    model[0].requires_grad_(True)
+    with pytest.warns(UserWarning, match="frozen when the PipelineOptimizer was built"):
+        train(model, opt, batches(1, seed=8))
+
+
+def test_closure_only_optimizers_are_rejected():
+    model = mlp()
+    with pytest.raises(ConfigError, match="closure"):
+        staleopt.PipelineOptimizer(model, torch.optim.LBFGS(model.parameters()), stages=3)
+
+
+def test_complex_parameters_swap_exactly():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 4, bias=False), nn.Linear(4, 2, bias=False)).to(torch.complex128)
+    ref = copy.deepcopy(model)
+    sched = schedules.get("custom", tau_fwd=[2, 0], tau_bkwd=[1, 0])
+    opt = staleopt.PipelineOptimizer(model, torch.optim.SGD(model.parameters(), lr=0.05), stages=2, schedule=sched)
+    ref_opt = staleopt.PipelineOptimizer(ref, torch.optim.SGD(ref.parameters(), lr=0.05), stages=2,
+                                         schedule=sched, foreach=False)
+    g = torch.Generator().manual_seed(1)
+    for _ in range(5):
+        x = torch.randn(3, 4, dtype=torch.complex128, generator=g)
+        for m, o in ((model, opt), (ref, ref_opt)):
+            o.zero_grad()
+            m(x).abs().pow(2).sum().backward()
+            o.step()
+    for a, b in zip(model.parameters(), ref.parameters()):
+        assert torch.equal(a, b)
+
+
+def test_autocast_without_backward_views_is_warned_about():
+    model = mlp(seed=9).float()
+    opt = staleopt.PipelineOptimizer(model, torch.optim.SGD(model.parameters(), lr=0.05), stages=3,
+                                     schedule="dataflow")
+    x, y = (t.float() for t in batches(1, seed=9)[0])
+    with pytest.warns(UserWarning, match="under autocast"):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = model(x)
+        mse(out.float(), y).backward()
+    opt.step()
+
+
+def test_a_failed_move_leaves_the_bookkeeping_consistent(monkeypatch):
+    from staleopt import optimizer as engine
+    model = mlp(seed=10)
+    opt = _opt(model, schedule="dataflow")
+    train(model, opt, batches(3, seed=10))
+    state = [c.state() for c in opt.chunks]
+
+    def boom(a, b):
+        raise RuntimeError("injected")
+
+    monkeypatch.setattr(engine, "_swap", boom)
+    x, y = batches(1, seed=11)[0]
+    with pytest.raises(RuntimeError, match="injected"):
+        model(x)
+    assert [c.state() for c in opt.chunks] == state
+    monkeypatch.undo()
+    train(model, opt, batches(2, seed=11))
