@@ -209,3 +209,7 @@ def test_advise_cli(capsys):
     assert lines[0].startswith("| stage | params | tau_fwd") and len([x for x in lines if x.startswith("| ")]) == 5
     assert main(["advise", "--model", "mlp", "--data", "synthetic", "--method", "nope", "--stages", "3",
                  "--lr", "0.1"]) == 2
+    capsys.readouterr()
+    assert main(args + ["--warmup-steps", "3"]) == 0   # trained weights: a different curvature
+    warm = capsys.readouterr().out
+    assert "largest stable lr" in warm and warm != out
