@@ -60,6 +60,7 @@ import platform
 import statistics
 import sys
 import time
+import warnings
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -214,9 +215,13 @@ class HandRolled:
 
 # ---------------------------------------------------------------------------------------------- memory
 def _storages() -> Dict[int, int]:
+    """``{data_ptr: nbytes}`` of every tensor storage reachable from a gc-tracked Python object."""
     out = {}
-    for o in gc.get_objects():
-        if isinstance(o, torch.Tensor) and o.device.type != "meta":
+    with warnings.catch_warnings():  # isinstance() on some lazily deprecated torch objects warns
+        warnings.simplefilter("ignore")
+        objects = [o for o in gc.get_objects() if isinstance(o, torch.Tensor)]
+    for o in objects:
+        if o.device.type != "meta":
             s = o.untyped_storage()
             if s.data_ptr():
                 out[s.data_ptr()] = s.nbytes()
@@ -272,8 +277,7 @@ class Variant:
             self.hand = HandRolled(self.model, self.base, part, tf, list(tf) if stash else tb)
         self.rounds_s: List[float] = []
         self.engine_s: List[float] = []
-        for _ in range(2):
-            self._train_step()
+        self._train_step()  # lazily built state exists; also the warm-up step
         self.base.zero_grad()
         self.bytes = new_storage_bytes(before)
         if self.hand is not None:  # the deque grows to maxlen snapshots: its steady state
@@ -367,16 +371,13 @@ def check_same_weights(spec: ModelSpec, stages: int, method: str, steps: int, ba
 
 
 # ---------------------------------------------------------------------------------------------- sections
-def bench_model(key: str, spec: ModelSpec, rounds: int, steps: int, warmup: int, log) -> Tuple[list, list, list]:
+def bench_model(key: str, spec: ModelSpec, rounds: int, steps: int, log) -> Tuple[list, list, list]:
     """Step, memory and hand-rolled rows of one model at its maximum stage count."""
     P = spec.max_stages
     x, y = spec.batch_of()
     variants = [Variant("plain", spec, P, x, y, "plain")]
     variants += [Variant(m, spec, P, x, y, "staleopt", m) for m in (*METHODS, "dataflow")]
     variants += [Variant(f"hand-rolled {h}", spec, P, x, y, "hand", h) for h in HAND]
-    for v in variants:
-        for _ in range(warmup):
-            v.step()
     interleaved(variants, rounds, steps)
     plain = variants[0]
     probe = statistics.median(plain.engine_s)
@@ -428,8 +429,6 @@ def bench_growth(spec: ModelSpec, stage_counts: Sequence[int], widths: Sequence[
         x, y = s.batch_of(batch)
         vs = [Variant("plain", s, P, x, y, "plain"), Variant("pipemare", s, P, x, y, "staleopt", "pipemare"),
               Variant("hand-rolled dataflow", s, P, x, y, "hand", "dataflow")]
-        for v in vs:
-            v.step()
         interleaved(vs, 3, steps)
         probe = statistics.median(vs[0].engine_s)
         st, hd = vs[1], vs[2]
@@ -516,7 +515,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     for key in keys:
         spec = table[key]
         steps = 1 if spec.batch >= 64 and key != "cnn1d" else 5
-        s, m, h = bench_model(key, spec, rounds, steps, warmup=1, log=log)
+        s, m, h = bench_model(key, spec, rounds, steps, log=log)
         step_rows += s
         mem_rows += m
         hand_rows += h
@@ -527,8 +526,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if not args.no_growth:
         spec = table["resnet20"]
         maxP = spec.max_stages
-        Ps = sorted({p for p in ((1, 4, maxP) if args.quick else (1, 2, 4, 8, 16, 32, maxP)) if p <= maxP})
-        widths = (2, 4) if args.quick else (8, 16, 32)
+        Ps = sorted({p for p in ((1, maxP) if args.quick else (1, 2, 4, 8, 16, 32, maxP)) if p <= maxP})
+        widths = (2,) if args.quick else (8, 16, 32)
         growth = pd.DataFrame(bench_growth(spec, Ps, widths, batch=min(spec.batch, 8), steps=2 if args.quick else 4,
                                            log=log))
         growth.to_csv(out / "growth.csv", index=False)
