@@ -93,7 +93,8 @@ def _system(lr, curvature, tau_fwd, tau_bkwd, delta, momentum, correction_decay,
     a = np.zeros(max(tf, tb, tr, 1 if beta else 0) + 1)
     b = np.zeros(max(tb, tr) + 1) if corrected else None
     a[0] += 1.0 + beta                       # w_t + beta (w_t - w_{t-1})
-    a[1 if len(a) > 1 else 0] -= beta
+    if beta:
+        a[1] -= beta
     a[tf] -= alpha * (lam + dlt)             # - alpha (lam + Delta) u_fwd
     a[tb] += alpha * (dlt - phi)             # + alpha (Delta - Phi) u_bkwd
     a[tr] += alpha * phi                     # + alpha Phi u_recomp
@@ -260,14 +261,20 @@ def simulate_quadratic(lr: float, curvature: float, tau_fwd: int, tau_bkwd: Opti
     w = np.empty(steps + 1)
     d = np.zeros(steps + 1)
     w[0] = w0
-    past = lambda arr, t, k: arr[t - k] if t >= k else (w0 if arr is w else 0.0)  # noqa: E731
+
+    def w_at(t):  # w_{t}, and w_0 before step 0
+        return w[max(t, 0)]
+
+    def d_at(t):  # delta_t, and 0 before step 0
+        return d[t] if t >= 0 else 0.0
+
     with np.errstate(over="ignore", invalid="ignore"):
         for t in range(steps):
-            u_fwd = past(w, t, tf)
-            u_bkwd = past(w, t, tb) - ((tf - tb) * past(d, t, tb) if corrected else 0.0)
-            u_rec = past(w, t, tr) - ((tf - tr) * past(d, t, tr) if corrected else 0.0)
+            u_fwd = w_at(t - tf)
+            u_bkwd = w_at(t - tb) - ((tf - tb) * d_at(t - tb) if corrected else 0.0)
+            u_rec = w_at(t - tr) - ((tf - tr) * d_at(t - tr) if corrected else 0.0)
             g = (curvature + delta) * u_fwd - (delta - phi) * u_bkwd - phi * u_rec - noise[t]
-            w[t + 1] = w[t] + momentum * (w[t] - past(w, t, 1)) - lr * g
+            w[t + 1] = w[t] + momentum * (w[t] - w_at(t - 1)) - lr * g
             d[t + 1] = gamma * d[t] + (1.0 - gamma) * (w[t + 1] - w[t])
     return w
 
@@ -301,6 +308,7 @@ def delayed_sgd_regression(X: np.ndarray, y: np.ndarray, lrs: Sequence[float], t
     alive = np.ones(runs, dtype=bool)
     rng = np.random.default_rng(seed)
     rows = np.arange(runs)
+    # weights this large only come from divergence; freezing such runs avoids float overflow
     limit = math.sqrt(diverged_above * float(y @ y) / n) * 1e3
     with np.errstate(over="ignore", invalid="ignore"):
         for t in range(steps):
