@@ -121,7 +121,10 @@ def _check_batch(batch):
 
 def stage_curvatures(model: nn.Module, loss_fn: Callable, batch, partition: Partition, iters: int = 50,
                      tol: float = 1e-5, seed: int = 0) -> List[Curvature]:
-    """Top Hessian eigenvalue of ``loss_fn(model(x), y)`` restricted to each stage's parameters (stage ``i`` seeds ``seed + i``)."""
+    """Top Hessian eigenvalue of ``loss_fn(model(x), y)`` restricted to each stage's parameters.
+
+    ``batch = (x, y)``; stage ``i``'s power iteration is seeded with ``seed + i``.
+    """
     x, y = _check_batch(batch)
     loss = loss_fn(model(x), y)
     if loss.dim() != 0:

@@ -55,7 +55,7 @@ def _delay(name: str, value) -> int:
 
 
 def t2_gamma(correction_decay: float, tau_fwd: int, tau_bkwd: int) -> float:
-    """T2's per-stage decay rate ``gamma = D**(1/(tau_fwd - tau_bkwd))`` (PipeMare §3.2); needs ``tau_fwd > tau_bkwd``."""
+    """T2's per-stage decay rate ``gamma = D**(1/(tau_fwd - tau_bkwd))`` (PipeMare §3.2), for ``tau_fwd > tau_bkwd``."""
     d = float(correction_decay)
     if not 0.0 <= d < 1.0:
         raise ConfigError(f"correction_decay D must lie in [0, 1), got {correction_decay!r} "
@@ -66,7 +66,7 @@ def t2_gamma(correction_decay: float, tau_fwd: int, tau_bkwd: int) -> float:
 
 
 def invariant_decay(tau_fwd: int, tau_bkwd: int) -> float:
-    """The decay ``D = gamma**(tau_fwd - tau_bkwd)`` with ``gamma = 1 - 2/(tau_fwd - tau_bkwd + 1)`` (PipeMare App. B.4 eq. 14).
+    """T2's decay ``D = gamma**(tau_fwd - tau_bkwd)`` for ``gamma = 1 - 2/(tau_fwd - tau_bkwd + 1)`` (App. B.4 eq. 14).
 
     With this ``gamma`` the second derivative at ``w = 1`` of the T2 characteristic
     polynomial does not depend on ``Delta``; as the delay gap grows, ``D -> exp(-2) ~ 0.135``.
@@ -226,7 +226,8 @@ def lemma2_bound(curvature: float, tau_fwd: int, tau_bkwd: int, delta: float) ->
 
 
 def lemma3_bound(curvature, tau):
-    """PipeMare Lemma 3 (App. B.2): with momentum ``0 < beta <= 1`` some ``alpha <= (4/lam) sin(pi/(4 tau + 2))`` is unstable.
+    """PipeMare Lemma 3 (App. B.2): for momentum ``0 < beta <= 1`` some ``alpha <= (4/lam) sin(pi/(4 tau + 2))``
+    is unstable.
 
     An upper bound on :func:`max_stable_lr` with momentum, for every ``beta``.
     """
