@@ -3,7 +3,7 @@
     python experiments/theory_figures.py --out runs/theory            # all figures
     python experiments/theory_figures.py --out runs/theory --figure 5b 10
 
-Same as ``staleopt theory --figure all --out DIR``. Takes a few seconds on a laptop CPU.
+Same as ``staleopt theory --figure all --out DIR``. Takes about 10 s on a 2-core machine.
 """
 import argparse
 import sys
