@@ -37,22 +37,32 @@ def _flat(model):
     return torch.cat([p.detach().flatten() for p in model.parameters()])
 
 
-def _reference(accumulate: int = 1):
-    """One process, full batch (split into ``accumulate`` microbatches whose losses are averaged)."""
+def _pipeline(target, model, passes: bool):
+    """``passes``: two microbatches per step, pass ``j`` with microbatch ``j``'s delays."""
+    kw = {"microbatches": 2, "microbatch_passes": True} if passes else {}
+    return staleopt.PipelineOptimizer(target, _base(model), stages=STAGES, schedule=METHOD, method_args=ARGS, **kw)
+
+
+def _reference(accumulate: int = 1, passes: bool = False, world: int = 2):
+    """One process, full batch split into ``accumulate`` microbatches whose losses are averaged;
+    microbatch ``j`` is the union of the ranks' microbatches ``j``."""
     model = mlp(SIZES)
-    opt = staleopt.PipelineOptimizer(model, _base(model), stages=STAGES, schedule=METHOD, method_args=ARGS)
+    opt = _pipeline(model, model, passes)
     for x, y in batches(STEPS, batch=8):
         opt.zero_grad()
-        for xm, ym in zip(x.chunk(accumulate), y.chunk(accumulate)):
+        per_rank = [(xr.chunk(accumulate), yr.chunk(accumulate)) for xr, yr in zip(x.chunk(world), y.chunk(world))]
+        for j in range(accumulate):
+            xm = torch.cat([xs[j] for xs, _ in per_rank])
+            ym = torch.cat([ys[j] for _, ys in per_rank])
             (mse(model(xm), ym) / accumulate).backward()
         opt.step()
     return _flat(model), opt.state_dict()["staleopt"]["history"]
 
 
-def _train_rank(rank: int, world: int, wrap: str, accumulate: int):
+def _train_rank(rank: int, world: int, wrap: str, accumulate: int, passes: bool = False):
     model = DDP(mlp(SIZES))
     target = model if wrap == "ddp" else model.module
-    opt = staleopt.PipelineOptimizer(target, _base(model), stages=STAGES, schedule=METHOD, method_args=ARGS)
+    opt = _pipeline(target, model, passes)
     for x, y in batches(STEPS, batch=8):
         x, y = x.chunk(world)[rank], y.chunk(world)[rank]
         opt.zero_grad()
@@ -73,6 +83,7 @@ def _worker(rank: int, world: int, port: int, out: str):
     try:
         results = {f"{wrap}/{acc}": _train_rank(rank, world, wrap, acc)
                    for wrap in ("ddp", "module") for acc in (1, 2)}
+        results["passes"] = _train_rank(rank, world, "ddp", 2, passes=True)
         torch.save(results, os.path.join(out, f"rank{rank}.pt"))
     finally:
         dist.destroy_process_group()
@@ -118,3 +129,16 @@ def test_no_sync_microbatch_accumulation_equals_full_batch(ranks):
             assert torch.allclose(got, weights, rtol=0, atol=1e-6)
             for a, b in zip(hist, history):
                 assert (a is None and b is None) or torch.allclose(a, b, rtol=0, atol=1e-6)
+
+
+def test_no_sync_microbatch_passes_with_per_microbatch_delays(ranks):
+    """``microbatch_passes=True``: pass ``j`` of each rank runs with microbatch ``j``'s delays; the
+    ranks together equal one process running the global microbatches ``j``."""
+    weights, history = _reference(accumulate=2, passes=True)
+    assert not torch.allclose(weights, _reference(accumulate=2)[0], rtol=0, atol=1e-6)  # other delays
+    for r in ranks:
+        got, hist = r["passes"]
+        assert torch.allclose(got, weights, rtol=0, atol=1e-6)
+        for a, b in zip(hist, history):
+            assert (a is None and b is None) or torch.allclose(a, b, rtol=0, atol=1e-6)
+    assert torch.equal(ranks[0]["passes"][0], ranks[1]["passes"][0])
