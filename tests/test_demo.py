@@ -17,6 +17,7 @@ from staleopt.cli import main
 from staleopt.commands.demo import DEFAULT_SWEEP
 from staleopt.errors import ConfigError
 from staleopt.plot import sweep as plots
+from matplotlib.collections import PolyCollection
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = """\
@@ -160,11 +161,12 @@ def test_accuracy_vs_stages_figure_numbers():
     np.testing.assert_allclose(util["gpipe"], [0.5, 0.125])
     mem = {ln.get_label(): ln.get_ydata() for ln in mem_ax.get_lines()}
     np.testing.assert_allclose(mem["pipemare"], [4 / 3, 4 / 3])
-    crosses = [c for c in acc_ax.collections if c.get_label() == "diverged run"]
+    crosses = [c for c in acc_ax.collections if c.get_label() == "_diverged"]
     assert len(crosses) == 1
     np.testing.assert_allclose(crosses[0].get_offsets(), [[8, 0.45]])
+    assert [t.get_text() for t in fig.legends[0].get_texts()] == ["gpipe", "pipemare", "diverged run"]
     # 95% band of gpipe at P=2: mean 0.75, t_{0.975,1} * s / sqrt(2) with s = 0.0707
-    band = [c for c in acc_ax.collections if c.get_label() != "diverged run"][0]
+    band = [c for c in acc_ax.collections if isinstance(c, PolyCollection)][0]
     lo, hi = band.get_paths()[0].vertices[:, 1].min(), band.get_paths()[0].vertices[:, 1].max()
     half = 12.706204736174698 * (0.1 / math.sqrt(2)) / math.sqrt(2)
     assert (lo, hi) == pytest.approx((0.75 - half, 0.75 + half))
@@ -175,9 +177,15 @@ def test_accuracy_vs_epoch_figure_marks_the_diverged_run():
     ax = fig.axes[0]
     lines = {ln.get_label(): ln for ln in ax.get_lines()}
     np.testing.assert_allclose(lines["pipemare"].get_ydata(), [(0.3 + 0.45) / 2, 0.5])
-    crosses = [c for c in ax.collections if c.get_label() == "diverged run"]
+    crosses = [c for c in ax.collections if c.get_label() == "_diverged"]
     np.testing.assert_allclose(crosses[0].get_offsets(), [[1, 0.45]])
     with pytest.raises(ConfigError, match="stages"):
         plots.plot_accuracy_vs_epoch(_hand_records(), 4)
     with pytest.raises(ConfigError, match="not in the sweep"):
         plots.plot_accuracy_vs_stages(_hand_records(), methods=["xpipe"])
+
+
+@pytest.mark.parametrize("path", sorted((REPO / "experiments").glob("*.toml")), ids=lambda p: p.name)
+def test_example_sweeps_are_valid(path):
+    spec = sweep.load_sweep(path)
+    assert spec.configs and spec.name

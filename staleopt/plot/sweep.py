@@ -78,7 +78,7 @@ def _order(labels) -> List:
 
 
 def _lines(table: pd.DataFrame, keys: Sequence[str], methods: Optional[Sequence[str]]):
-    """``[(label, color, rows)]`` in legend order; colors follow the method order of the whole table."""
+    """``[(label, style, rows)]`` in legend order; ``style`` (color, marker, line style) follows that order."""
     from matplotlib import colormaps
     if methods is not None:
         missing = sorted(set(methods) - set(table["method"]))
@@ -91,25 +91,34 @@ def _lines(table: pd.DataFrame, keys: Sequence[str], methods: Optional[Sequence[
     out = []
     for i, key in enumerate(_order(groups)):
         label = key[0] + "".join(f" {k}={v}" for k, v in zip(keys[1:], key[1:]))
-        out.append((label, cmap(i % cmap.N), groups[key]))
+        style = {"color": cmap(i % cmap.N), "marker": "osD^v<>ph"[i % 9], "linestyle": ("-", "--", "-.", ":")[i % 4]}
+        out.append((label, style, groups[key]))
     return out
 
 
-def _band(ax, x, values_by_x, color, label, level, marker="o"):
+def _band(ax, x, values_by_x, style, label, level, markersize=4):
+    """Mean line of each ``x``'s values with its Student-t band (none where fewer than 2 values)."""
     from ..sweep import t_interval
     stats = [t_interval(v, level) for v in values_by_x]
     mean = np.array([s[0] for s in stats])
     half = np.array([0.0 if np.isnan(s[1]) else s[1] for s in stats])
-    ax.plot(x, mean, marker=marker, ms=4, lw=1.5, color=color, label=label)
+    ax.plot(x, mean, ms=markersize, lw=1.5, label=label, **style)
     if np.any(half > 0):
-        ax.fill_between(x, mean - half, mean + half, color=color, alpha=0.2, lw=0)
+        ax.fill_between(x, mean - half, mean + half, color=style["color"], alpha=0.1, lw=0)
 
 
-def _legend(ax):
-    """Handles and labels of ``ax`` with the "diverged run" marker last."""
-    pairs = list(zip(*ax.get_legend_handles_labels()))
-    pairs.sort(key=lambda hl: hl[1] == "diverged run")
-    return [h for h, _ in pairs], [lab for _, lab in pairs]
+def _legend(ax, diverged: bool):
+    """Handles and labels of ``ax``, plus one neutral "diverged run" marker when some run diverged."""
+    from matplotlib.lines import Line2D
+    handles, labels = ax.get_legend_handles_labels()
+    if diverged:
+        handles.append(Line2D([], [], color="0.2", marker="x", linestyle="none", markersize=7))
+        labels.append("diverged run")
+    return handles, labels
+
+
+def _mark_diverged(ax, x, y, color):
+    ax.scatter(x, y, marker="x", s=60, color=color, zorder=5, label="_diverged")
 
 
 def _stage_axis(ax, stages):
@@ -138,30 +147,31 @@ def plot_accuracy_vs_stages(source, metric: str = "best_acc", level: float = 0.9
     stages = sorted(table["stages"].unique())
     fig = Figure(figsize=figsize, layout="constrained")
     axes = fig.subplots(1, 3)
-    diverged_shown = False
-    for label, color, rows in _lines(table, keys, methods):
+    diverged = False
+    for label, style, rows in _lines(table, keys, methods):
         by_p = [rows[rows["stages"] == p] for p in stages]
         xs = [p for p, r in zip(stages, by_p) if len(r)]
         by_p = [r for r in by_p if len(r)]
-        axes[0].plot(xs, [r["utilization"].mean() for r in by_p], marker="o", ms=4, color=color, label=label)
-        axes[1].plot(xs, [r["memory_ratio_gpipe"].mean() for r in by_p], marker="o", ms=4, color=color,
-                     label=label)
-        _band(axes[2], xs, [r[metric] for r in by_p], color, label, level)
+        axes[0].plot(xs, [r["utilization"].mean() for r in by_p], ms=4, label=label, **style)
+        axes[1].plot(xs, [r["memory_ratio_gpipe"].mean() for r in by_p], ms=4, label=label, **style)
+        _band(axes[2], xs, [r[metric] for r in by_p], style, label, level)
+        ok = rows[~rows["diverged"]]
+        axes[2].scatter(ok["stages"], ok[metric], s=8, color=style["color"], alpha=0.5, lw=0, label="_seed")
         bad = rows[rows["diverged"]]
         if len(bad):
-            axes[2].scatter(bad["stages"], bad[metric], marker="x", s=60, color=color, zorder=5,
-                            label=None if diverged_shown else "diverged run")
-            diverged_shown = True
+            _mark_diverged(axes[2], bad["stages"], bad[metric], style["color"])
+            diverged = True
     for ax in axes:
         _stage_axis(ax, stages)
     axes[0].set_ylabel("pipeline utilization")
     axes[0].set_ylim(0, 1.05)
     axes[1].set_ylabel("weight + optimizer memory (x GPipe)")
-    axes[2].set_ylabel(f"{_METRICS[metric]} (mean, {level:.0%} CI)")
+    axes[2].set_ylabel(f"{_METRICS[metric]} (mean, {level:.0%} CI; dots: runs)")
+    axes[2].set_ylim(0.0, 1.0)  # accuracy; a t-interval over few seeds can reach past [0, 1]
     axes[0].set_title("throughput", fontsize=10)
     axes[1].set_title("memory", fontsize=10)
     axes[2].set_title("model quality", fontsize=10)
-    fig.legend(*_legend(axes[2]), loc="outside right center", fontsize=8, frameon=False)
+    fig.legend(*_legend(axes[2], diverged), loc="outside right center", fontsize=8, frameon=False)
     if title:
         fig.suptitle(title, fontsize=11)
     return fig
@@ -183,24 +193,24 @@ def plot_accuracy_vs_epoch(source, stages: int, level: float = 0.95, methods: Op
     keys = line_keys(records)
     fig = Figure(figsize=figsize, layout="constrained")
     ax = fig.add_subplot()
-    diverged_shown = False
+    diverged = False
     runs_table = at.groupby("run", sort=False).first().reset_index()
-    for label, color, rows in _lines(runs_table, keys, methods):
+    for label, style, rows in _lines(runs_table, keys, methods):
         mine = at[at["run"].isin(rows["run"])]
         epochs = sorted(mine["epoch"].unique())
-        _band(ax, epochs, [mine.loc[mine["epoch"] == e, "test_acc"] for e in epochs], color, label, level,
-              marker=None)
+        _band(ax, epochs, [mine.loc[mine["epoch"] == e, "test_acc"] for e in epochs], style, label, level,
+              markersize=3)
         ends = mine.sort_values("epoch").groupby("run").tail(1)
         bad = ends[ends["status"] == "diverged"]
         if len(bad):
-            ax.scatter(bad["epoch"], bad["test_acc"], marker="x", s=60, color=color, zorder=5,
-                       label=None if diverged_shown else "diverged run")
-            diverged_shown = True
+            _mark_diverged(ax, bad["epoch"], bad["test_acc"], style["color"])
+            diverged = True
     ax.set_xlabel("epoch")
     ax.set_ylabel(f"test accuracy (mean, {level:.0%} CI)")
     ax.set_title(title or f"P = {stages}", fontsize=10)
     ax.grid(alpha=0.3)
-    ax.legend(*_legend(ax), fontsize=8, frameon=False)
+    ax.set_ylim(0.0, 1.0)
+    ax.legend(*_legend(ax, diverged), fontsize=8, frameon=False)
     return fig
 
 
