@@ -43,9 +43,10 @@ Everything runs in one process and is reported as ratios:
    schedule's delays only (``dataflow``; ``pipedream`` = ``1f1b`` with
    stashing), no T1/T2/prediction, which favours it. Both simulators are
    checked to produce the same weights before they are timed.
-4. **Growth.** Engine time and memory of ``pipemare`` and of the hand-rolled
-   ``dataflow`` simulation as the stage count ``P`` grows (1 to the model's
-   unit count) and as the ResNet-20 width grows; plotted in ``growth.png``.
+4. **Growth.** Engine time and memory of staleopt ``dataflow`` and ``pipemare``
+   and of the hand-rolled ``dataflow`` simulation as the stage count ``P``
+   grows (1 to the model's unit count) and as the ResNet-20 width grows;
+   plotted in ``growth.png``.
 
 Outputs in ``--out``: ``step.csv``, ``memory.csv``, ``handrolled.csv``,
 ``growth.csv``, ``growth.png``, ``meta.json``; the tables are printed.
@@ -455,7 +456,8 @@ def bench_model(key: str, spec: ModelSpec, rounds: int, steps: int, log) -> Tupl
 
 def bench_growth(spec: ModelSpec, stage_counts: Sequence[int], widths: Sequence[int], batch: int, steps: int,
                  log) -> List[dict]:
-    """Engine time and memory of pipemare and hand-rolled dataflow vs P, and vs width at the max P."""
+    """Engine time and memory vs P, and vs width at the max P: staleopt ``dataflow`` (the same
+    simulation as the hand-rolled loop), staleopt ``pipemare`` (T1 + T2) and hand-rolled ``dataflow``."""
     rows = []
     configs = [("stages", P, spec) for P in stage_counts]
     for w in widths:
@@ -463,19 +465,20 @@ def bench_growth(spec: ModelSpec, stage_counts: Sequence[int], widths: Sequence[
     for axis, value, s in configs:
         P = value if axis == "stages" else s.max_stages
         x, y = s.batch_of(batch)
-        vs = [Variant("plain", s, P, x, y, "plain"), Variant("pipemare", s, P, x, y, "staleopt", "pipemare"),
-              Variant("hand-rolled dataflow", s, P, x, y, "hand", "dataflow")]
+        vs = [Variant("plain", s, P, x, y, "plain"), Variant("dataflow", s, P, x, y, "staleopt", "dataflow"),
+              Variant("pipemare", s, P, x, y, "staleopt", "pipemare"),
+              Variant("hand", s, P, x, y, "hand", "dataflow")]
         interleaved(vs, 3, steps)
-        st, hd = vs[1], vs[2]
-        copy_s = weights_copy_seconds(vs[0].model)
-        minimum = minimum_bytes(st.opt)
-        params = sum(p.numel() for p in st.model.parameters())
-        rows.append({"axis": axis, "value": value, "stages": P, "params": params,
-                     "staleopt_engine_ms": 1e3 * _engine(st, vs[0])[0], "hand_engine_ms": 1e3 * _engine(hd, vs[0])[0],
-                     "staleopt_engine_min_ms": 1e3 * _engine(st, vs[0])[1],
-                     "hand_engine_min_ms": 1e3 * _engine(hd, vs[0])[1], "weights_copy_ms": 1e3 * copy_s,
-                     "plain_ms": 1e3 * statistics.median(vs[0].rounds_s),
-                     "staleopt_bytes": st.bytes, "hand_bytes": hd.bytes, "minimum_bytes": minimum})
+        row = {"axis": axis, "value": value, "stages": P, "params": sum(p.numel() for p in vs[0].model.parameters()),
+               "plain_ms": 1e3 * statistics.median(vs[0].rounds_s),
+               "weights_copy_ms": 1e3 * weights_copy_seconds(vs[0].model)}
+        for v in vs[1:]:
+            med, low = _engine(v, vs[0])
+            row.update({f"{v.name}_engine_ms": 1e3 * med, f"{v.name}_engine_min_ms": 1e3 * low,
+                        f"{v.name}_bytes": v.bytes})
+            if v.opt is not None:
+                row[f"{v.name}_minimum_bytes"] = minimum_bytes(v.opt)
+        rows.append(row)
         for v in vs:
             v.release()
         log(f"  growth {axis}={value}: done")
@@ -493,17 +496,19 @@ def plot_growth(df: pd.DataFrame, path: Path) -> None:
         if d.empty:
             continue
         ax = axes[0, col]
-        ax.plot(d.value, d.staleopt_engine_ms, "o-", label="staleopt (pipemare: T1+T2)")
-        ax.plot(d.value, d.hand_engine_ms, "s--", label="hand-rolled deque (dataflow)")
+        ax.plot(d.value, d.dataflow_engine_ms, "o-", label="staleopt, dataflow")
+        ax.plot(d.value, d.pipemare_engine_ms, "^-.", label="staleopt, pipemare (T1+T2)")
+        ax.plot(d.value, d.hand_engine_ms, "s--", label="hand-rolled deque, dataflow")
         ax.plot(d.value, d.weights_copy_ms, "k:", label="one copy of all weights (foreach)")
         ax.set_xlabel(xlabel)
         ax.set_ylabel("simulator time per step (ms)")
         ax.set_yscale("log")
         ax.legend(fontsize=8)
         ax = axes[1, col]
-        ax.plot(d.value, d.staleopt_bytes / 2**20, "o-", label="staleopt, measured")
-        ax.plot(d.value, d.minimum_bytes / 2**20, "k:", label="minimum (delays + buffers)")
-        ax.plot(d.value, d.hand_bytes / 2**20, "s--", label="hand-rolled deque")
+        ax.plot(d.value, d.dataflow_bytes / 2**20, "o-", label="staleopt, dataflow (= its minimum)")
+        ax.plot(d.value, d.pipemare_bytes / 2**20, "^-.", label="staleopt, pipemare")
+        ax.plot(d.value, d.pipemare_minimum_bytes / 2**20, "k:", label="pipemare minimum (delays + T2 buffer)")
+        ax.plot(d.value, d.hand_bytes / 2**20, "s--", label="hand-rolled deque, dataflow")
         ax.set_xlabel(xlabel)
         ax.set_ylabel("stale-weight memory (MiB)")
         ax.legend(fontsize=8)
@@ -589,8 +594,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                         "max_abs_weight_diff"]))
     if not args.no_growth:
         print("\n4. growth (ResNet-20; engine time per step, memory)")
-        print(_table(growth, ["axis", "value", "stages", "params", "staleopt_engine_ms", "hand_engine_ms",
-                              "weights_copy_ms", "staleopt_bytes", "minimum_bytes", "hand_bytes"]))
+        print(_table(growth, ["axis", "value", "stages", "params", "dataflow_engine_ms", "pipemare_engine_ms",
+                              "hand_engine_ms", "weights_copy_ms", "dataflow_bytes", "pipemare_bytes",
+                              "pipemare_minimum_bytes", "hand_bytes"]))
     print(f"\nwrote {out}/step.csv, memory.csv, handrolled.csv" + ("" if args.no_growth else ", growth.csv, growth.png")
           + f" in {meta['seconds']:.0f} s")
     return 0

@@ -75,4 +75,5 @@ def test_quick_run_writes_tables_and_plot(bench, tmp_path):
     growth = pd.read_csv(tmp_path / "growth.csv")
     assert set(growth.axis) == {"stages", "width"}
     stages = growth[growth.axis == "stages"].sort_values("value")
-    assert stages.staleopt_bytes.is_monotonic_increasing
+    assert stages.dataflow_bytes.is_monotonic_increasing
+    assert (growth.dataflow_bytes == growth.dataflow_minimum_bytes).all()
