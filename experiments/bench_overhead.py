@@ -517,7 +517,7 @@ def plot_growth(df: pd.DataFrame, path: Path) -> None:
                 a.set_xscale("log", base=2)
     fig.suptitle("Growth of simulator time and memory (ResNet-20, CPU)")
     fig.tight_layout()
-    fig.savefig(path, dpi=90)
+    fig.savefig(path, dpi=80)
     plt.close(fig)
 
 
