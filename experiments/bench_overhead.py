@@ -65,7 +65,6 @@ import platform
 import statistics
 import sys
 import time
-import warnings
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -222,14 +221,19 @@ class HandRolled:
 def _storages() -> Dict[int, int]:
     """``{data_ptr: nbytes}`` of every tensor storage reachable from a gc-tracked Python object."""
     out = {}
-    with warnings.catch_warnings():  # isinstance() on some lazily deprecated torch objects warns
-        warnings.simplefilter("ignore")
-        objects = [o for o in gc.get_objects() if isinstance(o, torch.Tensor)]
+    # type(), not isinstance(): isinstance reads __class__, which fails on dead weak proxies
+    # and warns on some lazily deprecated torch objects
+    objects = [o for o in gc.get_objects() if issubclass(type(o), torch.Tensor)]
     for o in objects:
-        if o.device.type != "meta":
+        if o.device.type == "meta":
+            continue
+        try:
             s = o.untyped_storage()
-            if s.data_ptr():
-                out[s.data_ptr()] = s.nbytes()
+            ptr = s.data_ptr()
+        except RuntimeError:  # tensors without real storage (fake tensors left by torch.compile)
+            continue
+        if ptr:
+            out[ptr] = s.nbytes()
     return out
 
 

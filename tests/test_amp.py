@@ -145,8 +145,9 @@ def test_bf16_autocast_with_stashing_equals_stale_gradient_reference():
 
 @needs_bf16
 def test_bf16_autocast_with_grad_scaler_runs_and_matches_unscaled():
-    model, opt = _autocast_run("pipemare", scaler=torch.amp.GradScaler("cpu", init_scale=2.0 ** 8))
-    plain, _ = _autocast_run("pipemare")
+    with pytest.warns(UserWarning, match="autocast"):  # pipemare's backward views (see the next test)
+        model, opt = _autocast_run("pipemare", scaler=torch.amp.GradScaler("cpu", init_scale=2.0 ** 8))
+        plain, _ = _autocast_run("pipemare")
     assert opt.step_count == 4 and torch.isfinite(_flat(model)).all()
     assert torch.allclose(_flat(model), _flat(plain), rtol=0, atol=1e-6)
 
@@ -156,8 +157,9 @@ def test_autocast_backward_reads_the_forward_view_documented_limit():
     """Documented limit: autocast saves the *bf16 copy* of each weight it casts (linear, conv,
     matmul) for the backward, so the backward view ``u_bkwd`` never reaches those ops and a schedule
     with ``tau_bkwd != tau_fwd`` (dataflow, 1f1b, pb, T2) trains as if it stashed. Without autocast,
-    or with the parameters themselves in bfloat16, the backward view applies."""
-    ac_plain, _ = _autocast_run("dataflow")
+    or with the parameters themselves in bfloat16, the backward view applies. The wrapper warns."""
+    with pytest.warns(UserWarning, match="autocast"):
+        ac_plain, _ = _autocast_run("dataflow")
     ac_stash, _ = _autocast_run("pipemare-stash")  # dataflow + stashing
     assert torch.equal(_flat(ac_plain), _flat(ac_stash))
     for dtype in (torch.float32, torch.bfloat16):
