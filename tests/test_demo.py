@@ -99,6 +99,19 @@ def test_demo_command_prints_table_and_writes_figures(tiny, capsys):
     assert (clean / "records.csv").read_text().count("\n") == 1 + 16
 
 
+def test_demo_summarizes_only_the_runs_of_its_sweep_file(tiny, tmp_path, capsys):
+    path, clean = tiny
+    subset = tmp_path / "subset.toml"
+    subset.write_text(TINY.replace("stages = [2, 4]", "stages = [2]"))
+    out = tmp_path / "out"
+    import shutil
+    shutil.copytree(clean / "runs", out / "runs")  # holds the P=4 runs too
+    assert main(["demo", "--sweep", str(subset), "--out", str(out), "--workers", "1", "--no-bar"]) == 0
+    assert "2 runs (2 already done" in capsys.readouterr().out
+    summary = pd.read_csv(out / "summary.csv")
+    assert summary["stages"].tolist() == [2, 2] and (summary["runs"] == 1).all()
+
+
 def test_plot_command(tiny, tmp_path):
     _, clean = tiny
     assert main(["plot", str(clean), "--out", str(tmp_path / "a.png")]) == 0

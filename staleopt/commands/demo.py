@@ -50,11 +50,17 @@ def _cell(mean, ci, diverged, runs):
 
 
 def pivot(summary, value: str = "best_acc"):
-    """Methods x stages table of ``value`` (mean ± CI over seeds), diverged runs counted in each cell."""
+    """Methods x stages table of ``value`` (mean ± CI over seeds), diverged runs counted in each cell.
+
+    ``summary`` is :func:`staleopt.sweep.summarize` grouped by method and stages; rows follow
+    :data:`staleopt.plot.sweep.METHOD_ORDER`.
+    """
     import pandas as pd
+    from ..plot.sweep import METHOD_ORDER
     cells = {(r.method, int(r.stages)): _cell(getattr(r, value), getattr(r, value + "_ci"), r.diverged, r.runs)
              for r in summary.itertuples()}
-    methods = list(dict.fromkeys(summary["method"]))
+    methods = sorted(dict.fromkeys(summary["method"]),
+                     key=lambda m: (METHOD_ORDER.index(m) if m in METHOD_ORDER else len(METHOD_ORDER), m))
     stages = sorted({s for _, s in cells})
     table = pd.DataFrame([[cells.get((m, s), "") for s in stages] for m in methods], index=methods,
                          columns=[f"P={s}" for s in stages])
@@ -78,14 +84,12 @@ def run(args) -> int:
     t0 = time.perf_counter()
     report = sweep.run_sweep(spec, out, workers=args.workers, threads=1, bar=not args.no_bar)
     elapsed = time.perf_counter() - t0
+    ids = {c.run_id() for c in spec.configs}
     records = sweep.collect(out)
+    records = records[records["run"].isin(ids)].reset_index(drop=True)  # not runs of an earlier sweep file
     summary = sweep.summarize(records, by=["method", "stages"])
     if summary.empty:
         raise ConfigError(f"no run of {path} finished; see the error.txt files under {out / 'runs'}")
-    from ..plot.sweep import METHOD_ORDER
-    rank = {m: i for i, m in enumerate(METHOD_ORDER)}
-    summary = summary.sort_values(["method", "stages"], key=lambda c: c.map(lambda m: rank.get(m, len(rank)))
-                                  if c.name == "method" else c, kind="stable", ignore_index=True)
     records.to_csv(out / "records.csv", index=False)
     summary.to_csv(out / "summary.csv", index=False)
     hw = records.groupby(["method", "stages"], sort=False)[["utilization", "memory_ratio_gpipe"]].first()
@@ -98,7 +102,7 @@ def run(args) -> int:
     print(pivot(summary).to_string())
     print(f"\npipeline utilization and weight+optimizer memory (x GPipe) at P = {largest}:")
     at = hw.xs(largest, level="stages") if largest in hw.index.get_level_values("stages") else hw
-    print(at.loc[[m for m in summary["method"].unique() if m in at.index]].to_string(float_format=lambda v: f"{v:.3f}"))
+    print(at.loc[[m for m in pivot(summary).index if m in at.index]].to_string(float_format=lambda v: f"{v:.3f}"))
     figure = plots.save(plots.plot_accuracy_vs_stages(records, title=spec.description or None),
                         out / "accuracy_vs_stages.png")
     curves = plots.save(plots.plot_accuracy_vs_epoch(records, largest), out / f"accuracy_vs_epoch_P{largest}.png")
