@@ -69,8 +69,9 @@ def ray():
 def test_local_ray_sweep_equals_the_serial_sweep(ray, tmp_path):
     path = _sweep_file(tmp_path)
     sweep.run_sweep(path, tmp_path / "serial", train_fn=fake_train, bar=False)
+    running = ray.is_initialized()  # False in file order: run_jobs starts a local Ray
     results = _ray_sweep(path, tmp_path / "ray", workers=2)
-    assert not ray.is_initialized()  # the Ray it started is stopped again
+    assert ray.is_initialized() == running  # a Ray it started is stopped again
     assert sorted(s for _, s, _ in results) == ["ok"] * 4
     assert set(sweep.runs(tmp_path / "ray")["state"]) == {"done"}
     pd.testing.assert_frame_equal(_records(tmp_path / "ray"), _records(tmp_path / "serial"))
