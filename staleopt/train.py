@@ -57,7 +57,7 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Any, Dict, Mapping, Optional, Union
+from typing import Any, Dict, Mapping, Union
 
 import pandas as pd
 import torch

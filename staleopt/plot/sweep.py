@@ -32,8 +32,6 @@ METHOD_ORDER = ("gpipe", "pipedream-flush", "pipedream", "pipedream-vs", "pipedr
                 "1f1b", "dataflow", "pb", "pb-hybrid", "pipeoptim", "spectrain", "xpipe", "pipemare-t1",
                 "pipemare", "pipemare-w")
 _METRICS = {"best_acc": "best test accuracy", "final_acc": "final test accuracy"}
-_PER_RUN = ("method", "stages", "seed", "best_acc", "final_acc", "epochs_run", "diverged", "utilization",
-            "memory_ratio_gpipe")
 
 
 def _records(source) -> pd.DataFrame:
