@@ -162,3 +162,21 @@ def test_train_command_prints_and_writes_records(tmp_path, capsys):
                                  method="pipemare", stages=4, epochs=2, batch_size=16, lr=0.05))
     assert rec["test_loss"].tolist() == pytest.approx(direct["test_loss"].tolist(), rel=1e-12)
     assert main(["train", "--method", "nope"]) == 2
+
+
+def test_train_flags_override_a_config_file(tmp_path):
+    import argparse
+    import json
+
+    from staleopt.cli import build_parser
+    from staleopt.commands.train import config_from_args
+    path = tmp_path / "base.json"
+    path.write_text(json.dumps({**SMALL, "method": "pipemare", "stages": 3, "divergence_loss": 5.0}))
+    args = build_parser().parse_args(["train", "--config", str(path), "--stages", "max", "--seed", "4",
+                                      "--divergence-loss", "none", "--lr-milestones", "2,3"])
+    c = config_from_args(args)
+    assert (c.method, c.stages, c.seed, c.divergence_loss, c.lr_milestones) == ("pipemare", 4, 4, None, [2, 3])
+    assert c.model_kwargs == SMALL["model_kwargs"] and isinstance(args, argparse.Namespace)
+    toml = tmp_path / "base.toml"
+    toml.write_text('method = "1f1b"\nstages = 2\n')
+    assert config_from_args(build_parser().parse_args(["train", "--config", str(toml)])).method == "1f1b"
