@@ -33,8 +33,8 @@ __all__ = ["OPTIMIZER_SLOTS", "MemoryReport", "pipeline_utilization", "amortized
            "hybrid_speedup", "time_to_accuracy", "effective_delays", "in_flight_counts",
            "activation_sizes", "activation_memory", "memory_report"]
 
-#: Weight-sized state buffers per optimizer (SGD: none; SGD momentum: the velocity; Adam: m and v).
-OPTIMIZER_SLOTS = {"sgd": 0, "sgd-momentum": 1, "adam": 2}
+#: Weight-sized state buffers per optimizer (SGD: none; SGD momentum: the velocity; Adam, AdamW: m and v).
+OPTIMIZER_SLOTS = {"sgd": 0, "sgd-momentum": 1, "adam": 2, "adamw": 2}
 
 
 def _resolve(method, stages: Optional[int] = None, microbatches: Optional[int] = None):

@@ -74,7 +74,6 @@ RECORD_COLUMNS = ("epoch", "step", "train_loss", "test_loss", "test_acc", "lr_ba
                   "tau_max", "utilization", "memory_bytes", "memory_ratio_gpipe")
 
 #: :mod:`staleopt.hardware` prices optimizer state by slots; AdamW keeps Adam's two moments.
-_HARDWARE_OPTIMIZER = {"sgd": "sgd", "sgd-momentum": "sgd-momentum", "adam": "adam", "adamw": "adam"}
 _EVAL_BATCH = 1000
 
 
@@ -143,7 +142,7 @@ def _hardware(config: RunConfig, model, opt, total: int, args: Dict[str, Any]) -
     util = hardware.pipeline_utilization(config.method, P, N, total_steps=total,
                                          warmup_steps=args.get("warmup_steps"),
                                          pipelined_steps=args.get("pipelined_steps"))
-    mem = hardware.memory_report(model, config.method, P, N, optimizer=_HARDWARE_OPTIMIZER[config.optimizer],
+    mem = hardware.memory_report(model, config.method, P, N, optimizer=config.optimizer,
                                  partition=opt.partition)
     return {"tau_max": max(opt.max_delays[0]), "utilization": float(util),
             "memory_bytes": int(mem.weight_optimizer_bytes), "memory_ratio_gpipe": float(mem.ratio_to_gpipe)}
