@@ -105,6 +105,7 @@ def test_closure_only_optimizers_are_rejected():
         staleopt.PipelineOptimizer(model, torch.optim.LBFGS(model.parameters()), stages=3)
 
 
+@pytest.mark.filterwarnings("ignore:Complex modules are a new feature")
 def test_complex_parameters_swap_exactly():
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(4, 4, bias=False), nn.Linear(4, 2, bias=False)).to(torch.complex128)
