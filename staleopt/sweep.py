@@ -260,7 +260,7 @@ class SweepReport:
 def run_sweep(sweep: Union[Sweep, str, os.PathLike, Sequence[RunConfig]], out: Union[str, os.PathLike], *,
               workers: int = 1, shard_spec: Optional[Tuple[int, int]] = None, train_fn=None,
               progress: bool = False, threads: Optional[int] = 1, bar: bool = True,
-              context: str = "spawn") -> SweepReport:
+              context: str = "spawn", executor: str = "local") -> SweepReport:
     """Run every unfinished config of ``sweep`` into ``out/runs/<run_id>/``.
 
     ``workers > 1`` uses a process pool of that size (``context`` ``"spawn"``
@@ -269,7 +269,9 @@ def run_sweep(sweep: Union[Sweep, str, os.PathLike, Sequence[RunConfig]], out: U
     the duration). ``train_fn`` is a callable (picklable for ``workers > 1``)
     or a ``"module:function"`` string; default :data:`DEFAULT_TRAIN_FN`.
     A train function that raises marks its run failed (``error.txt``) and the
-    sweep goes on.
+    sweep goes on. ``executor="ray"`` runs the unfinished runs as Ray tasks
+    (:mod:`staleopt.ray_executor`: ``$RAY_ADDRESS`` or a local Ray with ``workers``
+    CPUs); run directories and resume rules are the same.
     """
     from tqdm.auto import tqdm
 
@@ -280,6 +282,8 @@ def run_sweep(sweep: Union[Sweep, str, os.PathLike, Sequence[RunConfig]], out: U
         configs = shard(configs, *shard_spec)
     if workers < 1:
         raise ConfigError(f"workers must be >= 1, got {workers}")
+    if executor not in ("local", "ray"):
+        raise ConfigError(f"executor must be 'local' or 'ray', got {executor!r}")
     train_fn = DEFAULT_TRAIN_FN if train_fn is None else train_fn
     if workers == 1:
         train_fn = _resolve_fn(train_fn)  # fail before starting anything
@@ -305,7 +309,12 @@ def run_sweep(sweep: Union[Sweep, str, os.PathLike, Sequence[RunConfig]], out: U
                          diverged=sum(s == "diverged" for s in report.finished.values()))
 
     try:
-        if workers == 1:
+        if executor == "ray":
+            from .ray_executor import run_jobs
+            jobs = [(train_fn, cfg.to_dict(), str(root / cfg.run_id()), progress) for cfg in todo]
+            for result in run_jobs(_execute, jobs, workers=workers, threads=threads):
+                record(result)
+        elif workers == 1:
             import torch
             old = torch.get_num_threads()
             if threads:

@@ -25,6 +25,7 @@ examples:
   staleopt sweep experiments/demo.toml --out runs/demo --workers 2
   staleopt sweep experiments/demo.toml --out runs/demo --dry-run      # list runs and their state
   staleopt sweep experiments/demo.toml --out runs/demo --shard 1/4    # this machine's quarter
+  RAY_ADDRESS=head:6379 staleopt sweep experiments/demo.toml --out /shared/demo --executor ray
   staleopt results runs/demo
 
 Each run lives in OUT/runs/<hash of its config>/; a run is finished once its
@@ -50,6 +51,9 @@ def register(subparsers) -> None:
                    help="sweep directory (default: runs/<name in the file, else the file's stem>)")
     p.add_argument("--workers", type=int, default=1, help="parallel runs, one process each (default 1)")
     p.add_argument("--worker-threads", type=int, default=1, help="torch threads per run (default 1)")
+    p.add_argument("--executor", choices=["local", "ray"], default="local",
+                   help="local: this machine (--workers processes); ray: Ray tasks on $RAY_ADDRESS, or on a "
+                        "local Ray with --workers CPUs (pip install 'staleopt[ray]')")
     p.add_argument("--shard", default=None, metavar="K/N",
                    help="run only the K-th of N disjoint slices of the sweep (1 <= K <= N)")
     p.add_argument("--progress", action="store_true", help="show each run's own progress")
@@ -97,7 +101,8 @@ def run_sweep_command(args) -> int:
             name, kwargs = json.loads(key)
             data.load(name, download=True, **kwargs)
     report = sweep.run_sweep(configs, out, workers=args.workers, train_fn=args.train_fn,
-                             progress=args.progress, threads=args.worker_threads, bar=not args.no_bar)
+                             progress=args.progress, threads=args.worker_threads, bar=not args.no_bar,
+                             executor=args.executor)
     diverged = sum(s == "diverged" for s in report.finished.values())
     print(f"{out}: {report.total} runs; {len(report.skipped)} already done, {len(report.finished)} finished "
           f"now ({diverged} diverged), {len(report.failed)} failed")

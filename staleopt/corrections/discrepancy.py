@@ -1,7 +1,7 @@
 """PipeMare T2: discrepancy correction of the backward weights, PipeMare §3.2."""
 from __future__ import annotations
 
-import math
+from typing import Dict
 
 import torch
 
@@ -68,13 +68,23 @@ class DiscrepancyCorrection(Correction):
             torch._foreach_add_(c.data, views, alpha=-(tf[c.stage] - tb[c.stage]))
 
     def after_update(self, chunks, delays, step):
+        new, old, views, gammas = [], [], [], []
         for i, c in enumerate(self.engine.chunks):
             if i in self._delta:
-                g = self.gamma[c.stage]
-                diff = torch._foreach_sub(c.data, c.stored(step))  # w_{t+1} - w_t
-                views = self._delta[i][1]
-                torch._foreach_mul_(views, g)
-                torch._foreach_add_(views, diff, alpha=1.0 - g)
+                new += c.data  # w_{t+1}
+                old += c.stored(step)  # w_t
+                views += self._delta[i][1]
+                gammas += [self.gamma[c.stage]] * len(c.data)
+        if not views:
+            return
+        diff = torch._foreach_sub(new, old)
+        by_gamma: Dict[float, tuple] = {}
+        for v, d, g in zip(views, diff, gammas):
+            vs, ds = by_gamma.setdefault(g, ([], []))
+            vs.append(v)
+            ds.append(d)
+        for g, (vs, ds) in by_gamma.items():  # delta += (1 - gamma) * ((w_{t+1} - w_t) - delta)
+            torch._foreach_lerp_(vs, ds, 1.0 - g)
 
     def state_dict(self):
         return {"delta": {i: flat for i, (flat, _) in self._delta.items()}}
