@@ -1,4 +1,8 @@
-"""Every ```python block of the README runs as written."""
+"""Every ```python block of the README runs as written.
+
+Blocks fenced as ```py are illustrations that need a cluster, files or minutes
+(torchrun, a sweep directory, a full training run); they are not executed.
+"""
 import re
 from pathlib import Path
 
