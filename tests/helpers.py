@@ -64,3 +64,28 @@ def oracle_grads(x, y, Wf, Wb):
         if i > 0:
             delta = (delta @ Wb[i][0]) * (1 - acts[i] ** 2)
     return grads
+
+
+def sweep_killed_after_first_run(sweep_file, out, extra_args=(), env=None, timeout=60):
+    """Launch ``staleopt sweep`` in a real process and SIGKILL it once the first run is done."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    proc = subprocess.Popen([sys.executable, "-m", "staleopt.cli", "sweep", str(sweep_file), "--out", str(out),
+                             "--no-bar", *extra_args], env={**os.environ, **(env or {})},
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.time() + timeout
+        while not list(out.glob("runs/*/done")):
+            assert proc.poll() is None, proc.stderr.read().decode()
+            assert time.time() < deadline, f"no run finished within {timeout} s"
+            time.sleep(0.01)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.stderr.close()

@@ -4,12 +4,11 @@ import math
 
 import pytest
 import torch
-from torch import nn
 
 import staleopt
 from staleopt import methods, schedules
-from staleopt.corrections import (DiscrepancyCorrection, Hybrid, LRReschedule, Stashing, VerticalSync, Warmup,
-                                  WeightPrediction, t1_factor)
+from staleopt.corrections import (DiscrepancyCorrection, LRReschedule, VerticalSync, Warmup, WeightPrediction,
+                                  t1_factor)
 from staleopt.errors import CorrectionError, ScheduleError
 
 from helpers import batches, linears, mlp, mse, oracle_grads, snapshot, train
@@ -159,7 +158,6 @@ def test_prediction_generic_fallback_is_the_last_applied_update_on_rmsprop():
     opt = staleopt.PipelineOptimizer(model, torch.optim.RMSprop(model.parameters(), lr=lr), stages=3,
                                      schedule="pipeoptim")
     wp = opt.corrections[0]
-    prev = None
     for x, y in batches(6, seed=4):
         before = torch.cat([p.detach().flatten() for p in opt.partition[0].params])
         train(model, opt, [(x, y)])

@@ -1,23 +1,20 @@
 """End to end with the real trainer: a sweep killed with SIGKILL resumes to the uninterrupted records;
 the demo and plot commands on it; the sweep figures' numbers checked against hand-made records."""
 import math
-import os
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
 
-from staleopt import sweep, train
+from staleopt import sweep
 from staleopt.cli import main
 from staleopt.commands.demo import DEFAULT_SWEEP
 from staleopt.errors import ConfigError
 from staleopt.plot import sweep as plots
 from matplotlib.collections import PolyCollection
+
+from helpers import sweep_killed_after_first_run
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = """\
@@ -56,21 +53,7 @@ def tiny(tmp_path_factory):
 def test_killed_sweep_resumes_to_the_uninterrupted_records(tiny, tmp_path):
     path, clean = tiny
     killed = tmp_path / "killed"
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "staleopt.cli", "sweep", str(path), "--out", str(killed),
-                             "--no-bar"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    try:
-        deadline = time.time() + 50
-        while not list(killed.glob("runs/*/done")):
-            assert proc.poll() is None, proc.stderr.read().decode()
-            assert time.time() < deadline, "no run finished within 50 s"
-            time.sleep(0.01)
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait()
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        proc.stderr.close()
+    sweep_killed_after_first_run(path, killed, env={"OMP_NUM_THREADS": "1"}, timeout=50)
     states = sweep.runs(killed)["state"].tolist()
     done = [r for r, s in zip(sweep.runs(killed)["run"], states) if s == "done"]
     assert 1 <= len(done) < 4, states

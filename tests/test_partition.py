@@ -2,7 +2,6 @@
 import itertools
 
 import pytest
-import torch
 import torchvision
 from torch import nn
 

@@ -2,8 +2,6 @@
 import json
 import os
 import random
-import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -15,6 +13,8 @@ from staleopt import sweep
 from staleopt.cli import main
 from staleopt.config import RunConfig
 from staleopt.errors import ConfigError, SweepConfigError
+
+from helpers import sweep_killed_after_first_run
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -148,23 +148,9 @@ def _records(sweep_dir):
 def test_killed_sweep_resumes_to_the_uninterrupted_result(tmp_path, monkeypatch):
     path = _write(tmp_path)
     killed, log = tmp_path / "killed", tmp_path / "calls.log"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "tests"), str(REPO)]),
-           "FAKE_SLEEP": "1.5", "FAKE_LOG": str(log)}
-    proc = subprocess.Popen([sys.executable, "-m", "staleopt.cli", "sweep", str(path), "--out", str(killed),
-                             "--train-fn", "test_sweep:fake_train", "--no-bar"], env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    try:
-        deadline = time.time() + 60
-        while not list(killed.glob("runs/*/done")):
-            assert proc.poll() is None, proc.stderr.read().decode()
-            assert time.time() < deadline, "no run finished within 60 s"
-            time.sleep(0.02)
-        os.kill(proc.pid, signal.SIGKILL)  # the second run is now in flight
-        proc.wait()
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        proc.stderr.close()
+    env = {"PYTHONPATH": os.pathsep.join([str(REPO / "tests"), str(REPO)]), "FAKE_SLEEP": "1.5",
+           "FAKE_LOG": str(log)}
+    sweep_killed_after_first_run(path, killed, ["--train-fn", "test_sweep:fake_train"], env)  # run 2 in flight
 
     states = sweep.runs(killed)["state"].tolist()
     assert states.count("done") == 1 and len(states) - states.count("done") <= 1, states

@@ -23,8 +23,6 @@ from __future__ import annotations
 
 from typing import Dict, List, Optional, Sequence, Tuple
 
-import torch
-
 __all__ = ["Correction"]
 
 Delays = Tuple[List[int], List[int]]
