@@ -23,6 +23,7 @@ Hessian is block diagonal and the loss quadratic, the bound is exact.
 """
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import dataclass
 from typing import Callable, List, NamedTuple, Optional, Sequence, Tuple, Union
@@ -234,7 +235,10 @@ def advise(model: nn.Module, loss_fn: Callable, batch, method: Union[str, object
     part = stages if isinstance(stages, Partition) else partition_model(model, stages, partition)
     P = part.num_stages
     tf, tb, factors = _delays_and_factors(method, P, microbatches, step, method_args)
-    curv = stage_curvatures(model, loss_fn, batch, part, iters, tol, seed)
+    # Measure on a copy: the model's buffers (BatchNorm statistics) stay untouched, and a
+    # PipelineOptimizer's hooks, inert in copies, do not swap stale views in (curvature at w_t).
+    probe = copy.deepcopy(model)
+    curv = stage_curvatures(probe, loss_fn, batch, partition_model(probe, part.cuts), iters, tol, seed)
     rows = []
     for i, stage in enumerate(part):
         lam = curv[i].value

@@ -91,6 +91,11 @@ class RunConfig:
         if self.batch_size % self.microbatches:
             _fail("microbatches", self.microbatches, f"must divide batch_size = {self.batch_size} "
                   "(each microbatch holds batch_size / microbatches samples)")
+        if isinstance(self.stages, int) and self.stages > 1 and self.microbatches < self.stages:
+            from . import methods
+            if methods.resolve(self.method)[0].name == "2bw":
+                _fail("microbatches", self.microbatches, f"must be >= stages = {self.stages} for {self.method!r} "
+                      "(2BW paper §3.1: m >= d)")
         _check_kwargs("model_kwargs", self.model_kwargs, _model_options(self.model))
         _check_kwargs("data_kwargs", self.data_kwargs, _data_options(self.data))
 
@@ -156,14 +161,14 @@ def _int(name, v, lo=None, optional=False):
     return int(v)
 
 
-def _float(name, v, lo=None, hi=None, optional=False, open_lo=False):
+def _float(name, v, lo=None, hi=None, optional=False, open_lo=False, open_hi=False):
     if v is None and optional:
         return None
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
         _fail(name, v, "must be a finite number" + (" or None" if optional else ""))
-    if lo is not None and (v <= lo if open_lo else v < lo) or hi is not None and v > hi:
+    if lo is not None and (v <= lo if open_lo else v < lo) or hi is not None and (v >= hi if open_hi else v > hi):
         _fail(name, v, f"must lie in {'(' if open_lo else '['}{lo}, {hi if hi is not None else 'inf'}"
-                       f"{']' if hi is not None else ')'}")
+                       f"{')' if open_hi or hi is None else ']'}")
     return float(v)
 
 
@@ -256,7 +261,7 @@ _VALIDATORS = {
     "batch_size": lambda n, v: _int(n, v, lo=1),
     "seed": lambda n, v: _int(n, v, lo=0),
     "anneal_steps": lambda n, v: _int(n, v, lo=1, optional=True),
-    "decay": lambda n, v: _float(n, v, lo=0.0, hi=1.0, optional=True),
+    "decay": lambda n, v: _float(n, v, lo=0.0, hi=1.0, optional=True, open_lo=True, open_hi=True),
     "warmup_steps": lambda n, v: _int(n, v, lo=0, optional=True),
     "pipelined_steps": lambda n, v: _int(n, v, lo=0, optional=True),
     "divergence_loss": lambda n, v: _float(n, v, lo=0.0, open_lo=True, optional=True),

@@ -32,6 +32,7 @@ The runner knows nothing about training: it calls
 """
 from __future__ import annotations
 
+import difflib
 import importlib
 import itertools
 import json
@@ -285,9 +286,10 @@ def run_sweep(sweep: Union[Sweep, str, os.PathLike, Sequence[RunConfig]], out: U
     if executor not in ("local", "ray"):
         raise ConfigError(f"executor must be 'local' or 'ray', got {executor!r}")
     train_fn = DEFAULT_TRAIN_FN if train_fn is None else train_fn
+    resolved = _resolve_fn(train_fn)  # fail before starting anything, whatever the executor
     if workers == 1:
-        train_fn = _resolve_fn(train_fn)  # fail before starting anything
-    root = Path(out) / "runs"
+        train_fn = resolved
+    root = Path(out).resolve() / "runs"  # absolute: Ray workers may run elsewhere
     root.mkdir(parents=True, exist_ok=True)
     report = SweepReport(total=len(configs))
     todo = []
@@ -392,6 +394,8 @@ def t_interval(values: Iterable[float], level: float = 0.95) -> Tuple[float, flo
     standard deviation (ddof 1); NaN when ``n < 2``.
     """
     from scipy import stats
+    if not 0.0 < level < 1.0:
+        raise ConfigError(f"level must lie in (0, 1), e.g. 0.95 for 95% intervals; got {level!r}")
     xs = [float(v) for v in values if v is not None and math.isfinite(float(v))]
     n = len(xs)
     if n == 0:
@@ -401,6 +405,11 @@ def t_interval(values: Iterable[float], level: float = 0.95) -> Tuple[float, flo
         return mean, math.nan, n
     s = math.sqrt(sum((x - mean) ** 2 for x in xs) / (n - 1))
     return mean, float(stats.t.ppf((1 + level) / 2, n - 1)) * s / math.sqrt(n), n
+
+
+def varies(column: pd.Series) -> bool:
+    """Whether a config column takes more than one value (``None`` and lists count as values)."""
+    return column.map(lambda v: json.dumps(v, sort_keys=True, default=str)).nunique() > 1
 
 
 def summarize(records: pd.DataFrame, by: Optional[Sequence[str]] = None, level: float = 0.95) -> pd.DataFrame:
@@ -414,6 +423,13 @@ def summarize(records: pd.DataFrame, by: Optional[Sequence[str]] = None, level: 
     ``final_loss``, ``diverged`` (count) and ``status`` (``ok``,
     ``diverged`` or ``k/n diverged``). ``*_ci`` are half-widths.
     """
+    if not 0.0 < level < 1.0:
+        raise ConfigError(f"level must lie in (0, 1), e.g. 0.95 for 95% intervals; got {level!r}")
+    unknown = [c for c in (by or []) if c not in field_names()]
+    if unknown:
+        close = difflib.get_close_matches(unknown[0], field_names(), n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ConfigError(f"cannot group by {unknown[0]!r}{hint}: not a config key; keys: {', '.join(field_names())}")
     if records.empty:
         return pd.DataFrame()
     by = [c for c in (by or field_names()) if c != "seed" and c in records.columns]
@@ -424,7 +440,7 @@ def summarize(records: pd.DataFrame, by: Optional[Sequence[str]] = None, level: 
                         "final_acc": last["test_acc"], "final_loss": last["train_loss"],
                         "diverged": last["status"] == "diverged"})
     per_run = pd.DataFrame(per_run)
-    keep = [c for c in by if c in ("method", "stages") or per_run[c].astype(str).nunique() > 1]
+    keep = [c for c in by if c in ("method", "stages") or varies(per_run[c])]
     rows = []
     for key, g in per_run.groupby(keep, sort=False, dropna=False):
         key = key if isinstance(key, tuple) else (key,)

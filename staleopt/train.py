@@ -139,9 +139,8 @@ def lr_lambda(config: RunConfig, steps_per_epoch: int, total: int):
 def _hardware(config: RunConfig, model, opt, total: int, args: Dict[str, Any]) -> Dict[str, float]:
     from . import hardware
     P, N = opt.partition.num_stages, config.microbatches
-    util = hardware.pipeline_utilization(config.method, P, N, total_steps=total,
-                                         warmup_steps=args.get("warmup_steps"),
-                                         pipelined_steps=args.get("pipelined_steps"))
+    phase = {k: min(args[k], total) for k in ("warmup_steps", "pipelined_steps") if args.get(k) is not None}
+    util = hardware.pipeline_utilization(config.method, P, N, total_steps=total, **phase)
     mem = hardware.memory_report(model, config.method, P, N, optimizer=config.optimizer,
                                  partition=opt.partition)
     return {"tau_max": max(opt.max_delays[0]), "utilization": float(util),

@@ -307,3 +307,18 @@ def test_sweep_dry_run_lists_states(tmp_path, capsys):
     assert [l.split()[1] for l in lines[:4]] == ["done", "pending", "pending", "pending"]
     assert lines[-1].endswith("4 runs in " + str(tmp_path / "s"))
     assert main(["sweep", str(_write(tmp_path, "[grid]\nseed=1\n", "bad.toml"))]) == 2
+
+
+def test_summary_rejects_bad_groupings_and_levels_and_keeps_none_apart():
+    rows = []
+    for run, (anneal, seed) in enumerate([(None, 0), (None, 1), (2, 0), (2, 1)]):
+        for epoch in (1, 2):
+            rows.append({"run": f"r{run}", "epoch": epoch, "method": "pipemare", "stages": 3, "seed": seed,
+                         "anneal_steps": anneal, "test_acc": 0.5 + 0.1 * run, "train_loss": 1.0, "status": "ok"})
+    records = pd.DataFrame(rows)
+    table = sweep.summarize(records)
+    assert len(table) == 2 and list(table["runs"]) == [2, 2]  # None and 2 are different configs, not seeds
+    with pytest.raises(ConfigError, match="did you mean 'stages'"):
+        sweep.summarize(records, by=["method", "stage"])
+    with pytest.raises(ConfigError, match=r"\(0, 1\)"):
+        sweep.summarize(records, level=95)

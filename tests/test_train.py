@@ -180,3 +180,23 @@ def test_train_flags_override_a_config_file(tmp_path):
     toml = tmp_path / "base.toml"
     toml.write_text('method = "1f1b"\nstages = 2\n')
     assert config_from_args(build_parser().parse_args(["train", "--config", str(toml)])).method == "1f1b"
+
+
+def test_config_checks_what_would_fail_every_run():
+    from staleopt.config import RunConfig
+    from staleopt.errors import ConfigError
+    for bad in (0.0, 1.0):
+        with pytest.raises(ConfigError, match="decay"):
+            RunConfig(method="pipemare", decay=bad)
+    with pytest.raises(ConfigError, match="m >= d"):
+        RunConfig(method="pipedream-2bw", stages=4, microbatches=2, batch_size=64)
+
+
+def test_a_phase_longer_than_the_run_is_a_whole_run_in_that_phase():
+    from staleopt import train
+    from staleopt.config import RunConfig
+    cfg = RunConfig(model="mlp", data="synthetic", method="pipemare-w", stages=3, epochs=1, max_steps=3,
+                    warmup_steps=50, batch_size=32)
+    records = train.run(cfg)
+    assert list(records["status"]) == ["ok"]
+    assert records["utilization"].iloc[0] == pytest.approx(1 / 3)  # synchronous throughout: N/(N+P-1)

@@ -48,8 +48,9 @@ def _records(source) -> pd.DataFrame:
 def line_keys(records: pd.DataFrame) -> List[str]:
     """Config keys that tell lines apart: ``method`` and every other varying key but ``stages``, ``seed``."""
     from ..config import field_names
+    from ..sweep import varies
     varying = [k for k in field_names() if k in records.columns and k not in ("method", "stages", "seed")
-               and records[k].astype(str).nunique() > 1]
+               and varies(records[k])]
     return ["method"] + varying
 
 
@@ -83,7 +84,7 @@ def _lines(table: pd.DataFrame, keys: Sequence[str], methods: Optional[Sequence[
         if missing:
             raise ConfigError(f"methods {missing} are not in the sweep; it has {sorted(set(table['method']))}")
         table = table[table["method"].isin(methods)]
-    groups = dict(list(table.groupby(list(keys), sort=False)))
+    groups = dict(list(table.groupby(list(keys), sort=False, dropna=False)))
     groups = {k if isinstance(k, tuple) else (k,): v for k, v in groups.items()}
     cmap = colormaps["tab10"] if len(groups) <= 10 else colormaps["tab20"]
     out = []
