@@ -114,7 +114,8 @@ def pipeline_utilization(method, stages: int, microbatches: int = 1, total_steps
                 continue
             if total_steps is None:
                 raise ConfigError(f"{name}'s utilization is averaged over its synchronous warmup and the rest of "
-                                  f"the run: pass total_steps= (and warmup_steps=, default {c.steps})")
+                                  f"the run: pass total_steps= (and warmup_steps=, default {c.steps}; on the command line "
+                                  "--total-steps and --warmup-steps)")
             if not 0 <= n_w <= total_steps:
                 raise ConfigError(f"need 0 <= warmup_steps <= total_steps, got {n_w} and {total_steps}")
             return amortized_utilization([(n_w, _sync_utilization(stages, microbatches)),
@@ -123,7 +124,8 @@ def pipeline_utilization(method, stages: int, microbatches: int = 1, total_steps
             n_p = c.pipelined_steps if pipelined_steps is None else pipelined_steps
             if total_steps is None:
                 raise ConfigError(f"{name}'s utilization is averaged over its pipelined and non-pipelined "
-                                  f"phases: pass total_steps= (and pipelined_steps=, default {c.pipelined_steps})")
+                                  f"phases: pass total_steps= (and pipelined_steps=, default {c.pipelined_steps}; "
+                                  "on the command line --total-steps and --pipelined-steps)")
             return hybrid_speedup(total_steps, n_p, stages) / (2 * stages - 1)
     return steady
 
