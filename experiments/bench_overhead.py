@@ -265,7 +265,8 @@ def minimum_bytes(opt: staleopt.PipelineOptimizer) -> int:
 class Variant:
     """One simulator (or none) on its own copy of the model: ``step()`` runs a whole training step."""
 
-    def __init__(self, name: str, spec: ModelSpec, stages: int, x, y, kind: str, method: Optional[str] = None):
+    def __init__(self, name: str, spec: ModelSpec, stages: int, x, y, kind: str, method: Optional[str] = None,
+                 memory: str = "minimal"):
         self.name, self.kind, self.method = name, kind, method
         self.model = spec.build(seed=0)
         self.model.train()
@@ -277,7 +278,8 @@ class Variant:
         self.base.zero_grad()
         before = _storages()
         if kind == "staleopt":
-            self.opt = staleopt.PipelineOptimizer(self.model, self.base, stages=stages, schedule=method)
+            self.opt = staleopt.PipelineOptimizer(self.model, self.base, stages=stages, schedule=method,
+                                                  memory=memory)
         self.clock = EngineClock(self.model, self.base) if kind != "hand" else None
         if kind == "hand":
             sched, stash = HAND[method]
@@ -415,6 +417,7 @@ def bench_model(key: str, spec: ModelSpec, rounds: int, steps: int, log) -> Tupl
     x, y = spec.batch_of()
     variants = [Variant("plain", spec, P, x, y, "plain")]
     variants += [Variant(m, spec, P, x, y, "staleopt", m) for m in (*METHODS, "dataflow")]
+    variants += [Variant(f"{h} (memory=fast)", spec, P, x, y, "staleopt", h, memory="fast") for h in HAND]
     variants += [Variant(f"hand-rolled {h}", spec, P, x, y, "hand", h) for h in HAND]
     interleaved(variants, rounds, steps)
     plain = variants[0]
@@ -441,6 +444,7 @@ def bench_model(key: str, spec: ModelSpec, rounds: int, steps: int, log) -> Tupl
         s, hr = by[h], by[f"hand-rolled {h}"]
         err = check_same_weights(spec, P, h, steps=4, batch=min(spec.batch, 8))
         s_row = next(r for r in step_rows if r["variant"] == h)
+        f_row = next(r for r in step_rows if r["variant"] == f"{h} (memory=fast)")
         h_row = next(r for r in step_rows if r["variant"] == hr.name)
         minimum = minimum_bytes(s.opt)
         hand_rows.append({"model": key, "stages": P, "simulation": h,
@@ -449,6 +453,9 @@ def bench_model(key: str, spec: ModelSpec, rounds: int, steps: int, log) -> Tupl
                           "staleopt_engine_ms": s_row["engine_ms"], "hand_engine_ms": h_row["engine_ms"],
                           "overhead_ratio": h_row["engine_ms"] / max(s_row["engine_ms"], 1e-9),
                           "overhead_ratio_min": h_row["engine_min_ms"] / max(s_row["engine_min_ms"], 1e-9),
+                          "fast_engine_ms": f_row["engine_ms"],
+                          "overhead_ratio_fast": h_row["engine_ms"] / max(f_row["engine_ms"], 1e-9),
+                          "fast_bytes": by[f"{h} (memory=fast)"].bytes,
                           "weights_copy_ms": 1e3 * copy_s,
                           "staleopt_bytes": s.bytes, "hand_bytes": hr.bytes, "minimum_bytes": minimum,
                           "memory_ratio": hr.bytes / max(s.bytes, 1), "max_abs_weight_diff": err})
@@ -594,8 +601,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                        "ratio_to_minimum"]))
     print("\n3. hand-rolled deque of deepcopy(state_dict()) vs staleopt (same delays, same weights)")
     print(_table(hand, ["model", "stages", "simulation", "speed_ratio", "staleopt_engine_ms", "hand_engine_ms",
-                        "overhead_ratio", "overhead_ratio_min", "weights_copy_ms", "memory_ratio",
-                        "max_abs_weight_diff"]))
+                        "overhead_ratio", "overhead_ratio_min", "fast_engine_ms", "overhead_ratio_fast",
+                        "weights_copy_ms", "memory_ratio", "max_abs_weight_diff"]))
     if not args.no_growth:
         print("\n4. growth (ResNet-20; engine time per step, memory)")
         print(_table(growth, ["axis", "value", "stages", "params", "dataflow_engine_ms", "pipemare_engine_ms",

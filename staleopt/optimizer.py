@@ -208,6 +208,10 @@ class PipelineOptimizer(torch.optim.Optimizer):
             ``Schedule.microbatch_delays`` — exactly what the executed pipeline does when the
             microbatches of one minibatch straddle an update (1F1B, dataflow, pb with ``N > 1``).
             Default: every pass sees the minibatch's delays (those of microbatch 0, the largest).
+        memory: ``"minimal"`` (default) keeps exactly ``max(tau_i)`` versions per stage and moves
+            views by in-place swaps; ``"fast"`` keeps one more version per delayed stage and moves
+            views by plain copies, each phase one ``torch._foreach_copy_`` over all stages —
+            fewer kernels per step for ``(H_i + 1) / H_i`` the history memory. Same results.
 
     The update rule is the base optimizer's, applied to ``w_t`` with the gradient
     ``grad f_t(u_fwd_t, u_bkwd_t)`` (module docstring).
@@ -217,7 +221,7 @@ class PipelineOptimizer(torch.optim.Optimizer):
                  stages: Union[int, Partition] = 1, schedule: Union[str, Schedule] = "dataflow",
                  microbatches: int = 1, corrections: Iterable[Correction] = (), seed: Optional[int] = None,
                  partition: str = "ops", foreach: bool = True, method_args: Optional[dict] = None,
-                 microbatch_passes: bool = False):
+                 microbatch_passes: bool = False, memory: str = "minimal"):
         from . import methods  # methods imports the corrections, which import this package
 
         if not isinstance(model, nn.Module):
@@ -232,6 +236,9 @@ class PipelineOptimizer(torch.optim.Optimizer):
             raise ConfigError(f"{type(base_optimizer).__name__}.step needs a closure that re-evaluates the loss "
                               "(line search); a pipeline computes one gradient per step, so use an optimizer "
                               "whose step() works without a closure")
+        if memory not in ("minimal", "fast"):
+            raise ConfigError(f"memory must be 'minimal' (exactly max(tau) versions per stage) or 'fast' (one more "
+                              f"per delayed stage, fewer kernels per step), got {memory!r}")
         if isinstance(microbatches, bool) or not isinstance(microbatches, int) or microbatches < 1:
             raise ConfigError(f"microbatches must be an int >= 1 (microbatches per minibatch), got {microbatches!r}")
         corrections = list(corrections)
@@ -248,6 +255,7 @@ class PipelineOptimizer(torch.optim.Optimizer):
         self._corrections: List[Correction] = method_corrections + corrections
         self._partition = stages if isinstance(stages, Partition) else partition_model(model, stages, partition)
         self._microbatches = microbatches
+        self._fast = memory == "fast"
         self._microbatch_passes = bool(microbatch_passes)
         self._passes, self._pass = 0, 0  # training forwards since zero_grad/step; index of the latest
         self._foreach = foreach
@@ -272,7 +280,8 @@ class PipelineOptimizer(torch.optim.Optimizer):
                 groups.setdefault((p.device, p.dtype), []).append(p)
             for ps in groups.values():
                 i = stage.index
-                self._chunks.append(_Chunk(i, ps, max(tf[i], tb[i]), spare=rewrites and tf[i] != tb[i]))
+                spare = self._fast or (rewrites and tf[i] != tb[i])
+                self._chunks.append(_Chunk(i, ps, max(tf[i], tb[i]), spare=spare))
 
         self._stage_of_param = {id(p): s.index for s in self._partition for p in s.params}
         self._per_stage_lr = any(type(c).lr_factors is not Correction.lr_factors for c in self._corrections)
@@ -479,47 +488,56 @@ class PipelineOptimizer(torch.optim.Optimizer):
     def _apply(self, targets) -> List[_Chunk]:
         """Bring chunk ``i`` to ``targets[i] = (version, modified)``; returns the chunks to modify.
 
-        Raw versions move by swapping with their slot (nothing is overwritten);
-        a parameter content that also lives in a slot is simply overwritten by a copy;
+        Raw versions move by swapping with their slot (nothing is overwritten), or in
+        ``memory="fast"`` mode by saving the parameters' content to a free slot and
+        copying; a parameter content that also lives in a slot is simply overwritten;
         before a view is rewritten in place its raw version is copied to a free slot.
         """
-        swap_a, swap_b, dst, src, keep_dst, keep_src, modified, plans = [], [], [], [], [], [], [], []
+        swap_a, swap_b, save_dst, save_src, dst, src, keep_dst, keep_src = [], [], [], [], [], [], [], []
+        modified, plans = [], []
         for c, (version, mod) in zip(self._chunks, targets):
             if c.key == (version, mod):
                 continue
-            key, unique, moved, kept = c.key, c.unique, None, None
+            key, unique, moved, saved, kept = c.key, c.unique, None, None, None
             if key != (version, False):
                 if version not in c.where:
                     raise StaleoptError(f"stage {c.stage}: weight version {version} is no longer stored; "
                                         "this is a bug in a correction's delays (please report it)")
                 slot = c.where[version]
-                if unique:  # the parameters hold the only copy of a raw version: trade places
+                if unique and not self._fast:  # the parameters hold the only copy of a raw version: trade places
                     swap_a += c.idata
                     swap_b += c.iviews[slot]
                     moved = (version, key[0], slot)
-                else:  # they hold a duplicate or a rewritten view: overwrite
+                else:  # save the only copy to a free slot (fast mode), or overwrite a duplicate / rewritten view
+                    if unique:
+                        saved = (key[0], c.free[-1])
+                        save_dst += c.views[saved[1]]
+                        save_src += c.data
+                        unique = False
                     dst += c.data
                     src += c.views[slot]
                 key = (version, False)
             if mod:
                 if unique:
-                    kept = (version, c.free[-1])
+                    kept = (version, c.free[-1])  # (after a save the parameters are never unique)
                     keep_dst += c.views[kept[1]]
                     keep_src += c.data
                 unique, key = False, (version, True)
                 modified.append(c)
-            plans.append((c, key, unique, moved, kept))
+            plans.append((c, key, unique, moved, saved, kept))
         with torch.no_grad():
             _swap(swap_a, swap_b)
+            _copy(save_dst, save_src, self._foreach)
             _copy(dst, src, self._foreach)
             _copy(keep_dst, keep_src, self._foreach)
-        for c, key, unique, moved, kept in plans:  # bookkeeping only once the data has moved
+        for c, key, unique, moved, saved, kept in plans:  # bookkeeping only once the data has moved
             if moved is not None:
                 del c.where[moved[0]]
                 c.where[moved[1]] = moved[2]
-            if kept is not None:
-                c.free.pop()
-                c.where[kept[0]] = kept[1]
+            for entry in (saved, kept):
+                if entry is not None:
+                    c.free.remove(entry[1])
+                    c.where[entry[0]] = entry[1]
             c.key, c.unique = key, unique
         return modified
 

@@ -62,8 +62,8 @@ def test_quick_run_writes_tables_and_plot(bench, tmp_path):
     for name in ("step.csv", "memory.csv", "handrolled.csv", "growth.csv", "growth.png", "meta.json"):
         assert (tmp_path / name).is_file(), name
     step = pd.read_csv(tmp_path / "step.csv")
-    assert set(step.variant) == {"pipemare", "pipedream", "pipeoptim", "dataflow", "hand-rolled dataflow",
-                                 "hand-rolled pipedream"}
+    assert set(step.variant) == {"pipemare", "pipedream", "pipeoptim", "dataflow", "dataflow (memory=fast)",
+                                 "pipedream (memory=fast)", "hand-rolled dataflow", "hand-rolled pipedream"}
     assert (step.engine_ms >= 0).all() and (step.ratio > 0).all()
     mem = pd.read_csv(tmp_path / "memory.csv")
     assert (mem.measured_bytes == mem.engine_reported_bytes).all()  # the engine's account is what it allocated
@@ -72,6 +72,8 @@ def test_quick_run_writes_tables_and_plot(bench, tmp_path):
     assert (exact.measured_bytes == exact.minimum_bytes).all()
     hand = pd.read_csv(tmp_path / "handrolled.csv")
     assert (hand.max_abs_weight_diff == 0).all() and (hand.memory_ratio > 1).all()
+    fast = mem[mem.method.str.endswith("(memory=fast)")]  # one more version per delayed stage
+    assert len(fast) == 2 and (fast.measured_bytes > fast.minimum_bytes).all() and (hand.fast_engine_ms >= 0).all()
     growth = pd.read_csv(tmp_path / "growth.csv")
     assert set(growth.axis) == {"stages", "width"}
     stages = growth[growth.axis == "stages"].sort_values("value")

@@ -358,3 +358,9 @@ def test_microbatch_passes_follow_the_per_microbatch_table_and_reset_at_zero_gra
         model(x)
     opt.step()
     assert opt.tau_fwd == [3, 2, 1]
+
+
+def test_memory_mode_is_checked():
+    model = mlp()
+    with pytest.raises(ConfigError, match="'minimal'.*'fast'"):
+        staleopt.PipelineOptimizer(model, torch.optim.SGD(model.parameters(), lr=0.1), stages=3, memory="small")

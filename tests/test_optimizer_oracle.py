@@ -168,3 +168,33 @@ def test_repeated_passes_within_a_step_see_the_same_views(method):
     for other in results[1:]:
         for a, b in zip(results[0], other):
             torch.testing.assert_close(a, b, atol=1e-12, rtol=0)
+
+
+@pytest.mark.parametrize("method", ["dataflow", "pipedream", "pipemare", "pipeoptim", "hogwild", "pb", "1f1b"])
+def test_fast_memory_mode_gives_the_same_weights(method):
+    """memory="fast" (copies through a spare slot) equals the swap-based minimal history exactly,
+    with repeated passes, evaluation in between and a resumed checkpoint."""
+    data = batches(14, seed=20, batch=8)
+    results = []
+    for memory in ("minimal", "fast"):
+        model = mlp(seed=21)
+        opt = staleopt.PipelineOptimizer(model, torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9),
+                                         stages=3, schedule=method, seed=4, memory=memory)
+        for k, (x, y) in enumerate(data):
+            opt.zero_grad()
+            for xs, ys in zip(x.chunk(2), y.chunk(2)):
+                (mse(model(xs), ys) / 2).backward()
+                if k % 3 == 0:
+                    with torch.no_grad():
+                        model.eval()
+                        model(xs)
+                        model.train()
+            opt.step()
+        results.append([p.detach().clone() for p in model.parameters()])
+        H = sum(c.H * c.numel for c in opt.chunks) * 8
+        if memory == "fast":
+            assert opt.history_bytes() == sum((c.H + 1) * c.numel for c in opt.chunks if c.H) * 8
+        elif method != "pipemare":
+            assert opt.history_bytes() == H
+    for a, b in zip(*results):
+        assert torch.equal(a, b)
