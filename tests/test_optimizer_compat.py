@@ -65,27 +65,21 @@ def test_is_an_optimizer_with_live_param_groups():
 def test_lr_schedulers_drive_the_wrapper(make_sched):
     """A scheduler on the wrapper gives the same lrs and weights as on a base with the same delays built in."""
     data = batches(12, seed=2)
-    model = mlp(seed=2)
-    opt = staleopt.PipelineOptimizer(model, torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.5),
-                                     stages=3, schedule="sync")
-    sched = make_sched(opt)
-    lrs = []
-    for x, y in data:
-        opt.zero_grad()
-        mse(model(x), y).backward()
-        opt.step()
-        lrs.append(opt.param_groups[0]["lr"])
-        sched.step()
-    ref_model = mlp(seed=2)
-    ref = torch.optim.SGD(ref_model.parameters(), lr=0.05, momentum=0.5)
-    ref_sched = make_sched(ref)
-    ref_lrs = []
-    for x, y in data:
-        ref.zero_grad()
-        mse(ref_model(x), y).backward()
-        ref.step()
-        ref_lrs.append(ref.param_groups[0]["lr"])
-        ref_sched.step()
+
+    def run(model, opt):
+        sched, lrs = make_sched(opt), []
+        for x, y in data:
+            opt.zero_grad()
+            mse(model(x), y).backward()
+            opt.step()
+            lrs.append(opt.param_groups[0]["lr"])
+            sched.step()
+        return lrs
+
+    model, ref_model = mlp(seed=2), mlp(seed=2)
+    lrs = run(model, staleopt.PipelineOptimizer(model, torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.5),
+                                                stages=3, schedule="sync"))
+    ref_lrs = run(ref_model, torch.optim.SGD(ref_model.parameters(), lr=0.05, momentum=0.5))
     assert lrs == ref_lrs
     for a, b in zip(model.parameters(), ref_model.parameters()):
         assert torch.equal(a, b)
