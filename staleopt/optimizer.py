@@ -259,7 +259,6 @@ class PipelineOptimizer(torch.optim.Optimizer):
         self._microbatch_passes = bool(microbatch_passes)
         self._passes, self._pass = 0, 0  # training forwards since zero_grad/step; index of the latest
         self._foreach = foreach
-        self._seed = seed
         self._generator = torch.Generator()
         self._generator.manual_seed(0 if seed is None else int(seed))
         self._step = 0
@@ -472,16 +471,18 @@ class PipelineOptimizer(torch.optim.Optimizer):
     def _load(self, backward: bool) -> None:
         """Put each stage's forward (or backward) view into the parameters."""
         tf, tb = delays = self._current_delays()
-        targets = []
+        targets, rewriters = [], {}  # chunk -> the corrections that rewrite its backward view
         for c in self._chunks:
             age = tb[c.stage] if backward else tf[c.stage]
-            mod = backward and any(k.modifies_backward(c.stage, tf[c.stage], tb[c.stage])
-                                   for k in self._corrections)
-            targets.append((self._step - age, mod))
+            ks = [k for k in self._corrections if k.modifies_backward(c.stage, tf[c.stage], tb[c.stage])] \
+                if backward else []
+            if ks:
+                rewriters[id(c)] = ks
+            targets.append((self._step - age, bool(ks)))
         modified = self._apply(targets)
         with torch.no_grad():
             for k in self._corrections:
-                mine = [c for c in modified if k.modifies_backward(c.stage, tf[c.stage], tb[c.stage])]
+                mine = [c for c in modified if k in rewriters[id(c)]]
                 if mine:
                     k.backward_view(mine, delays)
 
