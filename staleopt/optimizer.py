@@ -153,12 +153,7 @@ class _Chunk:
         if self.S:
             p0 = params[0]
             self.ring = torch.empty((self.S, self.numel), dtype=p0.dtype, device=p0.device)
-            for s in range(self.S):
-                views, off = [], 0
-                for p in params:
-                    views.append(self.ring[s, off:off + p.numel()].view_as(p))
-                    off += p.numel()
-                self.views.append(views)
+            self.views = [self.split(self.ring[s]) for s in range(self.S)]
             with torch.no_grad():
                 for s in range(self.S):
                     torch._foreach_copy_(self.views[s], self.data)
@@ -168,6 +163,19 @@ class _Chunk:
         self.free: List[int] = list(range(history, self.S))
         self.key = (0, False)
         self.unique = True
+
+    def split(self, flat: torch.Tensor) -> List[torch.Tensor]:
+        """Views of a flat buffer of this chunk's size, one per parameter, shaped like it."""
+        views, off = [], 0
+        for p in self.params:
+            views.append(flat[off:off + p.numel()].view_as(p))
+            off += p.numel()
+        return views
+
+    def zeros(self) -> Tuple[torch.Tensor, List[torch.Tensor]]:
+        """A new zero flat buffer of this chunk's size and dtype (a correction's state) and its views."""
+        flat = torch.zeros(self.numel, dtype=self.params[0].dtype, device=self.params[0].device)
+        return flat, self.split(flat)
 
     def stored(self, version: int) -> List[torch.Tensor]:
         """Views of the slot holding ``version`` (e.g. ``w_t`` once it entered the history)."""

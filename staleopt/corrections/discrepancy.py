@@ -46,12 +46,7 @@ class DiscrepancyCorrection(Correction):
         self._delta = {}
         for i, c in enumerate(engine.chunks):
             if self.gamma[c.stage] is not None:
-                flat = torch.zeros(c.numel, dtype=c.ring.dtype, device=c.ring.device)
-                views, off = [], 0
-                for p in c.params:
-                    views.append(flat[off:off + p.numel()].view_as(p))
-                    off += p.numel()
-                self._delta[i] = (flat, views)
+                self._delta[i] = c.zeros()
 
     def delta(self, stage: int) -> torch.Tensor:
         """The flat velocity estimate of ``stage`` (concatenated over its chunks)."""

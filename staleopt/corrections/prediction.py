@@ -102,9 +102,12 @@ class WeightPrediction(Correction):
             self._buffers.update({"m": []} if self.rule == "sgdm" else {"m": [], "v": []})
         self._own_step = 0
         self._chunks = [c for c in engine.chunks if c.S]
+        self._split: Dict[str, List[List[torch.Tensor]]] = {key: [] for key in self._buffers}
         for c in self._chunks:
             for key in self._buffers:
-                self._buffers[key].append(torch.zeros(c.numel, dtype=c.ring.dtype, device=c.ring.device))
+                flat, views = c.zeros()
+                self._buffers[key].append(flat)
+                self._split[key].append(views)
 
     @staticmethod
     def _base_kind(base) -> str:
@@ -116,12 +119,9 @@ class WeightPrediction(Correction):
             return "sgd"
         return "other"
 
-    def _views(self, key: str, ci: int):
-        flat, off, out = self._buffers[key][ci], 0, []
-        for p in self._chunks[ci].params:
-            out.append(flat[off:off + p.numel()].view_as(p))
-            off += p.numel()
-        return out
+    def _views(self, key: str, ci: int) -> List[torch.Tensor]:
+        """Per-parameter views of buffer ``key`` of chunk ``ci`` (built once in :meth:`bind`)."""
+        return self._split[key][ci]
 
     def _groups(self) -> Dict[int, dict]:
         """Parameter id -> its base-optimizer group, read afresh (groups may be added or reloaded)."""
