@@ -1,0 +1,160 @@
+"""The Markdown documentation's structure: its pages, code blocks, links and generated tables.
+
+A generated block sits between two marker comments in README.md or a page of
+``docs/``::
+
+    <!-- methods-table:begin -->
+    | method | schedule | ... |
+    <!-- methods-table:end -->
+
+``python -m staleopt.docgen`` rewrites every block whose name is in
+:data:`GENERATORS` (``--check``: only report stale ones, exit status 1);
+``tests/test_docs.py`` fails when a block differs from what its generator
+renders. Blocks with other names (written by other tools) are left alone.
+
+:func:`code_blocks`, :func:`links` and :func:`anchors` read a page the way the
+tests need it: ``tests/test_readme.py`` runs the ``python`` blocks (a block
+preceded by ``<!-- skip-test: REASON -->`` is not run) and
+``tests/test_docs.py`` checks the links against GitHub's heading anchors.
+"""
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from pathlib import Path
+from typing import Callable, Dict, Iterable, List, NamedTuple, Optional, Sequence
+
+from . import methods, models
+
+__all__ = ["GENERATORS", "markdown_table", "methods_table", "models_table", "fill", "block_names", "doc_files",
+           "CodeBlock", "code_blocks", "links", "anchors", "main"]
+
+ROOT = Path(__file__).resolve().parents[1]
+_BLOCK = re.compile(r"(<!-- (?P<name>[a-z0-9-]+):begin -->\n)(?P<body>.*?)(<!-- (?P=name):end -->)", re.S)
+
+
+def markdown_table(head: Sequence[str], rows: Iterable[Sequence[str]]) -> str:
+    """A GitHub-flavoured Markdown table, one line per row, ending with a newline."""
+    lines = ["| " + " | ".join(head) + " |", "| " + " | ".join("---" for _ in head) + " |"]
+    lines += ["| " + " | ".join(str(c).replace("|", "\\|") for c in row) + " |" for row in rows]
+    return "\n".join(lines) + "\n"
+
+
+def methods_table() -> str:
+    """The methods of :mod:`staleopt.methods`: schedule, corrections, paper, description."""
+    rows = methods.table()
+    return markdown_table(["method", "schedule", "corrections", "paper", "what it is"],
+                          ([f"`{r['method']}`", f"`{r['schedule']}`", r["corrections"], r["paper"],
+                            r["description"]] for r in rows))
+
+
+def models_table() -> str:
+    """The models of :mod:`staleopt.models` (what ``staleopt models --markdown`` prints)."""
+    return markdown_table(["model", "parameters", "units (max stages)", "input", "description"],
+                          ([f"`{r['name']}`", f"{r['params']:,}", r["units"], "x".join(map(str, r["input_shape"])),
+                            r["description"]] for r in models.table()))
+
+
+#: Block name -> function returning the block's Markdown.
+GENERATORS: Dict[str, Callable[[], str]] = {"methods-table": methods_table, "models-table": models_table}
+
+
+def fill(text: str, rendered: Dict[str, str]) -> str:
+    """``text`` with every block named in ``rendered`` replaced by its rendering."""
+    def replace(m: re.Match) -> str:
+        body = rendered.get(m.group("name"), m.group("body"))
+        return m.group(1) + body + m.group(4)
+    return _BLOCK.sub(replace, text)
+
+
+def block_names(text: str) -> List[str]:
+    """The names of the generated blocks in ``text``, in order."""
+    return [m.group("name") for m in _BLOCK.finditer(text)]
+
+
+def doc_files(root: Path = ROOT) -> List[Path]:
+    """README.md and every page of docs/."""
+    return [root / "README.md"] + sorted((root / "docs").glob("*.md"))
+
+
+class CodeBlock(NamedTuple):
+    """A fenced code block: its language (the fence's info string), text, first line and skip reason."""
+
+    lang: str
+    code: str
+    line: int
+    skip: Optional[str]
+
+
+_FENCE = re.compile(r"^(\s*)```(.*)$")
+_SKIP = re.compile(r"^<!-- skip-test:(.*)-->\s*$")
+
+
+def code_blocks(text: str) -> List[CodeBlock]:
+    """Every fenced block of ``text``; ``skip`` is the reason of a ``<!-- skip-test: ... -->`` line just before it."""
+    blocks, lines, i = [], text.splitlines(), 0
+    while i < len(lines):
+        m = _FENCE.match(lines[i])
+        if not m:
+            i += 1
+            continue
+        indent, lang, start = m.group(1), m.group(2).strip(), i
+        i += 1
+        while i < len(lines) and lines[i].strip() != "```":
+            i += 1
+        body = "\n".join(line[len(indent):] for line in lines[start + 1:i]) + "\n"
+        skip = _SKIP.match(lines[start - 1]) if start > 0 else None
+        blocks.append(CodeBlock(lang, body, start + 1, skip.group(1).strip() if skip else None))
+        i += 1
+    return blocks
+
+
+def _outside_fences(text: str) -> List[str]:
+    lines, inside = [], False
+    for line in text.splitlines():
+        if _FENCE.match(line):
+            inside = not inside
+        elif not inside:
+            lines.append(line)
+    return lines
+
+
+def links(text: str) -> List[str]:
+    """The targets of the Markdown links and images in ``text`` (outside code blocks and code spans)."""
+    prose = "\n".join(re.sub(r"`[^`]*`", "", line) for line in _outside_fences(text))
+    return re.findall(r"!?\[[^\]]*\]\(([^)\s]+)\)", prose)
+
+
+def anchors(text: str) -> List[str]:
+    """GitHub's anchors for the headings of ``text``: lower case, punctuation dropped, spaces to dashes, -N on repeats."""
+    seen: Dict[str, int] = {}
+    out = []
+    for line in _outside_fences(text):
+        m = re.match(r"^#{1,6}\s+(.*?)\s*#*\s*$", line)
+        if not m:
+            continue
+        slug = re.sub(r"[^\w\- ]", "", m.group(1).lower()).replace(" ", "-")
+        n = seen.get(slug, 0)
+        seen[slug] = n + 1
+        out.append(slug if n == 0 else f"{slug}-{n}")
+    return out
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m staleopt.docgen", description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="report stale blocks and exit 1; change nothing")
+    args = parser.parse_args(argv)
+    files = {path: path.read_text() for path in doc_files()}
+    needed = {name for text in files.values() for name in block_names(text)} & set(GENERATORS)
+    rendered = {name: GENERATORS[name]() for name in sorted(needed)}
+    stale = [path for path, text in files.items() if fill(text, rendered) != text]
+    for path in stale:
+        print(f"{'stale' if args.check else 'updated'}: {path.relative_to(ROOT)}")
+        if not args.check:
+            path.write_text(fill(path.read_text(), rendered))
+    return 1 if args.check and stale else 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
