@@ -20,14 +20,16 @@ preceded by ``<!-- skip-test: REASON -->`` is not run) and
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import re
 import sys
 from pathlib import Path
 from typing import Callable, Dict, Iterable, List, NamedTuple, Optional, Sequence
 
-from . import methods, models
+from . import cli, methods, models
 
-__all__ = ["GENERATORS", "markdown_table", "methods_table", "models_table", "fill", "block_names", "doc_files",
+__all__ = ["GENERATORS", "markdown_table", "methods_table", "models_table", "hardware_table", "fill", "block_names", "doc_files",
            "CodeBlock", "code_blocks", "links", "anchors", "main"]
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -56,8 +58,25 @@ def models_table() -> str:
                             r["description"]] for r in models.table()))
 
 
+#: The command whose table docs/timelines-hardware.md shows (PipeMare Table 2's CIFAR-10 setting).
+HARDWARE_COMMAND = ("hardware --model resnet50-cifar --compare gpipe,pipedream,pipemare-stash,pipemare "
+                    "--stages 107 --microbatches 8 --optimizer sgd-momentum --microbatch-size 8")
+
+
+def hardware_table() -> str:
+    """The table ``staleopt HARDWARE_COMMAND`` prints, preceded by the command."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        status = cli.main(HARDWARE_COMMAND.split())
+    if status:
+        raise RuntimeError(f"staleopt {HARDWARE_COMMAND} exited with status {status}")
+    table = "".join(line + "\n" for line in out.getvalue().splitlines() if line.startswith("|"))
+    return f"`staleopt {HARDWARE_COMMAND}` prints:\n\n{table}"
+
+
 #: Block name -> function returning the block's Markdown.
-GENERATORS: Dict[str, Callable[[], str]] = {"methods-table": methods_table, "models-table": models_table}
+GENERATORS: Dict[str, Callable[[], str]] = {"methods-table": methods_table, "models-table": models_table,
+                                            "hardware-table": hardware_table}
 
 
 def fill(text: str, rendered: Dict[str, str]) -> str:

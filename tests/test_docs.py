@@ -50,10 +50,14 @@ def test_links_are_found():
 
 
 def test_no_reference_outside_the_repository():
-    skip = {".git", ".venv", "runs", "build", "dist", "__pycache__"}
+    """Scans the repository's own files; build outputs and environments (.gitignore) are not the repository."""
+    ignored = {".git", ".venv", "runs", "build", "dist", "__pycache__", ".pytest_cache", ".ipynb_checkpoints",
+               "bench_results"}
     offenders = []
     for path in REPO.rglob("*"):
-        if skip & set(path.relative_to(REPO).parts) or not path.is_file() or path == Path(__file__).resolve():
+        parts = path.relative_to(REPO).parts
+        if ignored & set(parts) or any(p.endswith(".egg-info") for p in parts) or not path.is_file() \
+                or path == Path(__file__).resolve():
             continue
         if path.suffix not in {".py", ".md", ".toml", ".cfg", ".ipynb", ".txt", ".yml", ".yaml", ".sh"} \
                 and path.name not in {"Makefile", "run"}:
