@@ -1,7 +1,8 @@
 """Typed errors: every bad input raises one of these, with a message that says how to fix the call."""
 
 __all__ = ["StaleoptError", "ConfigError", "StageError", "ScheduleError", "DelayError",
-           "OptimizerMismatchError", "CorrectionError", "SweepConfigError", "DataError"]
+           "OptimizerMismatchError", "CorrectionError", "SweepConfigError", "DataError", "StageOrderError",
+           "LoopError", "DetachedError"]
 
 
 class StaleoptError(Exception):
@@ -38,3 +39,16 @@ class SweepConfigError(ConfigError):
 
 class DataError(StaleoptError, RuntimeError):
     """A dataset cannot be found or loaded."""
+
+
+class StageOrderError(StageError):
+    """The stages are not contiguous in the forward pass (modules registered out of execution order)."""
+
+
+class LoopError(StaleoptError, ValueError):
+    """The training loop does something the simulation cannot follow (and says what to do instead)."""
+
+
+class DetachedError(LoopError):
+    """This PipelineOptimizer no longer drives its model: a newer one took over its parameters, or
+    ``remove_hooks()`` detached it."""

@@ -65,11 +65,11 @@ from typing import Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import nn
-from torch.utils._pytree import tree_flatten
 
+from ._torch_compat import flatten, queue_callback
 from .corrections.base import Correction
-from .errors import ConfigError, CorrectionError, OptimizerMismatchError, StaleoptError
-from .partition import Partition, partition_model
+from .errors import ConfigError, CorrectionError, DetachedError, LoopError, OptimizerMismatchError
+from .partition import Partition, dataflow, partition_model
 from .schedules import Schedule
 
 __all__ = ["PipelineOptimizer"]
@@ -95,20 +95,22 @@ def _as_int(t: torch.Tensor) -> torch.Tensor:
     return t.view(_INT_OF_SIZE[t.element_size()])
 
 
-class _Hook:
-    """Calls an optimizer method through a weak reference.
+class _Callback:
+    """Calls a wrapper's method through a weak reference: inert once the wrapper is gone or detached.
 
     A copy or a pickle of the model (``copy.deepcopy``, ``AveragedModel``,
     ``torch.save(model)``) gets a no-op in its place: the copy is not the
     model the optimizer drives.
     """
 
-    def __init__(self, owner, method: str):
-        self._owner, self._method = weakref.ref(owner), method
+    def __init__(self, method):
+        self._method = weakref.WeakMethod(method)
 
     def __call__(self, *args):
-        owner = self._owner()
-        return None if owner is None else getattr(owner, self._method)(*args)
+        method = self._method()
+        if method is None or method.__self__._detached is not None:
+            return None
+        return method(*args)
 
     def __deepcopy__(self, memo):
         return _NoHook()
@@ -120,6 +122,158 @@ class _Hook:
 class _NoHook:
     def __call__(self, *args):
         return None
+
+
+#: id(parameter) -> (weak reference to it, weak reference to the PipelineOptimizer driving it)
+_DRIVERS: Dict[int, Tuple[weakref.ref, weakref.ref]] = {}
+
+
+def _drivers(params: Sequence[torch.Tensor]) -> List["PipelineOptimizer"]:
+    """The live wrappers that drive any of ``params``."""
+    found = {}
+    for p in params:
+        entry = _DRIVERS.get(id(p))
+        if entry is not None and entry[0]() is p:
+            owner = entry[1]()
+            if owner is not None and owner._detached is None:
+                found[id(owner)] = owner
+    return list(found.values())
+
+
+def _take_over(params: Sequence[torch.Tensor], new: "PipelineOptimizer") -> None:
+    """Make ``new`` the only live wrapper of ``params``: detach every earlier wrapper of any of them.
+
+    Two live wrappers on one set of weights would both swap views in and out of the same storage
+    (their hooks pile up; Lightning's ``lr_find`` followed by ``fit`` does this), so the newest wins.
+    """
+    for owner in _drivers(params):
+        if owner is not new:
+            owner._detach(f"a newer PipelineOptimizer ({id(new):#x}) took over its parameters")
+    me = weakref.ref(new)
+    for p in params:
+        key = id(p)
+        _DRIVERS[key] = (weakref.ref(p, lambda ref, key=key: _forget(key, ref)), me)
+
+
+def _forget(key: int, ref: weakref.ref) -> None:
+    entry = _DRIVERS.get(key)
+    if entry is not None and entry[0] is ref:
+        del _DRIVERS[key]
+
+
+def _remove_handles(handles: List) -> None:
+    for h in handles:
+        h.remove()
+    handles.clear()
+
+
+class _Split:
+    """One base-optimizer group of a stage: ``group`` is stepped, ``own`` are the keys the optimizer wrote."""
+
+    __slots__ = ("user", "stage", "group", "own", "shown")
+
+    def __init__(self, user: dict, stage: int, params: list, shown: dict):
+        self.user, self.stage, self.own, self.shown = user, stage, set(), shown
+        self.group = {**user, "params": params}
+
+
+class _StageGroups:
+    """Per-stage step sizes (T1) that leave the base optimizer's group state intact.
+
+    With per-stage factors the base optimizer steps over one group per (user group, stage): the
+    user's group with ``lr`` times the stage's factor. These groups persist from step to step. A
+    key the optimizer itself writes into a group during its step (schedule-free's ``k`` and
+    ``weight_sum``, Adan's ``step``) becomes that group's *own* and stays as the optimizer left it,
+    exactly as if the user had built one group per stage and scaled each ``lr`` by hand; every
+    other key follows the user's group at each step (schedulers write ``lr``, ``momentum``, ...),
+    and an own key follows it only when the user writes a new value. The user's group shows the
+    own keys of its first stage (the wrapper's ``state_dict`` keeps every stage's). While no group
+    has own keys and every factor is 1, the base optimizer steps over the user's groups directly.
+    ``lr`` is never an own key: the wrapper sets it at every step.
+    """
+
+    def __init__(self, stage_of: Dict[int, int]):
+        self._stage_of = stage_of
+        self._users: List[dict] = []
+        self._splits: List[_Split] = []
+        self._own = False
+
+    def _sync(self, groups: List[dict]) -> List[_Split]:
+        """Splits of ``groups``, reusing those of user groups seen before (same dict object)."""
+        if len(groups) == len(self._users) and all(a is b for a, b in zip(groups, self._users)):
+            return self._splits
+        before: Dict[int, List[_Split]] = {}
+        for sp in self._splits:
+            before.setdefault(id(sp.user), []).append(sp)
+        splits = []
+        for group in groups:
+            kept = before.get(id(group))
+            if kept and kept[0].user is group and self._same(kept, group):
+                splits += kept
+                continue
+            shown: dict = {}
+            splits += [_Split(group, s, ps, shown) for s, ps in self._by_stage(group)]
+        self._users, self._splits = list(groups), splits
+        self._own = any(sp.own for sp in splits)
+        return splits
+
+    def _by_stage(self, group: dict) -> List[Tuple[int, list]]:
+        by: Dict[int, list] = {}
+        for p in group["params"]:
+            by.setdefault(self._stage_of.get(id(p), -1), []).append(p)
+        return sorted(by.items())
+
+    def _same(self, splits: List[_Split], group: dict) -> bool:
+        """Whether ``splits`` still partition ``group``'s parameters (a group's list may be edited in place)."""
+        now = [(s, [id(p) for p in ps]) for s, ps in self._by_stage(group)]
+        return now == [(sp.stage, [id(p) for p in sp.group["params"]]) for sp in splits]
+
+    def step(self, base: torch.optim.Optimizer, factors: List[float]) -> None:
+        """One base-optimizer step with ``lr`` times ``factors[stage]`` in every stage's groups."""
+        groups = base.param_groups
+        splits = self._sync(groups)
+        if not self._own and all(f == 1.0 for f in factors):
+            base.step()
+            return
+        given = []
+        for sp in splits:
+            g = sp.group
+            for k, v in sp.user.items():
+                if k != "params" and (k not in sp.own or v is not sp.shown.get(k)):
+                    g[k] = v
+            g["lr"] = sp.user["lr"] * (factors[sp.stage] if sp.stage >= 0 else 1.0)
+            given.append(dict(g))
+        base.param_groups = [sp.group for sp in splits]
+        try:
+            base.step()
+        finally:
+            base.param_groups = groups
+        shown = set()
+        for sp, before in zip(splits, given):
+            for k, v in sp.group.items():
+                if k != "lr" and (k not in before or before[k] is not v):
+                    sp.own.add(k)
+                    self._own = True
+            if sp.own and id(sp.shown) not in shown:  # the first stage of a user group shows its own keys
+                shown.add(id(sp.shown))
+                for k in sp.own:
+                    sp.user[k] = sp.shown[k] = sp.group[k]
+
+    def state(self, groups: List[dict]) -> List[dict]:
+        """Every stage group's own keys (empty dicts while the optimizer writes no group state)."""
+        return [{k: sp.group[k] for k in sorted(sp.own)} for sp in self._sync(groups)]
+
+    def load_state(self, groups: List[dict], state: List[dict]) -> None:
+        splits = self._sync(groups)
+        if len(state) != len(splits):
+            raise OptimizerMismatchError(f"the checkpoint has {len(state)} per-stage parameter groups but this "
+                                         f"optimizer has {len(splits)}: rebuild it with the same parameter groups")
+        for sp, own in zip(splits, state):
+            sp.own = set(own)
+            sp.group.update(own)
+            for k in own:
+                sp.shown[k] = sp.user.get(k)
+        self._own = any(sp.own for sp in splits)
 
 
 def _swap(a: List[torch.Tensor], b: List[torch.Tensor]) -> None:
@@ -257,6 +411,7 @@ class PipelineOptimizer(torch.optim.Optimizer):
         self._base = base_optimizer
         self._model = model
         self._initialized = False
+        self._detached: Optional[str] = None  # why this wrapper no longer drives the model
         super().__init__([p for g in base_optimizer.param_groups for p in g["params"]], base_optimizer.defaults)
 
         self._schedule, method_corrections = methods.resolve(schedule, **(method_args or {}))
@@ -273,6 +428,8 @@ class PipelineOptimizer(torch.optim.Optimizer):
         self._seen = set()  # which hooks fired during the current step
         self._delays: Optional[List[Tuple[List[int], List[int]]]] = None  # per pass of this step
         self._check_parameters()
+        for previous in _drivers([p for s in self._partition for p in s.params]):
+            previous._restore()  # its w_t, not a view it left loaded, is this wrapper's w_0
 
         P = self._partition.num_stages
         tf, tb = self._schedule.delays(P, microbatches)
@@ -290,18 +447,24 @@ class PipelineOptimizer(torch.optim.Optimizer):
                 spare = self._fast or (rewrites and tf[i] != tb[i])
                 self._chunks.append(_Chunk(i, ps, max(tf[i], tb[i]), spare=spare))
 
+        self._device_type = self._chunks[0].params[0].device.type
+        self._autocast_outside = False  # autocast was on when the latest training forward began
         self._stage_of_param = {id(p): s.index for s in self._partition for p in s.params}
         self._per_stage_lr = any(type(c).lr_factors is not Correction.lr_factors for c in self._corrections)
-        self._stage_split = None  # cached (group index, stage, params) triples for per-stage step sizes
+        self._stage_groups = _StageGroups(self._stage_of_param)
         self._lr_factors = [1.0] * self._partition.num_stages
         self._outside = [p for g in self._base.param_groups for p in g["params"] if id(p) not in self._stage_of_param]
         self._warned = set()
+        self._traced = False  # the first training forward's graph was checked (stage order, cast weights)
+        self._copies_weights = False  # that graph reads cast copies of the weights (autocast inside forward)
         self._initialized = True
         for c in self._corrections:
             c.bind(self)
-        self._hooks = [model.register_forward_pre_hook(_Hook(self, "_on_forward_start")),
-                       model.register_forward_hook(_Hook(self, "_on_forward_end")),
-                       model.register_state_dict_pre_hook(_Hook(self, "_on_state_dict"))]
+        _take_over([p for s in self._partition for p in s.params] + self._outside, self)
+        self._hooks = [model.register_forward_pre_hook(_Callback(self._on_forward_start)),
+                       model.register_forward_hook(_Callback(self._on_forward_end)),
+                       model.register_state_dict_pre_hook(_Callback(self._on_state_dict))]
+        weakref.finalize(self, _remove_handles, self._hooks)  # hooks die with their wrapper
 
     # ------------------------------------------------------------------ torch.optim plumbing
     @property
@@ -343,28 +506,13 @@ class PipelineOptimizer(torch.optim.Optimizer):
                 f"add_param_group got {len(outside)} parameter(s) that are not in the pipeline partition "
                 "(not in the model, or frozen when the PipelineOptimizer was built): set requires_grad "
                 "before building the PipelineOptimizer, or build a new one")
+        self._check_attached()
         self._base.add_param_group({**param_group, "params": params})
-        self._stage_split = None
 
     def zero_grad(self, set_to_none: bool = True) -> None:
+        self._check_attached()
         self._base.zero_grad(set_to_none=set_to_none)
         self._passes = 0
-
-    def _stage_groups(self, factors: List[float]) -> List[dict]:
-        """The base's groups split by stage, each with the scheduler's lr times its stage's factor.
-
-        Installed only for the duration of one base step: the user's groups are never changed.
-        """
-        if self._stage_split is None:
-            self._stage_split = []
-            for gi, group in enumerate(self._base.param_groups):
-                by: Dict[int, list] = {}
-                for p in group["params"]:
-                    by.setdefault(self._stage_of_param.get(id(p), -1), []).append(p)
-                self._stage_split += [(gi, s, ps) for s, ps in sorted(by.items())]
-        groups = self._base.param_groups
-        return [{**groups[gi], "params": ps, "lr": groups[gi]["lr"] * (factors[s] if s >= 0 else 1.0)}
-                for gi, s, ps in self._stage_split]
 
     def lr_factor(self, stage: int) -> float:
         """The factor (T1) on the scheduler's lr for ``stage`` in the current step."""
@@ -376,7 +524,7 @@ class PipelineOptimizer(torch.optim.Optimizer):
             warnings.warn(message, stacklevel=4)
 
     def __getstate__(self):
-        raise StaleoptError("a PipelineOptimizer is not pickled or deep-copied: save opt.state_dict() and "
+        raise LoopError("a PipelineOptimizer is not pickled or deep-copied: save opt.state_dict() and "
                             "model.state_dict(), and load them into a new optimizer")
 
     def _check_parameters(self) -> None:
@@ -465,7 +613,7 @@ class PipelineOptimizer(torch.optim.Optimizer):
                     tf, tb = c.delays(list(tf), list(tb), self._step)
                 for i in range(P):
                     if not (0 <= tf[i] <= self._max_delays[0][i] and 0 <= tb[i] <= self._max_delays[1][i]):
-                        raise StaleoptError(f"step {self._step} asked for delays ({tf[i]}, {tb[i]}) at stage {i}, "
+                        raise CorrectionError(f"step {self._step} asked for delays ({tf[i]}, {tb[i]}) at stage {i}, "
                                             f"outside 0..{self._max_delays[0][i]}/{self._max_delays[1][i]}; a "
                                             "correction's delays(step=None) must bound its delays")
                 self._delays.append((list(tf), list(tb)))
@@ -510,7 +658,7 @@ class PipelineOptimizer(torch.optim.Optimizer):
             key, unique, moved, saved, kept = c.key, c.unique, None, None, None
             if key != (version, False):
                 if version not in c.where:
-                    raise StaleoptError(f"stage {c.stage}: weight version {version} is no longer stored; "
+                    raise CorrectionError(f"stage {c.stage}: weight version {version} is no longer stored; "
                                         "this is a bug in a correction's delays (please report it)")
                 slot = c.where[version]
                 if unique and not self._fast:  # the parameters hold the only copy of a raw version: trade places
@@ -559,26 +707,51 @@ class PipelineOptimizer(torch.optim.Optimizer):
             self._seen |= {"forward"}
             if self._microbatch_passes:
                 if self._passes >= self._microbatches:
-                    raise StaleoptError(f"microbatch_passes=True expects at most N={self._microbatches} training "
+                    raise LoopError(f"microbatch_passes=True expects at most N={self._microbatches} training "
                                         "forward passes between zero_grad() and step(); call zero_grad() "
                                         "before the first microbatch of each step")
                 self._pass, self._passes = self._passes, self._passes + 1
             self._load(backward=False)
-            self._check_autocast()
+            self._autocast_outside = torch.is_autocast_enabled(self._device_type)
         else:
             self._restore()
 
     def _on_forward_end(self, module, args, output):
         if module.training and torch.is_grad_enabled():
-            for t in tree_flatten(output)[0]:
-                if isinstance(t, torch.Tensor) and t.grad_fn is not None:  # leaves would keep their hooks
-                    t.register_hook(_Hook(self, "_on_backward_start"))
+            outputs = [t for t in flatten(output) if isinstance(t, torch.Tensor) and t.grad_fn is not None]
+            if not self._traced:
+                self._trace(outputs)
+            if (self._autocast_outside or self._copies_weights) and self._backward_views_differ():
+                self._warn_once("autocast", "under autocast the backward pass multiplies with the cast copies of "
+                                "the forward weights, so the backward views (tau_bkwd != tau_fwd, T2) are not "
+                                "applied and the step behaves as with weight stashing; "
+                                + ("autocast was entered inside model.forward (as accelerate's mixed precision "
+                                   "does), " if self._copies_weights and not self._autocast_outside else "")
+                                + "run without autocast to simulate the backward views")
+            for t in outputs:  # (leaves would keep their hooks: only outputs with a grad_fn)
+                t.register_hook(_Callback(self._on_backward_start))
+
+    def _trace(self, outputs) -> None:
+        """Check the first training forward's graph: stages contiguous, weights read without casts."""
+        self._traced = True
+        flow = dataflow(outputs, self._partition.units)
+        self._copies_weights = bool(flow.copied)
+        try:
+            self._partition.check(flow)
+        except Exception:
+            self._restore()
+            raise
+
+    def _backward_views_differ(self) -> bool:
+        tf, tb = self._current_delays()
+        return tf != tb or any(k.modifies_backward(i, f, b) for k in self._corrections
+                               for i, (f, b) in enumerate(zip(tf, tb)))
 
     def _on_backward_start(self, grad):
         self._seen |= {"backward"}
         if "backward-pending" not in self._seen:
             self._seen |= {"backward-pending"}
-            torch.autograd.Variable._execution_engine.queue_callback(_Hook(self, "_on_backward_end"))
+            queue_callback(_Callback(self._on_backward_end))
         self._load(backward=True)
 
     def _on_backward_end(self):
@@ -592,18 +765,22 @@ class PipelineOptimizer(torch.optim.Optimizer):
     @contextlib.contextmanager
     def current_weights(self):
         """Within the block the parameters hold ``w_t`` (the next forward/backward reloads its view)."""
+        self._check_attached()
         self._restore()
         yield self._model
 
-    def _check_autocast(self) -> None:
-        device = self._chunks[0].params[0].device.type
-        if torch.is_autocast_enabled(device):
-            tf, tb = self._current_delays()
-            if tf != tb or any(k.rewrites_backward_view for k in self._corrections):
-                self._warn_once("autocast", "under autocast the backward pass multiplies with the cast copies of "
-                                "the forward weights, so the backward views (tau_bkwd != tau_fwd, T2) are not "
-                                "applied and the step behaves as with weight stashing; run without autocast to "
-                                "simulate them")
+    def _check_attached(self) -> None:
+        if self._detached is not None:
+            raise DetachedError(f"this PipelineOptimizer no longer drives its model: {self._detached}. Use the "
+                                "optimizer that drives it now (one live PipelineOptimizer per set of weights; "
+                                "build a new one to train again)")
+
+    def _detach(self, why: str) -> None:
+        """Leave ``w_t`` in the parameters, remove the hooks; every later use raises :class:`DetachedError`."""
+        if self._detached is None:
+            self._restore()
+            _remove_handles(self._hooks)
+            self._detached = why
 
     def _warn_if_unseen(self, delays) -> None:
         """A loop that bypasses the wrapped module's forward would silently train without delays."""
@@ -626,13 +803,14 @@ class PipelineOptimizer(torch.optim.Optimizer):
     def _check_storage(self) -> None:
         for c in self._chunks:
             if c.params[0].data_ptr() != c.ptrs[0] or c.params[-1].data_ptr() != c.ptrs[-1]:
-                raise StaleoptError("the model's parameters were moved or replaced after the PipelineOptimizer "
+                raise LoopError("the model's parameters were moved or replaced after the PipelineOptimizer "
                                     "was built (e.g. model.to(device) or load_state_dict(assign=True)): build "
                                     "the optimizer after the model is on its device")
 
     @torch.no_grad()
     def step(self, closure=None):
         """Apply the base optimizer to ``w_t`` with the simulated gradient; advance the history."""
+        self._check_attached()
         loss = None
         if closure is not None:
             with torch.enable_grad():
@@ -662,13 +840,10 @@ class PipelineOptimizer(torch.optim.Optimizer):
         for k in self._corrections:
             k.transform_stored(stored, delays, self._step)
             k.before_update(delays, self._step)
-        groups = self._base.param_groups
-        if self._per_stage_lr and any(f != 1.0 for f in factors):
-            self._base.param_groups = self._stage_groups(factors)
-        try:
+        if self._per_stage_lr:
+            self._stage_groups.step(self._base, factors)
+        else:
             self._base.step()
-        finally:
-            self._base.param_groups = groups
         for c in self._chunks:
             c.key, c.unique = (t + 1, False), True
         for k in self._corrections:
@@ -680,6 +855,7 @@ class PipelineOptimizer(torch.optim.Optimizer):
 
     # ------------------------------------------------------------------ checkpoints
     def state_dict(self) -> dict:
+        self._check_attached()
         self._restore()
         state = self._base.state_dict()
         state["staleopt"] = {
@@ -690,6 +866,7 @@ class PipelineOptimizer(torch.optim.Optimizer):
             "history": [c.ring for c in self._chunks],
             "generator": self._generator.get_state(),
             "corrections": [k.state_dict() for k in self._corrections],
+            "stage_groups": self._stage_groups.state(self._base.param_groups) if self._per_stage_lr else [],
             "signature": self._signature(),
         }
         return state
@@ -701,6 +878,7 @@ class PipelineOptimizer(torch.optim.Optimizer):
                 "chunks": [(c.stage, c.numel, c.S) for c in self._chunks]}
 
     def load_state_dict(self, state_dict: dict) -> None:
+        self._check_attached()
         if "staleopt" not in state_dict:
             raise OptimizerMismatchError("this state dict has no 'staleopt' entry: it was saved from a plain "
                                          "optimizer; load it into the base optimizer before wrapping instead")
@@ -710,7 +888,9 @@ class PipelineOptimizer(torch.optim.Optimizer):
                                          f"{self._signature()}: rebuild it with the same model, stages, schedule "
                                          "and corrections")
         self._base.load_state_dict({k: v for k, v in state_dict.items() if k != "staleopt"})
-        self._stage_split = None
+        if self._per_stage_lr:
+            self._stage_groups.load_state(self._base.param_groups, mine.get("stage_groups") or
+                                          [{} for _ in self._stage_groups.state(self._base.param_groups)])
         with torch.no_grad():
             for c, cstate, ring in zip(self._chunks, mine["chunks"], mine["history"]):
                 c.load_state(cstate)
@@ -724,11 +904,9 @@ class PipelineOptimizer(torch.optim.Optimizer):
             k.load_state_dict(s)
 
     def remove_hooks(self) -> None:
-        """Detach from the model (its parameters keep ``w_t``)."""
-        self._restore()
-        for h in self._hooks:
-            h.remove()
-        self._hooks = []
+        """Detach from the model: its parameters keep ``w_t``; using this optimizer again raises
+        :class:`~staleopt.errors.DetachedError` (build a new one to train on)."""
+        self._detach("remove_hooks() detached it")
 
     def __repr__(self) -> str:
         tf, tb = self._max_delays

@@ -14,20 +14,31 @@ Strategies:
 * explicit cut points: a list of the unit indices at which stages 1..P-1
   start (the stale-weights paper's Pipeline Placement Vector, §3).
 
+Stages must be contiguous in the forward pass: data computed with the weights
+of stage ``j`` may only meet the weights of stages ``>= j`` (torchgpipe's
+``verify_module`` refuses what it cannot order for the same reason). Registration
+order is only a proxy for execution order; :func:`dataflow` reads the real one
+from a forward pass's autograd graph, :meth:`Partition.check` refuses a partition
+it contradicts (:class:`~staleopt.errors.StageOrderError`), and
+``partition_model(..., example_input=x)`` orders the units by their first use
+in a forward pass on ``x`` instead of by registration.
+
 Shared (tied) parameters belong to their first owner and appear once; frozen
 parameters (``requires_grad=False``) are excluded.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
-from typing import List, Sequence, Union
+from typing import Any, Dict, FrozenSet, List, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import nn
 
-from .errors import StageError
+from ._torch_compat import flatten, sequence_nr
+from .errors import StageError, StageOrderError
 
-__all__ = ["Unit", "Stage", "Partition", "units_of", "partition_model"]
+__all__ = ["Unit", "Stage", "Partition", "Dataflow", "units_of", "dataflow", "execution_order", "partition_model"]
 
 
 @dataclass(frozen=True)
@@ -84,6 +95,67 @@ def units_of(model: nn.Module) -> List[Unit]:
         if own:
             units.append(Unit(name or "<root>", type(module).__name__, tuple(own)))
     return units
+
+
+@dataclass(frozen=True)
+class Dataflow:
+    """What the autograd graph of one forward pass says about a list of units (indices into it).
+
+    ``first_use``: unit -> creation order of the first graph node that reads its weights.
+    ``crossings``: pairs ``(a, b)``, ``b > a``: a weight of unit ``a`` is applied to data computed
+    with the weights of unit ``b`` (weights used more than once, e.g. tied embeddings, are left out).
+    ``copied``: units whose weights the graph reads through a copy (autocast's casts, ``.to(dtype)``).
+    """
+
+    first_use: Dict[int, int]
+    crossings: FrozenSet[Tuple[int, int]]
+    copied: FrozenSet[int]
+
+
+def dataflow(outputs: Any, units: Sequence[Unit]) -> Dataflow:
+    """Walk the autograd graph of ``outputs`` (any nesting of tensors) once.
+
+    A node's *weight path* is a chain of one-input nodes (views, transposes, casts)
+    down to one parameter; every other input of a node is *data*, labelled with the
+    largest unit whose weights it was computed with. A node that applies a weight of
+    unit ``a`` to data labelled ``b > a`` is a crossing.
+    """
+    unit_of = {id(p): i for i, u in enumerate(units) for p in u.params}
+    roots = [t.grad_fn for t in flatten(outputs) if isinstance(t, torch.Tensor) and t.grad_fn is not None]
+    top: Dict[Any, int] = {}  # node -> largest unit its value was computed with (-1: none)
+    weight: Dict[Any, Optional[Tuple[int, int]]] = {}  # node -> (unit, id(param)) on a weight path
+    first_use: Dict[int, int] = {}
+    uses: Dict[int, int] = {}  # id(param) -> how many nodes read it
+    found, copied = set(), set()
+    stack = [(r, False) for r in roots]
+    while stack:
+        node, expanded = stack.pop()
+        if node in top:
+            continue
+        if hasattr(node, "variable"):  # AccumulateGrad: a leaf tensor
+            u = unit_of.get(id(node.variable))
+            top[node], weight[node] = (-1, None) if u is None else (u, (u, id(node.variable)))
+            continue
+        children = [c for c, _ in node.next_functions if c is not None]
+        if not expanded:
+            stack.append((node, True))
+            stack.extend((c, False) for c in children if c not in top)
+            continue
+        weights = [weight[c] for c in children if weight[c] is not None]
+        data = [top[c] for c in children if weight[c] is None]
+        top[node] = max([top[c] for c in children], default=-1)
+        weight[node] = weights[0] if len(children) == 1 and weights else None
+        if weights and data:
+            found.update((w, max(data), pid) for w, pid in weights if max(data) > w)
+        if weight[node] is not None and node.name().startswith("ToCopyBackward"):
+            copied.add(weight[node][0])
+        for c in children:
+            if hasattr(c, "variable") and weight[c] is not None:
+                u, pid = weight[c]
+                uses[pid] = uses.get(pid, 0) + 1
+                first_use[u] = min(first_use.get(u, math.inf), sequence_nr(node))
+    crossings = frozenset((a, b) for a, b, pid in found if uses.get(pid, 0) <= 1)
+    return Dataflow(first_use, crossings, frozenset(copied))
 
 
 def _cuts_ops(n_units: int, stages: int) -> List[int]:
@@ -151,6 +223,26 @@ class Partition:
                 return s.index
         raise KeyError("parameter is not in this partition")
 
+    def check(self, flow: Dataflow) -> None:
+        """Raise :class:`StageOrderError` if ``flow`` (of ``self.units``) shows data going to an earlier stage."""
+        stage_of = {}
+        for s in self.stages:
+            for u in s.units:
+                stage_of[id(u)] = s.index
+        unit_stage = [stage_of.get(id(u)) for u in self.units]
+        bad = sorted((a, b) for a, b in flow.crossings
+                     if unit_stage[a] is not None and unit_stage[b] is not None and unit_stage[b] > unit_stage[a])
+        if bad:
+            a, b = bad[0]
+            ua, ub = self.units[a], self.units[b]
+            raise StageOrderError(
+                f"stage {unit_stage[a]} holds {ua.name!r} ({ua.module_type}), whose weights the forward pass "
+                f"applies to data computed by {ub.name!r} ({ub.module_type}) in the later stage "
+                f"{unit_stage[b]}: stages follow the order in which modules are registered, and this model "
+                f"registers {ua.name!r} before {ub.name!r} but runs it after, so its stages are not contiguous "
+                f"in the pipeline. Order the units by execution: stages=staleopt.partition_model(model, "
+                f"{self.num_stages}, example_input=x) (or register the modules in the order forward runs them)")
+
     def __repr__(self) -> str:
         rows = [("stage", "units", "modules", "params", "bytes")]
         for s in self.stages:
@@ -166,13 +258,37 @@ class Partition:
         return "\n".join(lines)
 
 
-def partition_model(model: nn.Module, stages: Union[int, Sequence[int]], strategy: str = "ops") -> Partition:
+def execution_order(model: nn.Module, units: Sequence[Unit], example_input: Any) -> List[Unit]:
+    """``units`` sorted by the first use of their weights in one forward pass on ``example_input``.
+
+    The pass runs in eval mode (no BatchNorm statistics change) with grad enabled, and nothing
+    is backpropagated; units the pass does not use keep their registration order, after the rest.
+    """
+    args = example_input if isinstance(example_input, tuple) else (example_input,)
+    modes = [(m, m.training) for m in model.modules()]
+    model.eval()
+    try:
+        with torch.enable_grad():
+            flow = dataflow(model(*args), units)
+    finally:
+        for m, training in modes:
+            m.training = training
+    order = sorted(range(len(units)), key=lambda i: (flow.first_use.get(i, math.inf), i))
+    return [units[i] for i in order]
+
+
+def partition_model(model: nn.Module, stages: Union[int, Sequence[int]], strategy: str = "ops",
+                    example_input: Any = None) -> Partition:
     """Split ``model`` into stages.
 
     ``stages`` is a stage count ``P`` (with ``strategy`` "ops" or "params") or a list of
-    cut points (unit indices where stages 1..P-1 begin, strictly increasing).
+    cut points (unit indices where stages 1..P-1 begin, strictly increasing). Units are in
+    registration order, or, given ``example_input`` (a tensor or a tuple of forward
+    arguments), in the order one forward pass on it first uses them (:func:`execution_order`).
     """
     units = units_of(model)
+    if example_input is not None and units:
+        units = execution_order(model, units, example_input)
     n = len(units)
     if n == 0:
         raise StageError("the model has no trainable parameters: nothing to pipeline "

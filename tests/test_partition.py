@@ -87,3 +87,96 @@ def test_partition_errors():
         partition_model(nn.Linear(2, 2), 1, strategy="layers")
     with pytest.raises(StageError, match="int"):
         partition_model(nn.Linear(2, 2), 1.5)
+
+
+# ----------------------------------------------------------------------------- execution order
+import torch  # noqa: E402
+
+from staleopt import models  # noqa: E402
+from staleopt.errors import StageOrderError  # noqa: E402
+from staleopt.partition import dataflow  # noqa: E402
+
+
+class ShortcutFirst(nn.Module):
+    """A residual block that computes its shortcut first but registers it last: a parallel branch,
+    not a backward edge, so any partition of it is contiguous."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv1, self.conv2, self.shortcut = nn.Linear(4, 4), nn.Linear(4, 4), nn.Linear(4, 4)
+        self.out = nn.Linear(4, 2)
+
+    def forward(self, x):
+        s = self.shortcut(x)
+        return self.out(torch.relu(self.conv2(torch.relu(self.conv1(x))) + s))
+
+
+class TiedLM(nn.Module):
+    """Input embedding tied to the output layer (GPT-2): the tied weight belongs to stage 0."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Embedding(10, 4)
+        self.body = nn.Linear(4, 4)
+        self.head = nn.Linear(4, 10, bias=False)
+        self.head.weight = self.embed.weight
+
+    def forward(self, idx):
+        return self.head(torch.tanh(self.body(self.embed(idx))))
+
+
+class RootTokens(nn.Module):
+    """A class token owned by the root module (ViT): registered first, used after the patch embedding."""
+
+    def __init__(self):
+        super().__init__()
+        self.cls = nn.Parameter(torch.zeros(1, 1, 4))
+        self.embed = nn.Linear(3, 4)
+        self.head = nn.Linear(4, 2)
+
+    def forward(self, x):
+        h = self.embed(x)
+        h = torch.cat([self.cls.expand(h.shape[0], -1, -1), h], dim=1)
+        return self.head(h[:, 0])
+
+
+def _check(model, x, stages):
+    part = partition_model(model, stages)
+    part.check(dataflow(model(x), part.units))
+
+
+@pytest.mark.parametrize("build, x", [
+    (ShortcutFirst, torch.randn(3, 4)),
+    (TiedLM, torch.randint(0, 10, (3, 5))),
+])
+def test_parallel_branches_and_tied_weights_are_contiguous(build, x):
+    model = build()
+    for stages in range(1, len(units_of(model)) + 1):
+        _check(model, x, stages)
+
+
+def test_a_root_parameter_used_late_is_refused_and_execution_order_fixes_it():
+    model, x = RootTokens(), torch.randn(2, 5, 3)
+    with pytest.raises(StageOrderError, match="'<root>'.*'embed'"):
+        _check(model, x, 3)
+    part = partition_model(model, 3, example_input=x)
+    assert [s.modules for s in part] == [["embed"], ["<root>"], ["head"]]
+    part.check(dataflow(model(x), part.units))
+    assert model.training  # the probe ran in eval mode and put the mode back
+
+
+@pytest.mark.parametrize("name", ["resnet20", "transformer", "cnn1d", "lenet5"])
+def test_the_bundled_models_are_registered_in_execution_order(name):
+    model = models.get(name, seed=0)
+    x = torch.randn(2, *models.info(name).input_shape)
+    units = units_of(model)
+    assert [u.name for u in partition_model(model, len(units), example_input=x).units] == [u.name for u in units]
+    _check(model, x, len(units))
+
+
+def test_dataflow_sees_cast_weights():
+    model = nn.Sequential(nn.Linear(3, 3), nn.Linear(3, 2))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = model(torch.randn(2, 3))
+    assert dataflow(out, units_of(model)).copied == {0, 1}
+    assert not dataflow(model(torch.randn(2, 3)), units_of(model)).copied
