@@ -1,7 +1,8 @@
 """Typed errors: every bad input raises one of these, with a message that says how to fix the call."""
 
 __all__ = ["StaleoptError", "ConfigError", "StageError", "ScheduleError", "DelayError",
-           "OptimizerMismatchError", "CorrectionError", "SweepConfigError", "DataError"]
+           "OptimizerMismatchError", "CorrectionError", "SweepConfigError", "DataError", "CheckpointError",
+           "ClaimLostError"]
 
 
 class StaleoptError(Exception):
@@ -38,3 +39,11 @@ class SweepConfigError(ConfigError):
 
 class DataError(StaleoptError, RuntimeError):
     """A dataset cannot be found or loaded."""
+
+
+class CheckpointError(StaleoptError, ValueError):
+    """A run's checkpoint cannot be used (unreadable, or saved by another configuration)."""
+
+
+class ClaimLostError(StaleoptError, RuntimeError):
+    """Another launch took over this run's claim (its heartbeat was judged too old); this launch stops it."""

@@ -1,11 +1,12 @@
 """Run sweep jobs as Ray tasks: on the cluster at ``RAY_ADDRESS``, or on a Ray started locally.
 
 Optional: ``pip install 'staleopt[ray]'``. A *job* is the argument tuple of the
-sweep runner's per-run function, ``execute(train_fn, config, run_dir, progress)``
-(:func:`staleopt.sweep._execute`), which writes ``run_dir/config.json``, then
-``records.csv`` and the ``done`` marker by atomic rename. Ray only decides where
-and when each job runs, so the run directories and the resume rules are the
-sweep runner's own: a relaunch skips runs with ``done`` and restarts the rest.
+sweep runner's per-run function, ``execute(train_fn, config, run_dir, progress,
+options)`` (:func:`staleopt.sweep._execute`), which claims the run directory,
+writes ``run_dir/config.json``, checkpoints and records while training, then the
+``done`` marker by atomic rename. Ray only decides where and when each job runs,
+so the run directories and the resume rules are the sweep runner's own: a
+relaunch skips runs with ``done`` and resumes the rest from their checkpoints.
 
 * **Where.** ``address`` (else ``$RAY_ADDRESS``) names a running cluster; with
   neither, a local Ray is started with ``workers`` CPUs and stopped at the end.
@@ -16,6 +17,11 @@ sweep runner's own: a relaunch skips runs with ``done`` and restarts the rest.
   same path, and ``staleopt`` and the train function must be importable on every
   node. A local Ray gets the driver's ``sys.path``, as a process pool would.
 * **Threads.** Each task takes one Ray CPU and sets ``threads`` torch threads.
+* **Crashes.** A task whose worker process dies is retried by Ray (up to
+  ``RETRIES`` times); the retry takes over the dead worker's claim and resumes
+  from its checkpoint (:mod:`staleopt.lease`: at once on the same node, after
+  the claim timeout on another). A task that raises is not retried: the
+  runner already recorded the failure in ``error.txt``.
 """
 from __future__ import annotations
 
@@ -27,7 +33,9 @@ from .errors import ConfigError
 
 __all__ = ["run_jobs", "is_available"]
 
-Job = Tuple[Any, dict, str, bool]  # (train_fn, config dict, run_dir, progress)
+Job = Tuple[Any, dict, str, bool, dict]  # (train_fn, config dict, run_dir, progress, options)
+#: Times Ray re-runs a task whose worker process died (system failures; exceptions are not retried).
+RETRIES = 2
 
 
 def is_available() -> bool:
@@ -81,7 +89,7 @@ def run_jobs(execute: Callable, jobs: Iterable[Job], *, address: Optional[str] =
                      object_store_memory=128 * 2**20,
                      runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}})
         started = True
-    remote = ray.remote(num_cpus=1, max_retries=0)(_task)
+    remote = ray.remote(num_cpus=1, max_retries=RETRIES, retry_exceptions=False)(_task)
     pending = [remote.remote(execute, threads, tuple(job)) for job in jobs]
     try:
         while pending:
