@@ -65,13 +65,16 @@ def _task(execute: Callable, threads: Optional[int], job: Sequence) -> Any:
 
 
 def run_jobs(execute: Callable, jobs: Iterable[Job], *, address: Optional[str] = None,
-             workers: Optional[int] = None, threads: Optional[int] = 1) -> Iterator[Any]:
+             workers: Optional[int] = None, threads: Optional[int] = 1,
+             on_crash: Optional[Callable[[Job, Exception], Any]] = None) -> Iterator[Any]:
     """Run ``execute(*job)`` for every job as a Ray task; yield each result as it finishes.
 
     ``address`` (default ``$RAY_ADDRESS``) connects to a running cluster; without
     one a local Ray with ``workers`` CPUs (default: all cores) is started and shut
     down when the iteration ends. Interrupting the iteration cancels the tasks not
-    yet finished (their run directories stay unfinished, so a relaunch redoes them).
+    yet finished (their run directories stay unfinished, so a relaunch resumes them).
+    A task that still fails after ``RETRIES`` (its worker died, or ``execute``
+    raised) yields ``on_crash(job, error)``, or raises without ``on_crash``.
     """
     ray = _import_ray()
     jobs = list(jobs)
@@ -90,11 +93,20 @@ def run_jobs(execute: Callable, jobs: Iterable[Job], *, address: Optional[str] =
                      runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}})
         started = True
     remote = ray.remote(num_cpus=1, max_retries=RETRIES, retry_exceptions=False)(_task)
-    pending = [remote.remote(execute, threads, tuple(job)) for job in jobs]
+    job_of = {}
+    for job in jobs:
+        job_of[remote.remote(execute, threads, tuple(job))] = job
+    pending = list(job_of)
     try:
         while pending:
             done, pending = ray.wait(pending, num_returns=1)
-            yield ray.get(done[0])
+            try:
+                result = ray.get(done[0])
+            except ray.exceptions.RayError as e:
+                if on_crash is None:
+                    raise
+                result = on_crash(job_of[done[0]], e)
+            yield result
     finally:
         for ref in pending:
             ray.cancel(ref, force=True)

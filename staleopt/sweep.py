@@ -52,6 +52,7 @@ import os
 import time
 import traceback
 from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union
@@ -281,6 +282,11 @@ def _execute(train_fn, config: Dict[str, Any], run_dir: str, progress: bool,
     return cfg.run_id(), status, seconds
 
 
+def _interrupted(job, error: Exception) -> Tuple[str, str, float]:
+    """The result of a job whose worker process died (its claim goes stale with it)."""
+    return RunConfig.from_dict(job[1]).run_id(), "interrupted", 0.0
+
+
 def _init_worker(threads: Optional[int]) -> None:
     if threads:
         import torch
@@ -289,18 +295,20 @@ def _init_worker(threads: Optional[int]) -> None:
 
 @dataclass
 class SweepReport:
-    """What one launch did: run ids skipped (already done), finished (with status), failed, and claimed
-    (left to another launch that holds them)."""
+    """What one launch did: run ids skipped (already done), finished (with status), failed, claimed
+    (left to another launch that holds them) and interrupted (a worker process died: killed, or out
+    of memory; a relaunch resumes them from their checkpoints)."""
 
     total: int
     skipped: List[str] = field(default_factory=list)
     finished: Dict[str, str] = field(default_factory=dict)
     failed: List[str] = field(default_factory=list)
     claimed: List[str] = field(default_factory=list)
+    interrupted: List[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
-        return not self.failed
+        return not self.failed and not self.interrupted
 
 
 def run_sweep(sweep: Union[Sweep, str, os.PathLike, Sequence[RunConfig]], out: Union[str, os.PathLike], *,
@@ -363,10 +371,8 @@ def run_sweep(sweep: Union[Sweep, str, os.PathLike, Sequence[RunConfig]], out: U
 
     def record(result):
         run_id, status, _ = result
-        if status == "failed":
-            report.failed.append(run_id)
-        elif status == "claimed":
-            report.claimed.append(run_id)
+        if status in ("failed", "claimed", "interrupted"):
+            getattr(report, status).append(run_id)
         else:
             report.finished[run_id] = status
         pbar.update(1)
@@ -376,7 +382,7 @@ def run_sweep(sweep: Union[Sweep, str, os.PathLike, Sequence[RunConfig]], out: U
     try:
         if executor == "ray":
             from .ray_executor import run_jobs
-            for result in run_jobs(_execute, jobs, workers=workers, threads=threads):
+            for result in run_jobs(_execute, jobs, workers=workers, threads=threads, on_crash=_interrupted):
                 record(result)
         elif workers == 1:
             import torch
@@ -392,10 +398,14 @@ def run_sweep(sweep: Union[Sweep, str, os.PathLike, Sequence[RunConfig]], out: U
             ctx = multiprocessing.get_context(context)
             with ProcessPoolExecutor(min(workers, len(jobs)), mp_context=ctx, initializer=_init_worker,
                                      initargs=(threads,)) as pool:
-                futures = [pool.submit(_execute, *job) for job in jobs]
+                futures = {pool.submit(_execute, *job): job for job in jobs}
                 try:
                     for fut in as_completed(futures):
-                        record(fut.result())
+                        try:
+                            result = fut.result()
+                        except BrokenProcessPool as e:  # a worker died; the pool runs nothing more
+                            result = _interrupted(futures[fut], e)
+                        record(result)
                 except BaseException:
                     pool.shutdown(wait=False, cancel_futures=True)
                     raise

@@ -180,3 +180,40 @@ def test_killed_train_command_resumes_from_its_checkpoint(tmp_path, capsys):
     same_records(pd.read_csv(out, **sweep._EXACT_FLOATS), train.run(c))
     assert not ckpt.exists()
     assert main(["train", "--epochs", "1", "--checkpoint-every", "3"]) == 2  # needs --out
+
+
+def test_a_worker_killed_in_a_process_pool_is_reported_and_its_run_resumes(tmp_path):
+    from staleopt import lease
+    path = tmp_path / "kill.toml"
+    path.write_text(SWEEP)
+    configs = sweep.load_sweep(path).configs
+    out = tmp_path / "out"
+    killed = []
+
+    def kill_a_worker():  # the claim file names the process that trains the run
+        deadline = time.time() + 120
+        while time.time() < deadline:
+            for c in configs:
+                run_dir = out / "runs" / c.run_id()
+                held = lease.holder(run_dir) if (run_dir / "checkpoint.pt").exists() else None
+                if held is not None:
+                    os.kill(held[0].pid, signal.SIGKILL)
+                    killed.append(c)
+                    return
+            time.sleep(0.005)
+    import threading
+    killer = threading.Thread(target=kill_a_worker)
+    killer.start()
+    report = sweep.run_sweep(path, out, workers=2, bar=False, checkpoint_every=10)
+    killer.join()
+    assert killed and killed[0].run_id() in report.interrupted and not report.ok
+    saved_at = torch.load(out / "runs" / killed[0].run_id() / "checkpoint.pt",
+                          weights_only=False)["optimizer"]["staleopt"]["step"]
+
+    again = sweep.run_sweep(path, out, bar=False, checkpoint_every=10)
+    assert again.ok and killed[0].run_id() in again.finished
+    done = json.loads((out / "runs" / killed[0].run_id() / "done").read_text())
+    assert done["resumed_at_step"] == saved_at > 0
+    records = sweep.collect(out)
+    mine = records[records.run == killed[0].run_id()].reset_index(drop=True)[list(train.RECORD_COLUMNS)]
+    same_records(mine, train.run(killed[0]))

@@ -143,6 +143,9 @@ def run_sweep_command(args) -> int:
           f"now ({diverged} diverged), {len(report.claimed)} left to other launches, {len(report.failed)} failed")
     for run_id in report.failed:
         print(f"  failed: {out / 'runs' / run_id / 'error.txt'}", file=sys.stderr)
+    if report.interrupted:
+        print(f"  {len(report.interrupted)} runs interrupted: a worker process died (killed, or out of memory); "
+              "launch again to resume them from their checkpoints", file=sys.stderr)
     return 0 if report.ok else 1
 
 
