@@ -294,23 +294,28 @@ def load(name: str = "mnist1d", *, root=None, download: bool = False, **kwargs) 
 
 
 def batches(dataset: Dataset, batch_size: int, *, shuffle: bool = False,
-            generator: Optional[torch.Generator] = None, drop_last: bool = False) -> Iterator:
+            generator: Optional[torch.Generator] = None, drop_last: bool = False, start: int = 0) -> Iterator:
     """Yield ``(x, y)`` minibatches in-process, deterministic given ``generator``.
 
     A :class:`TensorDataset` is sliced directly (no per-sample collate); any
     other dataset goes through a ``DataLoader`` with ``num_workers=0``, so its
-    random transforms draw from this process's torch RNG.
+    random transforms draw from this process's torch RNG. ``start`` skips the
+    first ``start`` minibatches of the pass without loading them (the order is
+    drawn as usual), which is how a run resumes in the middle of an epoch.
     """
     if batch_size < 1:
         raise ConfigError(f"batch_size must be >= 1, got {batch_size}")
+    if start < 0:
+        raise ConfigError(f"start must be >= 0 (minibatches to skip), got {start}")
     n = len(dataset)
     order = torch.randperm(n, generator=generator) if shuffle else torch.arange(n)
     stop = n - n % batch_size if drop_last else n
+    first = min(start * batch_size, stop)
     if isinstance(dataset, TensorDataset):
-        for s in range(0, stop, batch_size):
+        for s in range(first, stop, batch_size):
             idx = order[s:s + batch_size]
             yield tuple(t[idx] for t in dataset.tensors)
         return
-    loader = torch.utils.data.DataLoader(torch.utils.data.Subset(dataset, order[:stop].tolist()),
+    loader = torch.utils.data.DataLoader(torch.utils.data.Subset(dataset, order[first:stop].tolist()),
                                          batch_size=batch_size, shuffle=False, num_workers=0)
     yield from loader

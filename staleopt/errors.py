@@ -2,7 +2,7 @@
 
 __all__ = ["StaleoptError", "ConfigError", "StageError", "ScheduleError", "DelayError",
            "OptimizerMismatchError", "CorrectionError", "SweepConfigError", "DataError", "StageOrderError",
-           "LoopError", "DetachedError"]
+           "LoopError", "DetachedError", "CheckpointError", "ClaimLostError"]
 
 
 class StaleoptError(Exception):
@@ -52,3 +52,11 @@ class LoopError(StaleoptError, ValueError):
 class DetachedError(LoopError):
     """This PipelineOptimizer no longer drives its model: a newer one took over its parameters, or
     ``remove_hooks()`` detached it."""
+
+
+class CheckpointError(StaleoptError, ValueError):
+    """A run's checkpoint cannot be used (unreadable, or saved by another configuration)."""
+
+
+class ClaimLostError(StaleoptError, RuntimeError):
+    """Another launch took over this run's claim (its heartbeat was judged too old); this launch stops it."""

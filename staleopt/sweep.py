@@ -15,42 +15,54 @@ runs are the Cartesian product of the grid over the base, in file order::
 Layout of a sweep directory (each run is named by :meth:`RunConfig.run_id`,
 the hash of its resolved config)::
 
-    SWEEP_DIR/runs/<run_id>/config.json   written first
-                            records.csv   per-epoch records of the train function
-                            done          written last, by atomic rename: the run is finished
-                            error.txt     the traceback, when the train function raised
+    SWEEP_DIR/runs/<run_id>/config.json    written first
+                            claim.<n>      while a process trains the run: its owner and heartbeat
+                                           (:mod:`staleopt.lease`)
+                            checkpoint.pt  the run's last checkpoint (:mod:`staleopt.checkpoint`)
+                            records.csv    per-epoch records, rewritten after every epoch
+                            done           written last, by atomic rename: the run is finished
+                            error.txt      the traceback, when the train function raised
 
-Launching a sweep again skips finished runs and restarts the others from
-scratch, so killing it (even with ``kill -9``) loses only the runs in flight.
+Launching a sweep again skips finished runs and resumes the others from their
+checkpoints, so killing it (even with ``kill -9``) loses at most the steps
+since each in-flight run's last checkpoint. Launches may overlap (a relaunch
+while the first still runs, overlapping shards, a retried Ray task): a run is
+trained only by the process that holds its claim; the others leave it alone,
+and a claim whose owner died is taken over by the next launch.
 ``shard=(k, n)`` runs the ``k``-th of ``n`` disjoint, deterministic slices
 (1-based), so a cluster scheduler can spread one sweep over machines.
 
 The runner knows nothing about training: it calls
 ``train_fn(config, progress=...) -> pandas.DataFrame`` (default
 ``staleopt.train.run``) whose rows are epochs with at least the columns
-:data:`RECORD_COLUMNS`.
+:data:`RECORD_COLUMNS`. A train function that takes a ``checkpoint`` keyword
+gets a :class:`~staleopt.checkpoint.Checkpoint` for ``checkpoint.pt`` and
+``records.csv`` in the run's directory.
 """
 from __future__ import annotations
 
 import difflib
 import importlib
+import inspect
 import itertools
 import json
 import math
 import multiprocessing
 import os
-import shutil
 import time
 import traceback
 from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 import pandas as pd
 
+from . import lease
+from .checkpoint import Checkpoint, atomic_write_text, check_every
 from .config import RunConfig, field_names, validate_field
-from .errors import ConfigError, SweepConfigError
+from .errors import ClaimLostError, ConfigError, SweepConfigError
 
 __all__ = ["Sweep", "load_sweep", "expand", "shard", "parse_shard", "run_sweep", "SweepReport",
            "run_state", "runs", "collect", "summarize", "t_interval", "RECORD_COLUMNS", "DEFAULT_TRAIN_FN"]
@@ -181,20 +193,14 @@ def shard(configs: Sequence[RunConfig], k: int, n: int) -> List[RunConfig]:
 # ---------------------------------------------------------------------------------------------
 # running
 
-def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
-def run_state(run_dir: Union[str, os.PathLike]) -> str:
-    """``"done"``, ``"failed"`` (train function raised), ``"incomplete"`` (started) or ``"pending"``."""
+def run_state(run_dir: Union[str, os.PathLike], timeout: float = lease.DEFAULT_TIMEOUT) -> str:
+    """``"done"``, ``"running"`` (a live claim), ``"failed"`` (train function raised), ``"incomplete"``
+    (started, nobody on it) or ``"pending"``; ``timeout`` as in :func:`staleopt.lease.holder`."""
     run_dir = Path(run_dir)
     if (run_dir / "done").is_file():
         return "done"
+    if lease.holder(run_dir, timeout) is not None:
+        return "running"
     if (run_dir / "error.txt").is_file():
         return "failed"
     return "incomplete" if run_dir.is_dir() else "pending"
@@ -212,30 +218,73 @@ def _resolve_fn(train_fn) -> Callable:
         raise ConfigError(f"cannot import train function {train_fn!r}: {e}") from e
 
 
-def _execute(train_fn, config: Dict[str, Any], run_dir: str, progress: bool) -> Tuple[str, str, float]:
-    """Run one config into ``run_dir``; returns ``(run_id, status, seconds)``; status ``"failed"`` on error."""
-    run_dir = Path(run_dir)
-    if run_dir.exists():  # an unfinished or failed earlier attempt: start over
-        shutil.rmtree(run_dir)
-    run_dir.mkdir(parents=True)
-    cfg = RunConfig.from_dict(config)
-    _atomic_write(run_dir / "config.json", json.dumps(cfg.to_dict(), indent=2, sort_keys=True) + "\n")
-    t0 = time.perf_counter()
+def _takes_checkpoint(fn: Callable) -> bool:
     try:
-        records = _resolve_fn(train_fn)(cfg, progress=progress)
-        missing = [c for c in RECORD_COLUMNS if c not in getattr(records, "columns", ())]
-        if missing or len(records) == 0:
-            raise TypeError(f"the train function must return a non-empty DataFrame with columns "
-                            f"{list(RECORD_COLUMNS)}; missing {missing}")
-    except Exception:
-        _atomic_write(run_dir / "error.txt", traceback.format_exc())
-        return cfg.run_id(), "failed", time.perf_counter() - t0
-    seconds = time.perf_counter() - t0
-    _atomic_write(run_dir / "records.csv", records.to_csv(index=False))
-    status = str(records["status"].iloc[-1])
-    _atomic_write(run_dir / "done", json.dumps({"status": status, "seconds": seconds,
-                                                "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z")}) + "\n")
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):  # builtins without a signature
+        return False
+    return any(p.name == "checkpoint" or p.kind is p.VAR_KEYWORD for p in params)
+
+
+#: Options of one run's execution (:func:`run_sweep`'s arguments of the same names).
+_OPTIONS = {"launch": "", "claim_timeout": lease.DEFAULT_TIMEOUT, "checkpoint_every": None,
+            "keep_checkpoint": False, "retry_failed": True}
+
+
+def _execute(train_fn, config: Dict[str, Any], run_dir: str, progress: bool,
+             options: Optional[Dict[str, Any]] = None) -> Tuple[str, str, float]:
+    """Claim ``run_dir`` and run one config into it; returns ``(run_id, status, seconds)``.
+
+    status: the last record's, ``"failed"`` when the train function raised, or
+    ``"claimed"`` when another launch holds the run (or finished it, or failed
+    it while ``retry_failed`` is false): this launch left it alone.
+    """
+    options = {**_OPTIONS, **(options or {})}
+    run_dir = Path(run_dir)
+    cfg = RunConfig.from_dict(config)
+    claim = lease.acquire(run_dir, options["launch"], options["claim_timeout"])
+    if claim is None:
+        return cfg.run_id(), "claimed", 0.0
+    with claim:
+        if (run_dir / "done").is_file() or ((run_dir / "error.txt").is_file() and not options["retry_failed"]):
+            return cfg.run_id(), "claimed", 0.0  # another launch finished (or failed) it meanwhile
+        (run_dir / "error.txt").unlink(missing_ok=True)
+        atomic_write_text(run_dir / "config.json", json.dumps(cfg.to_dict(), indent=2, sort_keys=True) + "\n")
+        t0 = time.perf_counter()
+        fn = _resolve_fn(train_fn)
+        kwargs = {}
+        if _takes_checkpoint(fn):
+            kwargs["checkpoint"] = Checkpoint(run_dir / "checkpoint.pt", every=options["checkpoint_every"],
+                                              keep=options["keep_checkpoint"], records=run_dir / "records.csv",
+                                              guard=claim.check)
+        try:
+            records = fn(cfg, progress=progress, **kwargs)
+            missing = [c for c in RECORD_COLUMNS if c not in getattr(records, "columns", ())]
+            if missing or len(records) == 0:
+                raise TypeError(f"the train function must return a non-empty DataFrame with columns "
+                                f"{list(RECORD_COLUMNS)}; missing {missing}")
+            claim.check()
+        except ClaimLostError:
+            return cfg.run_id(), "claimed", time.perf_counter() - t0
+        except Exception:
+            if not claim.held():
+                return cfg.run_id(), "claimed", time.perf_counter() - t0
+            atomic_write_text(run_dir / "error.txt", traceback.format_exc())
+            return cfg.run_id(), "failed", time.perf_counter() - t0
+        seconds = time.perf_counter() - t0
+        atomic_write_text(run_dir / "records.csv", records.to_csv(index=False))
+        status = str(records["status"].iloc[-1])
+        done = {"status": status, "seconds": seconds, "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                "by": str(claim.owner)}
+        if "resumed_at_step" in records.attrs:
+            done["resumed_at_step"] = int(records.attrs["resumed_at_step"])
+        atomic_write_text(run_dir / "done", json.dumps(done) + "\n")
     return cfg.run_id(), status, seconds
+
+
+def _interrupted(job, error: Exception) -> Tuple[str, str, float]:
+    """The result of a job whose worker process died (its claim goes stale with it)."""
+    return RunConfig.from_dict(job[1]).run_id(), "interrupted", 0.0
 
 
 def _init_worker(threads: Optional[int]) -> None:
@@ -246,22 +295,27 @@ def _init_worker(threads: Optional[int]) -> None:
 
 @dataclass
 class SweepReport:
-    """What one launch did: run ids skipped (already done), finished (with status) and failed."""
+    """What one launch did: run ids skipped (already done), finished (with status), failed, claimed
+    (left to another launch that holds them) and interrupted (a worker process died: killed, or out
+    of memory; a relaunch resumes them from their checkpoints)."""
 
     total: int
     skipped: List[str] = field(default_factory=list)
     finished: Dict[str, str] = field(default_factory=dict)
     failed: List[str] = field(default_factory=list)
+    claimed: List[str] = field(default_factory=list)
+    interrupted: List[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
-        return not self.failed
+        return not self.failed and not self.interrupted
 
 
 def run_sweep(sweep: Union[Sweep, str, os.PathLike, Sequence[RunConfig]], out: Union[str, os.PathLike], *,
               workers: int = 1, shard_spec: Optional[Tuple[int, int]] = None, train_fn=None,
               progress: bool = False, threads: Optional[int] = 1, bar: bool = True,
-              context: str = "spawn", executor: str = "local") -> SweepReport:
+              context: str = "spawn", executor: str = "local", checkpoint_every: Optional[int] = None,
+              keep_checkpoints: bool = False, claim_timeout: float = lease.DEFAULT_TIMEOUT) -> SweepReport:
     """Run every unfinished config of ``sweep`` into ``out/runs/<run_id>/``.
 
     ``workers > 1`` uses a process pool of that size (``context`` ``"spawn"``
@@ -273,6 +327,12 @@ def run_sweep(sweep: Union[Sweep, str, os.PathLike, Sequence[RunConfig]], out: U
     sweep goes on. ``executor="ray"`` runs the unfinished runs as Ray tasks
     (:mod:`staleopt.ray_executor`: ``$RAY_ADDRESS`` or a local Ray with ``workers``
     CPUs); run directories and resume rules are the same.
+
+    Each run saves a checkpoint at its epoch ends (and every ``checkpoint_every``
+    steps), resumes from it, and deletes it when done unless ``keep_checkpoints``.
+    Runs claimed by another live launch are left to it (:attr:`SweepReport.claimed`);
+    ``claim_timeout``: seconds without a heartbeat after which a claim is stale
+    (:mod:`staleopt.lease`).
     """
     from tqdm.auto import tqdm
 
@@ -285,6 +345,9 @@ def run_sweep(sweep: Union[Sweep, str, os.PathLike, Sequence[RunConfig]], out: U
         raise ConfigError(f"workers must be >= 1, got {workers}")
     if executor not in ("local", "ray"):
         raise ConfigError(f"executor must be 'local' or 'ray', got {executor!r}")
+    check_every(checkpoint_every)
+    if not claim_timeout > 0:
+        raise ConfigError(f"claim_timeout must be > 0 seconds, got {claim_timeout!r}")
     train_fn = DEFAULT_TRAIN_FN if train_fn is None else train_fn
     resolved = _resolve_fn(train_fn)  # fail before starting anything, whatever the executor
     if workers == 1:
@@ -292,18 +355,24 @@ def run_sweep(sweep: Union[Sweep, str, os.PathLike, Sequence[RunConfig]], out: U
     root = Path(out).resolve() / "runs"  # absolute: Ray workers may run elsewhere
     root.mkdir(parents=True, exist_ok=True)
     report = SweepReport(total=len(configs))
-    todo = []
+    launch = lease.new_launch_id()
+    jobs = []
     for cfg in configs:
-        if run_state(root / cfg.run_id()) == "done":
+        state = run_state(root / cfg.run_id(), claim_timeout)
+        if state == "done":
             report.skipped.append(cfg.run_id())
+        elif state == "running":
+            report.claimed.append(cfg.run_id())
         else:
-            todo.append(cfg)
-    pbar = tqdm(total=len(todo), desc="sweep", unit="run", disable=not bar or not todo)
+            options = {"launch": launch, "claim_timeout": claim_timeout, "checkpoint_every": checkpoint_every,
+                       "keep_checkpoint": keep_checkpoints, "retry_failed": state == "failed"}
+            jobs.append((train_fn, cfg.to_dict(), str(root / cfg.run_id()), progress, options))
+    pbar = tqdm(total=len(jobs), desc="sweep", unit="run", disable=not bar or not jobs)
 
     def record(result):
         run_id, status, _ = result
-        if status == "failed":
-            report.failed.append(run_id)
+        if status in ("failed", "claimed", "interrupted"):
+            getattr(report, status).append(run_id)
         else:
             report.finished[run_id] = status
         pbar.update(1)
@@ -313,8 +382,7 @@ def run_sweep(sweep: Union[Sweep, str, os.PathLike, Sequence[RunConfig]], out: U
     try:
         if executor == "ray":
             from .ray_executor import run_jobs
-            jobs = [(train_fn, cfg.to_dict(), str(root / cfg.run_id()), progress) for cfg in todo]
-            for result in run_jobs(_execute, jobs, workers=workers, threads=threads):
+            for result in run_jobs(_execute, jobs, workers=workers, threads=threads, on_crash=_interrupted):
                 record(result)
         elif workers == 1:
             import torch
@@ -322,19 +390,22 @@ def run_sweep(sweep: Union[Sweep, str, os.PathLike, Sequence[RunConfig]], out: U
             if threads:
                 torch.set_num_threads(threads)
             try:
-                for cfg in todo:
-                    record(_execute(train_fn, cfg.to_dict(), str(root / cfg.run_id()), progress))
+                for job in jobs:
+                    record(_execute(*job))
             finally:
                 torch.set_num_threads(old)
-        elif todo:
+        elif jobs:
             ctx = multiprocessing.get_context(context)
-            with ProcessPoolExecutor(min(workers, len(todo)), mp_context=ctx, initializer=_init_worker,
+            with ProcessPoolExecutor(min(workers, len(jobs)), mp_context=ctx, initializer=_init_worker,
                                      initargs=(threads,)) as pool:
-                futures = [pool.submit(_execute, train_fn, cfg.to_dict(), str(root / cfg.run_id()), progress)
-                           for cfg in todo]
+                futures = {pool.submit(_execute, *job): job for job in jobs}
                 try:
                     for fut in as_completed(futures):
-                        record(fut.result())
+                        try:
+                            result = fut.result()
+                        except BrokenProcessPool as e:  # a worker died; the pool runs nothing more
+                            result = _interrupted(futures[fut], e)
+                        record(result)
                 except BaseException:
                     pool.shutdown(wait=False, cancel_futures=True)
                     raise
@@ -363,16 +434,17 @@ def runs(sweep_dir: Union[str, os.PathLike]) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["run", "state", *field_names()] if not rows else None)
 
 
-def collect(sweep_dir: Union[str, os.PathLike]) -> pd.DataFrame:
+def collect(sweep_dir: Union[str, os.PathLike], partial: bool = False) -> pd.DataFrame:
     """Every finished run's per-epoch records, one row per (run, epoch): ``run``, config, record columns.
 
     Floats read back exactly (``repr`` written, round-trip parsed). Unfinished
-    runs are left out; :func:`runs` lists them.
+    runs are left out unless ``partial``: then runs in flight or interrupted
+    add the epochs recorded so far. :func:`runs` lists every run's state.
     """
     frames = []
     root = Path(sweep_dir) / "runs"
     for run_dir in sorted(root.iterdir()) if root.is_dir() else []:
-        if run_state(run_dir) != "done":
+        if run_state(run_dir) != "done" and not (partial and (run_dir / "records.csv").is_file()):
             continue
         config = _flat(json.loads((run_dir / "config.json").read_text()))
         records = pd.read_csv(run_dir / "records.csv", **_EXACT_FLOATS)

@@ -57,7 +57,7 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Any, Dict, Mapping, Union
+from typing import TYPE_CHECKING, Any, Dict, Mapping, Optional, Union
 
 import pandas as pd
 import torch
@@ -65,6 +65,9 @@ import torch.nn.functional as F
 
 from .config import RunConfig
 from .errors import ConfigError
+
+if TYPE_CHECKING:
+    from .checkpoint import Checkpoint
 
 __all__ = ["run", "method_args", "steps_per_epoch", "total_steps", "build_optimizer", "lr_lambda",
            "RECORD_COLUMNS"]
@@ -171,19 +174,30 @@ def _rng_devices(device: torch.device):
     return []
 
 
-def run(config: Union[RunConfig, Mapping[str, Any]], progress: bool = False) -> pd.DataFrame:
-    """Train ``config`` and return one record per epoch (columns :data:`RECORD_COLUMNS`)."""
+def run(config: Union[RunConfig, Mapping[str, Any]], progress: bool = False,
+        checkpoint: Optional["Checkpoint"] = None) -> pd.DataFrame:
+    """Train ``config`` and return one record per epoch (columns :data:`RECORD_COLUMNS`).
+
+    With a :class:`~staleopt.checkpoint.Checkpoint` the run saves itself at every
+    epoch end (and every ``checkpoint.every`` steps), continues from the saved
+    state when the file exists, and deletes it at the end (unless
+    ``checkpoint.keep``): the records equal an uninterrupted run's except
+    ``wall_time``, which adds up the training seconds of every launch.
+    ``records.attrs["resumed_at_step"]`` is the step it continued from (0: from scratch).
+    ``progress`` shows a bar over the run's optimizer steps with its ETA.
+    """
     config = config if isinstance(config, RunConfig) else RunConfig.from_dict(dict(config))
     config = config.resolve()
     device = torch.device(config.device)
     with torch.random.fork_rng(devices=_rng_devices(device)):
         torch.manual_seed(config.seed)
-        return _train(config, device, progress)
+        return _train(config, device, progress, checkpoint)
 
 
-def _train(config: RunConfig, device: torch.device, progress: bool) -> pd.DataFrame:
+def _train(config: RunConfig, device: torch.device, progress: bool, checkpoint) -> pd.DataFrame:
     from tqdm.auto import tqdm
 
+    from . import checkpoint as ckpt
     from . import data as datasets
     from . import models
     from .optimizer import PipelineOptimizer
@@ -203,15 +217,33 @@ def _train(config: RunConfig, device: torch.device, progress: bool) -> pd.DataFr
     order = torch.Generator().manual_seed(config.seed)
     bound = config.divergence_loss
 
-    records = []
+    records, first_epoch, done_batches, losses, elapsed = [], 1, 0, [], 0.0
+    saved = checkpoint.load(config.run_id()) if checkpoint is not None else None
+    if saved is not None:
+        model.load_state_dict(saved["model"])
+        opt.load_state_dict(saved["optimizer"])
+        scheduler.load_state_dict(saved["scheduler"])
+        ckpt.set_rng_state(saved["rng"], device, order=order)
+        records, first_epoch, done_batches = saved["records"], saved["epoch"], saved["batch"]
+        losses, elapsed = saved["losses"], saved["elapsed"]
+    resumed_at = opt.step_count
+
+    def save(epoch, batch, epoch_losses, order_state):
+        checkpoint.save({"run_id": config.run_id(), "config": config.to_dict(), "model": model.state_dict(),
+                         "optimizer": opt.state_dict(), "scheduler": scheduler.state_dict(),
+                         "rng": ckpt.rng_state(device, order=order_state), "epoch": epoch, "batch": batch,
+                         "losses": list(epoch_losses), "records": list(records),
+                         "elapsed": time.perf_counter() - start})
+
     model.train()
-    start = time.perf_counter()
-    bar = tqdm(total=config.epochs, desc=f"{config.method} P={config.stages}", unit="epoch", disable=not progress)
+    start = time.perf_counter() - elapsed
+    bar = tqdm(total=total, initial=resumed_at, desc=f"{config.method} P={config.stages}", unit="step",
+               disable=not progress)
     try:
-        for epoch in range(1, config.epochs + 1):
-            losses, status = [], "ok"
+        for epoch in range(first_epoch, config.epochs + 1):
+            epoch_order, status = order.get_state(), "ok"  # a resumed epoch redraws its order from here
             for x, y in datasets.batches(data.train, config.batch_size, shuffle=True, generator=order,
-                                         drop_last=True):
+                                         drop_last=True, start=done_batches):
                 if opt.step_count >= total:
                     break
                 x, y = x.to(device), y.to(device)
@@ -225,16 +257,30 @@ def _train(config: RunConfig, device: torch.device, progress: bool) -> pd.DataFr
                 loss.backward()
                 opt.step()
                 scheduler.step()
+                bar.update(1)
+                done_batches += 1
+                if checkpoint is not None and checkpoint.due(opt.step_count):
+                    save(epoch, done_batches, losses, epoch_order)
             records.append({"epoch": epoch, "step": opt.step_count,
                             "train_loss": sum(losses) / len(losses) if losses else math.nan,
                             **_evaluate(model, data.test, data.task, device),
                             "lr_base": opt.param_groups[0]["lr"], "wall_time": time.perf_counter() - start,
                             "status": status, **hardware})
-            bar.update(1)
-            bar.set_postfix(loss=f"{records[-1]['train_loss']:.3g}", acc=f"{records[-1]['test_acc']:.3f}")
-            if status == "diverged" or opt.step_count >= total:
+            losses, done_batches = [], 0
+            bar.set_postfix(epoch=f"{epoch}/{config.epochs}", loss=f"{records[-1]['train_loss']:.3g}",
+                            acc=f"{records[-1]['test_acc']:.3f}")
+            finished = status == "diverged" or opt.step_count >= total or epoch == config.epochs
+            if checkpoint is not None:
+                checkpoint.write_records(pd.DataFrame(records, columns=list(RECORD_COLUMNS)))
+                if not finished:
+                    save(epoch + 1, 0, [], order.get_state())
+            if finished:
                 break
     finally:
         bar.close()
         opt.remove_hooks()
-    return pd.DataFrame(records, columns=list(RECORD_COLUMNS))
+    if checkpoint is not None:
+        checkpoint.finish()
+    out = pd.DataFrame(records, columns=list(RECORD_COLUMNS))
+    out.attrs["resumed_at_step"] = resumed_at
+    return out

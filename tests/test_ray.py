@@ -49,7 +49,7 @@ def _ray_sweep(path, out, **kw):
     root = out / "runs"
     root.mkdir(parents=True, exist_ok=True)
     todo = [c for c in sweep.load_sweep(path).configs if sweep.run_state(root / c.run_id()) != "done"]
-    jobs = [("test_ray:fake_train", c.to_dict(), str(root / c.run_id()), False) for c in todo]
+    jobs = [("test_ray:fake_train", c.to_dict(), str(root / c.run_id()), False, {"launch": "test"}) for c in todo]
     return list(run_jobs(sweep._execute, jobs, **kw))
 
 
@@ -58,7 +58,7 @@ def test_missing_ray_is_a_clear_error(monkeypatch, tmp_path):
     monkeypatch.setitem(sys.modules, "ray", None)  # import ray -> ImportError
     assert not ray_executor.is_available()
     with pytest.raises(ConfigError, match=r"pip install 'staleopt\[ray\]'"):
-        list(ray_executor.run_jobs(sweep._execute, [("test_ray:fake_train", {}, str(tmp_path), False)]))
+        list(ray_executor.run_jobs(sweep._execute, [("test_ray:fake_train", {}, str(tmp_path), False, {})]))
 
 
 @pytest.fixture(scope="module")
@@ -113,3 +113,31 @@ def test_failing_run_is_marked_failed_and_the_sweep_goes_on(running_ray, tmp_pat
         assert states[run_id] == ("failed" if status == "failed" else "done")
         if status == "failed":
             assert "boom" in (tmp_path / "s" / "runs" / run_id / "error.txt").read_text()
+
+
+def test_ray_tasks_resume_runs_from_their_checkpoints(running_ray, tmp_path):
+    import torch
+
+    from staleopt import train
+    from staleopt.checkpoint import Checkpoint
+    from staleopt.config import RunConfig
+    config = RunConfig(model="mlp", model_kwargs={"depth": 3, "hidden": 16}, data="synthetic",
+                       data_kwargs={"num_samples": 250, "input_shape": [1, 8], "num_classes": 4},
+                       batch_size=16, epochs=3, lr=0.05, method="pipemare", stages=3)
+    run_dir = tmp_path / "s" / "runs" / config.run_id()
+    ckpt = Checkpoint(run_dir / "checkpoint.pt", every=10)
+    save = ckpt.save
+
+    def crash_after_first_save(state):
+        save(state)
+        raise KeyboardInterrupt  # as if the process died here
+    ckpt.save = crash_after_first_save
+    with pytest.raises(KeyboardInterrupt):
+        train.run(config, checkpoint=ckpt)
+    assert torch.load(ckpt.path, weights_only=False)["optimizer"]["staleopt"]["step"] == 10
+    report = sweep.run_sweep([config], tmp_path / "s", executor="ray", bar=False, checkpoint_every=10)
+    assert report.ok and report.finished == {config.run_id(): "ok"}
+    assert '"resumed_at_step": 10' in (run_dir / "done").read_text() and not ckpt.path.exists()
+    pd.testing.assert_frame_equal(
+        sweep.collect(tmp_path / "s")[list(train.RECORD_COLUMNS)].drop(columns="wall_time"),
+        train.run(config).drop(columns="wall_time"))

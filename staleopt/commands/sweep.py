@@ -29,8 +29,12 @@ examples:
   staleopt results runs/demo
 
 Each run lives in OUT/runs/<hash of its config>/; a run is finished once its
-'done' file exists. Launching again skips finished runs and restarts the
-others, so an interrupted sweep (even kill -9) resumes where it stopped.
+'done' file exists. Every run checkpoints at its epoch ends (and every
+--checkpoint-every steps); launching again skips finished runs and resumes the
+others from their checkpoints, so an interrupted sweep (even kill -9) resumes
+where it stopped. Launches may overlap: each run is claimed by the process
+that trains it, other launches leave it alone, and the claim of a process that
+died is taken over by the next launch (--dry-run shows the owners).
 """
 
 RESULTS_EXAMPLES = """\
@@ -38,6 +42,7 @@ examples:
   staleopt results runs/demo                      # table + runs/demo/summary.csv, records.csv
   staleopt results runs/demo --by method,stages   # group by these keys only (others pooled)
   staleopt results runs/demo --level 0.9          # 90% confidence intervals
+  staleopt results runs/demo --partial            # also the runs in flight, up to their last epoch
 """
 
 
@@ -56,9 +61,17 @@ def register(subparsers) -> None:
                         "local Ray with --workers CPUs (pip install 'staleopt[ray]')")
     p.add_argument("--shard", default=None, metavar="K/N",
                    help="run only the K-th of N disjoint slices of the sweep (1 <= K <= N)")
-    p.add_argument("--progress", action="store_true", help="show each run's own progress")
+    p.add_argument("--progress", action="store_true", help="show each run's own progress (steps, ETA)")
+    p.add_argument("--checkpoint-every", type=int, default=None, metavar="STEPS",
+                   help="checkpoint each run every STEPS optimizer steps too (default: at epoch ends only)")
+    p.add_argument("--keep-checkpoints", action="store_true",
+                   help="keep each run's checkpoint.pt when it is done (default: delete it)")
+    p.add_argument("--claim-timeout", type=float, default=None, metavar="SECONDS",
+                   help="a claim whose heartbeat is older than this is taken over (default 600); "
+                        "a claim of a dead process on this host is taken over at once")
     p.add_argument("--no-bar", action="store_true", help="no progress bar over runs")
-    p.add_argument("--dry-run", action="store_true", help="list the runs and their state; run nothing")
+    p.add_argument("--dry-run", action="store_true",
+                   help="list the runs, their state and who runs them; run nothing")
     p.add_argument("--download", action="store_true",
                    help="download missing datasets (CIFAR) before starting the runs")
     p.add_argument("--train-fn", default=None, metavar="MODULE:FUNCTION",
@@ -77,11 +90,27 @@ def register(subparsers) -> None:
     r.add_argument("--level", type=float, default=0.95, help="confidence level (default 0.95)")
     r.add_argument("--csv", default=None, help="summary CSV path (default SWEEP_DIR/summary.csv)")
     r.add_argument("--records", default=None, help="all records CSV path (default SWEEP_DIR/records.csv)")
+    r.add_argument("--partial", action="store_true",
+                   help="include runs in flight or interrupted, up to their last recorded epoch")
     r.set_defaults(func=run_results_command)
 
 
+def _describe(run_dir: Path, state: str, epochs: int, timeout: float) -> str:
+    """What --dry-run says about a run beyond its state: its owner, or how far it got."""
+    from .. import lease
+    if state == "running":
+        owner, age = lease.holder(run_dir, timeout)
+        return f"claimed by {owner}, heartbeat {age:.0f} s ago"
+    records = run_dir / "records.csv"
+    if state in ("incomplete", "failed") and records.is_file():
+        import pandas as pd
+        done = len(pd.read_csv(records))
+        return f"{done}/{epochs} epochs recorded" + (", checkpoint" if (run_dir / "checkpoint.pt").is_file() else "")
+    return ""
+
+
 def run_sweep_command(args) -> int:
-    from .. import data, sweep
+    from .. import data, lease, sweep
     from ..errors import ConfigError
 
     spec = sweep.load_sweep(args.sweep_file)
@@ -90,10 +119,15 @@ def run_sweep_command(args) -> int:
     configs = sweep.shard(spec.configs, *shard_spec) if shard_spec else spec.configs
     if args.workers < 1 or args.worker_threads < 1:
         raise ConfigError("--workers and --worker-threads must be >= 1")
+    timeout = lease.DEFAULT_TIMEOUT if args.claim_timeout is None else args.claim_timeout
+    if not timeout > 0:
+        raise ConfigError(f"--claim-timeout must be > 0 seconds, got {timeout}")
     if args.dry_run:
         for cfg in configs:
-            varying = {k: getattr(cfg, k) for k in spec.grid}
-            print(cfg.run_id(), f"{sweep.run_state(out / 'runs' / cfg.run_id()):10s}", json.dumps(varying))
+            run_dir = out / "runs" / cfg.run_id()
+            state = sweep.run_state(run_dir, timeout)
+            varying = json.dumps({k: getattr(cfg, k) for k in spec.grid})
+            print(f"{cfg.run_id()} {state:10s} {varying} {_describe(run_dir, state, cfg.epochs, timeout)}".rstrip())
         print(f"{len(configs)} runs in {out}")
         return 0
     if args.download:
@@ -102,12 +136,16 @@ def run_sweep_command(args) -> int:
             data.load(name, download=True, **kwargs)
     report = sweep.run_sweep(configs, out, workers=args.workers, train_fn=args.train_fn,
                              progress=args.progress, threads=args.worker_threads, bar=not args.no_bar,
-                             executor=args.executor)
+                             executor=args.executor, checkpoint_every=args.checkpoint_every,
+                             keep_checkpoints=args.keep_checkpoints, claim_timeout=timeout)
     diverged = sum(s == "diverged" for s in report.finished.values())
     print(f"{out}: {report.total} runs; {len(report.skipped)} already done, {len(report.finished)} finished "
-          f"now ({diverged} diverged), {len(report.failed)} failed")
+          f"now ({diverged} diverged), {len(report.claimed)} left to other launches, {len(report.failed)} failed")
     for run_id in report.failed:
         print(f"  failed: {out / 'runs' / run_id / 'error.txt'}", file=sys.stderr)
+    if report.interrupted:
+        print(f"  {len(report.interrupted)} runs interrupted: a worker process died (killed, or out of memory); "
+              "launch again to resume them from their checkpoints", file=sys.stderr)
     return 0 if report.ok else 1
 
 
@@ -125,14 +163,14 @@ def run_results_command(args) -> int:
     if not (sweep_dir / "runs").is_dir():
         raise ConfigError(f"{sweep_dir} is not a sweep directory (no runs/ inside); "
                           "pass the --out directory of `staleopt sweep`")
-    records = sweep.collect(sweep_dir)
+    records = sweep.collect(sweep_dir, partial=args.partial)
     states = sweep.runs(sweep_dir)["state"].value_counts().to_dict()
     by = args.by.split(",") if args.by else None
     summary = sweep.summarize(records, by=by, level=args.level)
     records.to_csv(args.records or sweep_dir / "records.csv", index=False)
     summary.to_csv(args.csv or sweep_dir / "summary.csv", index=False)
     if summary.empty:
-        print(f"{sweep_dir}: no finished runs yet ({states})")
+        print(f"{sweep_dir}: no {'recorded' if args.partial else 'finished'} runs yet ({states})")
         return 0
     shown = summary.copy()
     pct = int(round(args.level * 100))
@@ -141,5 +179,7 @@ def run_results_command(args) -> int:
     shown = shown.drop(columns=["best_acc", "best_acc_ci", "final_acc", "final_acc_ci", "diverged"])
     print(shown.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
     print(f"\n{sum(states.values())} runs: " + ", ".join(f"{n} {s}" for s, n in sorted(states.items())))
+    if args.partial and set(states) - {"done"}:
+        print("--partial: runs not done count with their last recorded epoch as the final one")
     print(f"wrote {args.csv or sweep_dir / 'summary.csv'} and {args.records or sweep_dir / 'records.csv'}")
     return 0

@@ -6,7 +6,7 @@ import dataclasses
 import json
 from pathlib import Path
 
-__all__ = ["register", "run", "config_from_args"]
+__all__ = ["register", "run", "config_from_args", "checkpoint_of"]
 
 EXAMPLES = """\
 Every RunConfig field is a flag (underscores become dashes); unset flags keep
@@ -22,8 +22,13 @@ examples:
 
 The records (one row per epoch: train loss, test accuracy, wall time, and the
 method's analytic utilization and memory) are printed and, with --out, written
-as CSV. A run whose loss is non-finite or above --divergence-loss stops with
-status "diverged".
+as CSV after every epoch. A run whose loss is non-finite or above
+--divergence-loss stops with status "diverged".
+
+With --out, the run also saves a checkpoint OUT.ckpt at every epoch end (and
+every --checkpoint-every steps): the same command run again after a crash or
+kill -9 continues from it, with the records of an uninterrupted run. The
+checkpoint is deleted when the run is done, unless --keep-checkpoint.
 """
 
 
@@ -80,9 +85,15 @@ def register(subparsers) -> None:
             kind = float
         p.add_argument("--" + f.name.replace("_", "-"), dest=f.name, type=kind, default=None,
                        help=_help(f.name, default))
-    p.add_argument("--out", default=None, help="write the records to this CSV file")
+    p.add_argument("--out", default=None,
+                   help="write the records to this CSV file (after every epoch), checkpoint to OUT.ckpt "
+                        "and resume from it")
+    p.add_argument("--checkpoint-every", type=int, default=None, metavar="STEPS",
+                   help="with --out: also checkpoint every STEPS optimizer steps (default: epoch ends only)")
+    p.add_argument("--keep-checkpoint", action="store_true",
+                   help="with --out: keep OUT.ckpt when the run is done (default: delete it)")
     p.add_argument("--download", action="store_true", help="download a missing dataset (CIFAR) first")
-    p.add_argument("--progress", action="store_true", help="show a progress bar over epochs")
+    p.add_argument("--progress", action="store_true", help="show a progress bar over steps, with the ETA")
     p.set_defaults(func=run)
 
 
@@ -105,19 +116,28 @@ def config_from_args(args):
     return RunConfig.from_dict(given).resolve()
 
 
+def checkpoint_of(out: Path, every=None, keep: bool = False):
+    """The :class:`~staleopt.checkpoint.Checkpoint` of ``staleopt train --out OUT``: ``OUT.ckpt``."""
+    from ..checkpoint import Checkpoint
+    return Checkpoint(out.with_name(out.name + ".ckpt"), every=every, keep=keep, records=out)
+
+
 def run(args) -> int:
     from .. import data, train
+    from ..errors import ConfigError
 
     config = config_from_args(args)
+    if not args.out and (args.checkpoint_every is not None or args.keep_checkpoint):
+        raise ConfigError("--checkpoint-every and --keep-checkpoint need --out (the checkpoint is OUT.ckpt)")
+    checkpoint = checkpoint_of(Path(args.out), args.checkpoint_every, args.keep_checkpoint) if args.out else None
     if args.download:
         data.load(config.data, download=True, **config.data_kwargs)
-    records = train.run(config, progress=args.progress)
+    records = train.run(config, progress=args.progress, checkpoint=checkpoint)
+    resumed = records.attrs.get("resumed_at_step", 0)
     print(f"{config.method} P={config.stages} N={config.microbatches} on {config.model}/{config.data}, "
-          f"seed {config.seed} (run id {config.run_id()}):")
+          f"seed {config.seed} (run id {config.run_id()}"
+          + (f", resumed from its checkpoint at step {resumed}):" if resumed else "):"))
     print(records.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
     if args.out:
-        out = Path(args.out)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        records.to_csv(out, index=False)
-        print(f"wrote {out}")
+        print(f"wrote {args.out}")  # after every epoch, by the checkpoint
     return 0

@@ -1,0 +1,218 @@
+"""Claims on a run directory, so that concurrent launches of one sweep train every run exactly once.
+
+A process that trains a run first *claims* it: it creates ``RUN_DIR/claim.<n>``
+(``n = 0, 1, ...``, the claim's generation) holding its owner as JSON::
+
+    {"host": "node7", "pid": 4242, "started": 123456789, "launch": "5f0c9e2ab1d3", "claimed": "2025-..."}
+
+Creation is atomic: the file is written under a private name and hard-linked
+to ``claim.<n>``, which fails when ``claim.<n>`` exists, so of two processes
+racing for one generation exactly one wins and the loser backs off. The claim
+with the largest ``n`` is the current one. Its owner keeps it alive by
+touching it (the *heartbeat*: the file's modification time) every
+``timeout / 10`` seconds from a background thread (:meth:`Lease.beating`).
+
+A claim is **stale** when its owner is gone:
+
+* its heartbeat is older than ``timeout`` seconds (any host), or
+* it was taken on this host and process ``pid`` no longer runs (or ``pid`` now
+  belongs to a process started at another time, ``started`` being the
+  process's start time in clock ticks from ``/proc/<pid>/stat``, on Linux).
+
+A stale claim is taken over by creating the next generation ``claim.<n+1>``,
+again atomically, so two launches cannot both take over one dead owner's run.
+An owner whose claim was taken over (a heartbeat that stalled past
+``timeout``, e.g. a suspended process) finds a newer generation when it checks
+(:meth:`Lease.check`, called before each write) and stops with
+:class:`~staleopt.errors.ClaimLostError` instead of writing.
+"""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import threading
+import time
+import uuid
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import List, Optional, Tuple, Union
+
+from .errors import ClaimLostError, ConfigError
+
+__all__ = ["Owner", "Lease", "acquire", "holder", "claims", "new_launch_id", "DEFAULT_TIMEOUT"]
+
+#: Seconds without a heartbeat after which a claim from another host is stale.
+DEFAULT_TIMEOUT = 600.0
+_PREFIX = "claim."
+
+
+def new_launch_id() -> str:
+    """A random id naming one launch of a sweep (12 hex digits)."""
+    return uuid.uuid4().hex[:12]
+
+
+def _start_time(pid: int) -> Optional[int]:
+    """Start time of process ``pid`` in clock ticks after boot (Linux ``/proc``), else ``None``."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    return int(stat[stat.rindex(")") + 2:].split()[19])  # field 22; the name in (...) may hold spaces
+
+
+def _pid_runs(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # it exists, under another user
+        return True
+    return True
+
+
+@dataclass(frozen=True)
+class Owner:
+    """Who holds a claim: host name, process id and start time, the launch's id, when it claimed."""
+
+    host: str
+    pid: int
+    started: Optional[int]
+    launch: str
+    claimed: str
+
+    @classmethod
+    def me(cls, launch: str) -> "Owner":
+        pid = os.getpid()
+        return cls(socket.gethostname(), pid, _start_time(pid), launch, time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+
+    def alive_here(self) -> Optional[bool]:
+        """Whether the owner process still runs, when it ran on this host; ``None`` for another host."""
+        if self.host != socket.gethostname():
+            return None
+        if not _pid_runs(self.pid):
+            return False
+        return self.started is None or _start_time(self.pid) in (None, self.started)
+
+    def __str__(self) -> str:
+        return f"{self.host}:{self.pid} (launch {self.launch})"
+
+
+def _generation(path: Path) -> Optional[int]:
+    suffix = path.name[len(_PREFIX):]
+    return int(suffix) if path.name.startswith(_PREFIX) and suffix.isdigit() else None
+
+
+def claims(run_dir: Union[str, os.PathLike]) -> List[Tuple[int, Path]]:
+    """The claim files of ``run_dir`` as ``(generation, path)``, oldest first."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        return []
+    found = ((_generation(p), p) for p in run_dir.iterdir())
+    return sorted((n, p) for n, p in found if n is not None)
+
+
+def _read(path: Path) -> Tuple[Optional[Owner], Optional[float]]:
+    """``(owner, heartbeat age in seconds)``; ``(None, None)`` when the file has gone."""
+    try:
+        age = time.time() - path.stat().st_mtime
+        return Owner(**json.loads(path.read_text())), age
+    except FileNotFoundError:
+        return None, None
+    except (ValueError, TypeError) as e:
+        raise ConfigError(f"{path} is not a claim file ({e}); delete it if no launch is running") from None
+
+
+def holder(run_dir: Union[str, os.PathLike], timeout: float = DEFAULT_TIMEOUT) -> Optional[Tuple[Owner, float]]:
+    """The live owner of ``run_dir``'s current claim and its heartbeat age, or ``None`` (free or stale)."""
+    found = claims(run_dir)
+    if not found:
+        return None
+    owner, age = _read(found[-1][1])
+    if owner is None or age > timeout or owner.alive_here() is False:
+        return None
+    return owner, age
+
+
+class Lease:
+    """A claim this process holds: :meth:`check` it before writing, :meth:`release` it when done."""
+
+    def __init__(self, path: Path, owner: Owner, timeout: float):
+        self.path, self.owner, self.timeout = path, owner, timeout
+        self.generation = _generation(path)
+        self._stop = threading.Event()
+        self._lost = False
+
+    def __repr__(self) -> str:
+        return f"Lease({str(self.path)!r}, owner={self.owner})"
+
+    def held(self) -> bool:
+        """Whether this claim is still the current one (no launch took it over)."""
+        found = claims(self.path.parent)
+        return not self._lost and bool(found) and found[-1][1] == self.path
+
+    def check(self) -> None:
+        """Raise :class:`~staleopt.errors.ClaimLostError` when another launch took this run over."""
+        if not self.held():
+            self._lost = True
+            raise ClaimLostError(f"{self.path.parent.name}: another launch took over this run's claim "
+                                 f"(heartbeat older than {self.timeout:g} s?); this launch leaves the run to it")
+
+    def heartbeat(self) -> None:
+        """Touch the claim file: its modification time says the owner is alive."""
+        if self.held():
+            os.utime(self.path)
+        else:
+            self._lost = True
+
+    def beating(self) -> "Lease":
+        """Start touching the claim every ``timeout / 10`` seconds from a daemon thread; stop at release."""
+        def beat():
+            while not self._stop.wait(self.timeout / 10):
+                self.heartbeat()
+        threading.Thread(target=beat, name=f"heartbeat {self.path}", daemon=True).start()
+        return self
+
+    def release(self) -> None:
+        """Stop the heartbeat and delete the claim file (if it is still ours)."""
+        self._stop.set()
+        if self.held():
+            self.path.unlink(missing_ok=True)
+
+    def __enter__(self) -> "Lease":
+        return self.beating()
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
+def acquire(run_dir: Union[str, os.PathLike], launch: str, timeout: float = DEFAULT_TIMEOUT) -> Optional[Lease]:
+    """Claim ``run_dir`` for this process, taking over a stale claim; ``None`` when a live owner holds it.
+
+    ``timeout``: seconds without a heartbeat after which a claim is stale.
+    The directory is created if needed.
+    """
+    if not timeout > 0:
+        raise ConfigError(f"claim timeout must be > 0 seconds, got {timeout!r}")
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    found = claims(run_dir)
+    if found:
+        owner, age = _read(found[-1][1])
+        if owner is not None and age <= timeout and owner.alive_here() is not False:
+            return None
+    generation = found[-1][0] + 1 if found else 0
+    me = Owner.me(launch)
+    path = run_dir / f"{_PREFIX}{generation}"
+    private = run_dir / f".{_PREFIX}{generation}.{uuid.uuid4().hex}"
+    private.write_text(json.dumps(asdict(me), sort_keys=True) + "\n")
+    try:
+        os.link(private, path)  # atomic: fails if another process created this generation first
+    except FileExistsError:
+        return None
+    finally:
+        private.unlink()
+    for _, older in found:  # the dead owners' claims
+        older.unlink(missing_ok=True)
+    return Lease(path, me, timeout)

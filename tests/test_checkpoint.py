@@ -1,0 +1,219 @@
+"""Checkpoints: a run resumed from any step has the records of the uninterrupted run, in process and after kill -9."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+
+from staleopt import sweep, train
+from staleopt.checkpoint import Checkpoint
+from staleopt.cli import main
+from staleopt.config import RunConfig
+from staleopt.errors import CheckpointError
+
+REPO = Path(__file__).resolve().parents[1]
+SMALL = dict(model="mlp", model_kwargs={"depth": 3, "hidden": 16}, data="synthetic",
+             data_kwargs={"num_samples": 250, "input_shape": [1, 8], "num_classes": 4, "separation": 0.5},
+             batch_size=16, epochs=3, lr=0.05)  # 12 steps per epoch
+
+
+def cfg(**kw):
+    return RunConfig(**{**SMALL, **kw})
+
+
+class Interrupted(Exception):
+    pass
+
+
+def interrupted_run(config, path, every, saves):
+    """Run ``config`` checkpointing into ``path`` and stop it (as a crash would) right after its ``saves``-th save."""
+    ckpt = Checkpoint(path, every=every)
+    save, count = ckpt.save, []
+
+    def counting(state):
+        save(state)
+        count.append(1)
+        if len(count) == saves:
+            raise Interrupted
+    ckpt.save = counting
+    with pytest.raises(Interrupted):
+        train.run(config, checkpoint=ckpt)
+    return torch.load(path, weights_only=False)
+
+
+def same_records(a, b):
+    pd.testing.assert_frame_equal(a.drop(columns="wall_time"), b.drop(columns="wall_time"))
+
+
+@pytest.mark.parametrize("kw, every, saves", [
+    (dict(method="pipemare", stages=3), 5, 3),  # T1 + T2 state, mid-epoch (step 15 of epoch 2)
+    (dict(method="pipemare", stages=3), None, 1),  # at an epoch end
+    (dict(method="hogwild", stages=3, optimizer="adam", lr=0.01), 7, 4),  # random delays, Adam moments
+    (dict(method="pipedream", stages="max", lr_schedule="step", lr_milestones=[2], lr_gamma=0.5,
+          weight_decay=1e-3), 12, 2),  # stashed versions, lr scheduler; step 24 = an epoch end
+    (dict(model="resnet1d", model_kwargs={"depth": 8}, data_kwargs={"num_samples": 100, "input_shape": [1, 40],
+          "num_classes": 4}, method="1f1b", stages=4, batch_size=8, epochs=2), 3, 2),  # BatchNorm statistics
+])
+def test_a_resumed_run_has_the_uninterrupted_records(tmp_path, kw, every, saves):
+    c = cfg(**kw)
+    plain = train.run(c)  # never checkpointed: saving must not change the run either
+    path = tmp_path / "run.ckpt"
+    state = interrupted_run(c, path, every, saves)
+    assert 0 < state["optimizer"]["staleopt"]["step"] < plain["step"].iloc[-1]
+    resumed = train.run(c, checkpoint=Checkpoint(path, every=every))
+    assert resumed.attrs["resumed_at_step"] == state["optimizer"]["staleopt"]["step"]
+    same_records(resumed, plain)
+    assert resumed["wall_time"].is_monotonic_increasing
+    assert not path.exists()  # deleted once the run is done
+
+
+def test_checkpoint_holds_the_state_and_is_kept_on_request(tmp_path):
+    c = cfg(method="pipemare", stages=3)
+    records = tmp_path / "rec.csv"
+    ckpt = Checkpoint(tmp_path / "sub" / "run.ckpt", every=5, keep=True, records=records)
+    out = train.run(c, checkpoint=ckpt)
+    state = torch.load(ckpt.path, weights_only=False)
+    assert state["run_id"] == c.run_id() and state["config"] == c.to_dict()
+    assert (state["epoch"], state["batch"], state["optimizer"]["staleopt"]["step"]) == (3, 11, 35)
+    assert len(state["losses"]) == 11 and len(state["records"]) == 2
+    assert {"torch", "order"} <= set(state["rng"])
+    pd.testing.assert_frame_equal(pd.read_csv(records, **sweep._EXACT_FLOATS), out)
+    assert not list(tmp_path.glob("**/.*.tmp"))  # no temporary file left behind
+    # resuming from the kept checkpoint of a finished run redoes only its last 1 step
+    again = train.run(c, checkpoint=Checkpoint(ckpt.path))
+    assert again.attrs["resumed_at_step"] == 35
+    same_records(again, out)
+
+
+def test_bad_checkpoints_are_clear_errors(tmp_path):
+    path = tmp_path / "run.ckpt"
+    interrupted_run(cfg(method="1f1b", stages=2), path, None, 1)
+    with pytest.raises(CheckpointError, match="holds run .* not run .*Delete the file"):
+        train.run(cfg(method="1f1b", stages=2, seed=1), checkpoint=Checkpoint(path))
+    path.write_text("not a checkpoint")
+    with pytest.raises(CheckpointError, match="not a readable checkpoint.*delete it"):
+        train.run(cfg(), checkpoint=Checkpoint(path))
+    for bad in (0, -3, 2.5, True):
+        with pytest.raises(CheckpointError, match="optimizer steps >= 1"):
+            Checkpoint(path, every=bad)
+
+
+# --------------------------------------------------------------------------------- kill -9 of real processes
+
+SLOW = {**SMALL, "data_kwargs": {**SMALL["data_kwargs"], "num_samples": 1250}, "epochs": 4}  # 62 steps/epoch
+SWEEP = f"""\
+name = "kill"
+[base]
+model = "mlp"
+model_kwargs = {{depth = 3, hidden = 16}}
+data = "synthetic"
+data_kwargs = {json.dumps(SLOW["data_kwargs"]).replace('"', "").replace(":", " =")}
+batch_size = 16
+epochs = 4
+lr = 0.05
+method = "pipemare"
+[grid]
+stages = [3, 1]
+"""
+
+
+def killed_when(args, ready, timeout=120):
+    """Start ``python -m staleopt.cli ARGS`` and SIGKILL it as soon as ``ready()`` is true."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.Popen([sys.executable, "-m", "staleopt.cli", *args], env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE)
+    try:
+        deadline = time.time() + timeout
+        while not ready():
+            assert proc.poll() is None, proc.stderr.read().decode()
+            assert time.time() < deadline, f"not ready within {timeout} s"
+            time.sleep(0.005)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.stderr.close()
+
+
+def test_killed_sweep_resumes_the_run_in_flight_from_its_checkpoint(tmp_path):
+    path = tmp_path / "kill.toml"
+    path.write_text(SWEEP)
+    first, second = sweep.load_sweep(path).configs
+    out = tmp_path / "out"
+    ckpt = out / "runs" / first.run_id() / "checkpoint.pt"
+    killed_when(["sweep", str(path), "--out", str(out), "--no-bar", "--checkpoint-every", "10"],
+                lambda: ckpt.exists())
+    saved_at = torch.load(ckpt, weights_only=False)["optimizer"]["staleopt"]["step"]
+    total = 4 * (1000 // 16)
+    assert 10 <= saved_at < total and sweep.run_state(out / "runs" / first.run_id()) == "incomplete"
+
+    report = sweep.run_sweep(path, out, bar=False, checkpoint_every=10)
+    assert sorted(report.finished) == sorted([first.run_id(), second.run_id()]) and report.ok
+    done = json.loads((out / "runs" / first.run_id() / "done").read_text())
+    assert done["resumed_at_step"] == saved_at  # trained total - saved_at steps, not total
+    assert json.loads((out / "runs" / second.run_id() / "done").read_text())["resumed_at_step"] == 0
+    assert not list(out.glob("runs/*/checkpoint.pt")) and not list(out.glob("runs/*/claim.*"))
+    records = sweep.collect(out)
+    for c in (first, second):
+        mine = records[records.run == c.run_id()].reset_index(drop=True)[list(train.RECORD_COLUMNS)]
+        same_records(mine, train.run(c))
+
+
+def test_killed_train_command_resumes_from_its_checkpoint(tmp_path, capsys):
+    c = RunConfig(**SLOW, method="pipedream", stages=3)
+    out = tmp_path / "rec.csv"
+    args = ["train", "--config", str(tmp_path / "c.json"), "--out", str(out), "--checkpoint-every", "25"]
+    (tmp_path / "c.json").write_text(json.dumps(c.to_dict()))
+    ckpt = tmp_path / "rec.csv.ckpt"
+    killed_when(args, lambda: ckpt.exists())
+    saved_at = torch.load(ckpt, weights_only=False)["optimizer"]["staleopt"]["step"]
+    assert 25 <= saved_at < 4 * 62
+    assert main(args) == 0
+    assert f"resumed from its checkpoint at step {saved_at}" in capsys.readouterr().out
+    same_records(pd.read_csv(out, **sweep._EXACT_FLOATS), train.run(c))
+    assert not ckpt.exists()
+    assert main(["train", "--epochs", "1", "--checkpoint-every", "3"]) == 2  # needs --out
+
+
+def test_a_worker_killed_in_a_process_pool_is_reported_and_its_run_resumes(tmp_path):
+    from staleopt import lease
+    path = tmp_path / "kill.toml"
+    path.write_text(SWEEP)
+    configs = sweep.load_sweep(path).configs
+    out = tmp_path / "out"
+    killed = []
+
+    def kill_a_worker():  # the claim file names the process that trains the run
+        deadline = time.time() + 120
+        while time.time() < deadline:
+            for c in configs:
+                run_dir = out / "runs" / c.run_id()
+                held = lease.holder(run_dir) if (run_dir / "checkpoint.pt").exists() else None
+                if held is not None:
+                    os.kill(held[0].pid, signal.SIGKILL)
+                    killed.append(c)
+                    return
+            time.sleep(0.005)
+    import threading
+    killer = threading.Thread(target=kill_a_worker)
+    killer.start()
+    report = sweep.run_sweep(path, out, workers=2, bar=False, checkpoint_every=10)
+    killer.join()
+    assert killed and killed[0].run_id() in report.interrupted and not report.ok
+    saved_at = torch.load(out / "runs" / killed[0].run_id() / "checkpoint.pt",
+                          weights_only=False)["optimizer"]["staleopt"]["step"]
+
+    again = sweep.run_sweep(path, out, bar=False, checkpoint_every=10)
+    assert again.ok and killed[0].run_id() in again.finished
+    done = json.loads((out / "runs" / killed[0].run_id() / "done").read_text())
+    assert done["resumed_at_step"] == saved_at > 0
+    records = sweep.collect(out)
+    mine = records[records.run == killed[0].run_id()].reset_index(drop=True)[list(train.RECORD_COLUMNS)]
+    same_records(mine, train.run(killed[0]))
