@@ -34,6 +34,7 @@ from torch import nn
 from . import theory
 from .errors import ConfigError
 from .partition import Partition, partition_model
+from .validate import check_int
 
 __all__ = ["Advice", "Curvature", "advise", "hessian_top_eigenvalue", "stage_curvatures"]
 
@@ -230,8 +231,7 @@ def advise(model: nn.Module, loss_fn: Callable, batch, method: Union[str, object
         raise ConfigError(f"lr must be > 0, got {lr!r}")
     if not 0.0 <= float(momentum) <= 1.0:
         raise ConfigError(f"momentum must lie in [0, 1] (heavy-ball beta), got {momentum!r}")
-    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
-        raise ConfigError(f"step must be an int >= 0 (T1's step counter k), got {step!r}")
+    check_int("step", step, minimum=0, why="T1's step counter k")
     part = stages if isinstance(stages, Partition) else partition_model(model, stages, partition)
     P = part.num_stages
     tf, tb, factors = _delays_and_factors(method, P, microbatches, step, method_args)

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Union
 
 from .errors import ConfigError
+from .validate import check_int
 
 __all__ = ["RunConfig", "CHOICES", "CORRECTION_FIELDS", "field_names", "validate_field"]
 
@@ -153,14 +154,6 @@ def _fail(name, value, why):
     raise ConfigError(f"{name} = {value!r} {why}")
 
 
-def _int(name, v, lo=None, optional=False):
-    if v is None and optional:
-        return None
-    if isinstance(v, bool) or not isinstance(v, int) or (lo is not None and v < lo):
-        _fail(name, v, f"must be an int >= {lo}" + (" or None" if optional else ""))
-    return int(v)
-
-
 def _float(name, v, lo=None, hi=None, optional=False, open_lo=False, open_hi=False):
     if v is None and optional:
         return None
@@ -229,13 +222,13 @@ def _device(name, v):
 
 
 def _stages(name, v):
-    return v if v == "max" else _int(name, v, lo=1)
+    return v if v == "max" else check_int(name, v, minimum=1)
 
 
 def _milestones(name, v):
     if not isinstance(v, (list, tuple)):
         _fail(name, v, "must be a list of epochs")
-    out = [_int(name, e, lo=1) for e in v]
+    out = [check_int(name, e, minimum=1) for e in v]
     if out != sorted(set(out)):
         _fail(name, v, "must be strictly increasing")
     return out
@@ -248,7 +241,7 @@ _VALIDATORS = {
     "data_kwargs": _kwargs,
     "method": lambda n, v: _choice(n, v, _method_names()),
     "stages": _stages,
-    "microbatches": lambda n, v: _int(n, v, lo=1),
+    "microbatches": lambda n, v: check_int(n, v, minimum=1),
     "partition": lambda n, v: _choice(n, v, CHOICES["partition"]),
     "optimizer": lambda n, v: _choice(n, v, CHOICES["optimizer"]),
     "lr": lambda n, v: _float(n, v, lo=0.0, open_lo=True),
@@ -257,15 +250,15 @@ _VALIDATORS = {
     "lr_schedule": lambda n, v: _choice(n, v, CHOICES["lr_schedule"]),
     "lr_milestones": _milestones,
     "lr_gamma": lambda n, v: _float(n, v, lo=0.0, open_lo=True),
-    "epochs": lambda n, v: _int(n, v, lo=1),
-    "batch_size": lambda n, v: _int(n, v, lo=1),
-    "seed": lambda n, v: _int(n, v, lo=0),
-    "anneal_steps": lambda n, v: _int(n, v, lo=1, optional=True),
+    "epochs": lambda n, v: check_int(n, v, minimum=1),
+    "batch_size": lambda n, v: check_int(n, v, minimum=1),
+    "seed": lambda n, v: check_int(n, v, minimum=0),
+    "anneal_steps": lambda n, v: check_int(n, v, minimum=1, optional=True),
     "decay": lambda n, v: _float(n, v, lo=0.0, hi=1.0, optional=True, open_lo=True, open_hi=True),
-    "warmup_steps": lambda n, v: _int(n, v, lo=0, optional=True),
-    "pipelined_steps": lambda n, v: _int(n, v, lo=0, optional=True),
+    "warmup_steps": lambda n, v: check_int(n, v, minimum=0, optional=True),
+    "pipelined_steps": lambda n, v: check_int(n, v, minimum=0, optional=True),
     "divergence_loss": lambda n, v: _float(n, v, lo=0.0, open_lo=True, optional=True),
-    "max_steps": lambda n, v: _int(n, v, lo=1, optional=True),
+    "max_steps": lambda n, v: check_int(n, v, minimum=1, optional=True),
     "device": _device,
 }
 

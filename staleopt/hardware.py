@@ -28,6 +28,7 @@ from torch import nn
 
 from .errors import ConfigError, ScheduleError
 from .partition import Partition, partition_model
+from .validate import check_int
 
 __all__ = ["OPTIMIZER_SLOTS", "MemoryReport", "pipeline_utilization", "amortized_utilization",
            "hybrid_speedup", "time_to_accuracy", "effective_delays", "in_flight_counts",
@@ -49,9 +50,8 @@ def _resolve(method, stages: Optional[int] = None, microbatches: Optional[int] =
 
 
 def _check_pn(stages, microbatches):
-    for what, v in (("stages", stages), ("microbatches", microbatches)):
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise ConfigError(f"{what} must be an int >= 1, got {v!r}")
+    check_int("stages", stages, minimum=1)
+    check_int("microbatches", microbatches, minimum=1)
 
 
 def _sync_utilization(stages: int, microbatches: int) -> float:
@@ -188,8 +188,7 @@ def activation_sizes(model: nn.Module, partition: Partition, example_input, micr
     Measured with forward pre-hooks on ``example_input`` (a batch of any size,
     first dimension the batch) and scaled to ``microbatch_size``.
     """
-    if isinstance(microbatch_size, bool) or not isinstance(microbatch_size, int) or microbatch_size < 1:
-        raise ConfigError(f"microbatch_size must be an int >= 1, got {microbatch_size!r}")
+    check_int("microbatch_size", microbatch_size, minimum=1)
     if not isinstance(example_input, torch.Tensor) or example_input.dim() < 1 or example_input.shape[0] < 1:
         raise ConfigError("example_input must be a tensor batch (first dimension = batch size >= 1), "
                           "e.g. torch.zeros(1, 3, 32, 32)")
@@ -252,8 +251,7 @@ def activation_memory(sizes: Sequence[Tuple[int, int]], counts: Sequence[int],
     if segment is None:
         best = min(range(1, P + 1), key=lambda S: (with_segments(S), S))
         return plain, with_segments(best), best
-    if isinstance(segment, bool) or not isinstance(segment, int) or not 1 <= segment <= P:
-        raise ConfigError(f"recompute segment must be an int in 1..{P} (stages per segment), got {segment!r}")
+    check_int("recompute segment", segment, minimum=1, maximum=P, why="stages per segment")
     return plain, with_segments(segment), segment
 
 

@@ -44,7 +44,8 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from .errors import ConfigError, DelayError, ScheduleError
+from .errors import DelayError, ScheduleError
+from .validate import check_int
 
 __all__ = ["Schedule", "Sync", "Dataflow", "OneFOneB", "PipelinedBackprop", "TwoBW", "Hogwild",
            "Custom", "get", "names", "register"]
@@ -53,10 +54,8 @@ Delays = Tuple[List[int], List[int]]
 
 
 def _check_pn(stages: int, microbatches: int) -> None:
-    if isinstance(stages, bool) or not isinstance(stages, int) or stages < 1:
-        raise ConfigError(f"stages must be an int >= 1, got {stages!r}")
-    if isinstance(microbatches, bool) or not isinstance(microbatches, int) or microbatches < 1:
-        raise ConfigError(f"microbatches must be an int >= 1 (microbatches per minibatch), got {microbatches!r}")
+    check_int("stages", stages, minimum=1)
+    check_int("microbatches", microbatches, minimum=1, why="microbatches per minibatch")
 
 
 class Schedule:
@@ -190,8 +189,7 @@ class Hogwild(Schedule):
     description = "random per-stage delays, truncated exponential with given means, forward = backward"
 
     def __init__(self, tau_max: Optional[int] = None, means: Optional[Sequence[float]] = None):
-        if tau_max is not None and (isinstance(tau_max, bool) or not isinstance(tau_max, int) or tau_max < 0):
-            raise ScheduleError(f"hogwild tau_max must be an int >= 0, got {tau_max!r}")
+        check_int("hogwild tau_max", tau_max, minimum=0, optional=True, error=ScheduleError)
         if means is not None and any(float(m) <= 0 for m in means):
             raise ScheduleError(f"hogwild means must be > 0, got {list(means)!r}")
         self.tau_max, self.means = tau_max, None if means is None else [float(m) for m in means]

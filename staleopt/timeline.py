@@ -28,7 +28,8 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Callable, Dict, List, Tuple
 
-from .errors import ConfigError, ScheduleError
+from .errors import ScheduleError
+from .validate import check_int
 
 __all__ = ["Event", "Timeline", "simulate", "names", "kind_of"]
 
@@ -259,12 +260,6 @@ def kind_of(schedule) -> str:
 
 
 # ----------------------------------------------------------------------------- execution
-
-def _check_int(name: str, value, low: int = 1) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise ConfigError(f"{name} must be an int >= {low}, got {value!r}")
-    return value
-
 
 def _run(kind: str, P: int, N: int, K: int):
     builder, stash, policy = _KINDS[kind]
@@ -527,7 +522,7 @@ def simulate(schedule, stages: int, microbatches: int = 1, minibatches: int = 3)
     ([3, 2, 1, 0], [0, 0, 0, 0])
     """
     kind = kind_of(schedule)
-    _check_int("stages", stages)
-    _check_int("microbatches", microbatches)
-    _check_int("minibatches", minibatches)
+    check_int("stages", stages, minimum=1)
+    check_int("microbatches", microbatches, minimum=1)
+    check_int("minibatches", minibatches, minimum=1)
     return Timeline(kind, stages, microbatches, minibatches)

@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 
 from ..errors import ConfigError
+from ..validate import check_int
 
 __all__ = ["register", "run"]
 
@@ -56,8 +57,7 @@ def run(args) -> int:
     from .. import models
     from ..advisor import advise
 
-    if args.warmup_steps < 0:
-        raise ConfigError(f"--warmup-steps must be >= 0, got {args.warmup_steps}")
+    check_int("--warmup-steps", args.warmup_steps, minimum=0)
     d = datasets.load(args.data)
     model = models.get(args.model, num_classes=d.num_classes, input_shape=d.input_shape, seed=args.seed)
     gen = torch.Generator().manual_seed(args.seed)
