@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import argparse
 
+from .. import models
+
 __all__ = ["register", "run"]
 
 EXAMPLES = """\
@@ -24,8 +26,6 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
-    from .. import models
-
     rows = [[r["name"], f"{r['params']:,}", str(r["units"]), "x".join(map(str, r["input_shape"])),
              r["description"]] for r in models.table()]
     head = ["model", "parameters", "units (max stages)", "input", "description"]
