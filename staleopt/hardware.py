@@ -15,6 +15,12 @@ optimizer it reports
   PipeOptim Table I), and, given a microbatch size and an example input, the
   activation memory with and without recompute (PipeMare App. A.2–A.3, Table 4).
 
+Each method's facts (delays, steady-state utilization and phases, in-flight
+microbatches, extra weight copies) come from its
+:class:`~staleopt.methods.Pipeline` (:func:`staleopt.methods.build`; every
+function here takes a method or schedule name, a Schedule or a Pipeline);
+this module adds the bytes.
+
 Units: bytes (``*_bytes``), fractions in [0, 1] (``utilization``), optimizer
 steps or epochs (phase lengths; only their ratios matter).
 """
@@ -264,8 +270,8 @@ def memory_report(model: nn.Module, method, stages: int, microbatches: int = 1, 
     slots = OPTIMIZER_SLOTS[optimizer]
     gpipe = (2 + slots) * W
     copies = pipeline.weight_copies(w, optimizer)
-    report = dict(method=pipeline.name, stages=stages, microbatches=microbatches, optimizer=optimizer,
-                  stage_weight_bytes=tuple(w), tau_fwd=tuple(tf), tau_bkwd=tuple(tb),
+    report = dict(method=pipeline.name, stages=pipeline.stages, microbatches=pipeline.microbatches,
+                  optimizer=optimizer, stage_weight_bytes=tuple(w), tau_fwd=tuple(tf), tau_bkwd=tuple(tb),
                   weights_bytes=W, gradients_bytes=W, optimizer_bytes=slots * W, **copies,
                   weight_optimizer_bytes=gpipe + copies["stash_bytes"] + copies["second_version_bytes"]
                   + copies["prediction_bytes"] + copies["t2_bytes"],

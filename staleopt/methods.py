@@ -145,7 +145,7 @@ class Pipeline:
                  microbatches: int = 1):
         schedule.check(stages, microbatches)
         self.name, self.schedule, self.corrections = name, schedule, list(corrections)
-        self.stages, self.microbatches = stages, microbatches
+        self.stages, self.microbatches = int(stages), int(microbatches)     # NumPy ints pass check() too
 
     def __repr__(self) -> str:
         return (f"Pipeline({self.name!r}, schedule={self.schedule!r}, corrections={self.corrections}, "

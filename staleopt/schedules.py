@@ -66,7 +66,8 @@ __all__ = ["Schedule", "Sync", "Dataflow", "OneFOneB", "PipelinedBackprop", "Two
 Delays = Tuple[List[int], List[int]]
 Item = Tuple[int, str, int]          # (stage, "F" | "B", microbatch)
 Op = Tuple[Item, ...]                # one cell: usually one pass, two for pipelined backprop's last stage
-#: Row labels and, per row (a worker: a stage, a stage's forward or backward unit, or an accelerator), its cells in order.
+#: Row labels and each row's cells in order; a row is a worker: a stage, a stage's forward or backward
+#: unit, or an accelerator.
 Program = Tuple[List[str], List[List[Op]]]
 
 

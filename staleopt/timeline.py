@@ -53,7 +53,7 @@ class Event:
         return self.minibatch - self.version
 
 
-def _run(pipeline: "methods.Pipeline", K: int):
+def _run(pipeline: methods.Pipeline, K: int):
     """Execute ``pipeline``'s program for ``K`` minibatches: ``(worker labels, events, updates, slots)``."""
     kind, P, N = pipeline.timeline_name, pipeline.stages, pipeline.microbatches
     policy = pipeline.version_policy
@@ -130,7 +130,7 @@ class Timeline:
     this run.
     """
 
-    def __init__(self, pipeline: "methods.Pipeline", minibatches: int):
+    def __init__(self, pipeline: methods.Pipeline, minibatches: int):
         self.pipeline = pipeline
         self.kind = pipeline.timeline_name
         self.stages, self.microbatches, self.minibatches = pipeline.stages, pipeline.microbatches, minibatches
@@ -311,5 +311,4 @@ def simulate(schedule, stages: int, microbatches: int = 1, minibatches: int = 3)
     ([3, 2, 1, 0], [0, 0, 0, 0])
     """
     pipeline = methods.build(schedule, stages, microbatches)
-    check_int("minibatches", minibatches, minimum=1)
-    return Timeline(pipeline, minibatches)
+    return Timeline(pipeline, check_int("minibatches", minibatches, minimum=1))

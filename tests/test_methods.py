@@ -1,4 +1,4 @@
-"""staleopt.methods.build: one Pipeline per method answers delays, step sizes, utilization and copies (DESIGN §2, §5)."""
+"""staleopt.methods.build: a Pipeline answers a method's delays, lr factors, utilization and copies (DESIGN §2, §5)."""
 import math
 
 import pytest

@@ -1,7 +1,8 @@
 """staleopt.validate.check_int: one wording for every integer argument."""
+import numpy as np
 import pytest
 
-from staleopt.errors import ConfigError, ScheduleError
+from staleopt.errors import ConfigError, CorrectionError, ScheduleError
 from staleopt.validate import check_int
 
 
@@ -11,9 +12,11 @@ def test_accepts_ints_in_range_and_returns_them():
     assert check_int("segment", 4, minimum=1, maximum=4) == 4
     assert check_int("offset", -7) == -7
     assert check_int("max_steps", None, minimum=1, optional=True) is None
+    got = check_int("tau", np.int64(5), minimum=0)       # NumPy integers too, returned as int
+    assert got == 5 and type(got) is int
 
 
-@pytest.mark.parametrize("value", [0, -1, True, False, 1.0, 2.5, "3", None, [1]])
+@pytest.mark.parametrize("value", [0, -1, True, False, np.bool_(True), 1.0, np.float64(2.0), 2.5, "3", None, [1]])
 def test_rejects_non_ints_bools_and_values_below_the_minimum(value):
     with pytest.raises(ConfigError, match=r"^stages = .* must be an int >= 1$"):
         check_int("stages", value, minimum=1)
@@ -40,3 +43,5 @@ def test_message_names_value_range_and_reason():
 def test_raises_the_error_type_asked_for():
     with pytest.raises(ScheduleError, match="tau_max = -1 must be an int >= 0"):
         check_int("tau_max", -1, minimum=0, error=ScheduleError)
+    with pytest.raises(CorrectionError, match="steps = -2 must be an int >= 0"):
+        check_int("steps", -2, minimum=0, error=CorrectionError)

@@ -37,5 +37,6 @@ def run(args) -> int:
         return 0
     widths = [max(len(r[i]) for r in rows + [head]) for i in range(len(head))]
     for row in [head] + rows:
-        print("  ".join(c.ljust(w) if i in (0, 4) else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths))).rstrip())
+        cells = (c.ljust(w) if i in (0, 4) else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths)))
+        print("  ".join(cells).rstrip())
     return 0
