@@ -34,7 +34,7 @@ from torch import nn
 
 from . import methods
 from .errors import ConfigError
-from .methods import Pipeline, amortized_utilization, hybrid_speedup
+from .methods import amortized_utilization, hybrid_speedup
 from .partition import Partition, partition_model
 from .validate import check_int
 
@@ -44,11 +44,6 @@ __all__ = ["OPTIMIZER_SLOTS", "MemoryReport", "pipeline_utilization", "amortized
 
 #: Weight-sized state buffers per optimizer (SGD: none; SGD momentum: the velocity; Adam, AdamW: m and v).
 OPTIMIZER_SLOTS = {"sgd": 0, "sgd-momentum": 1, "adam": 2, "adamw": 2}
-
-
-def _pipeline(method, stages: int, microbatches: int) -> Pipeline:
-    """The :class:`~staleopt.methods.Pipeline` of ``method`` (a name, Schedule, Method or Pipeline) on ``stages``."""
-    return methods.build(method, stages, microbatches)
 
 
 def pipeline_utilization(method, stages: int, microbatches: int = 1, total_steps: Optional[float] = None,
@@ -68,7 +63,7 @@ def pipeline_utilization(method, stages: int, microbatches: int = 1, total_steps
     ``Hybrid.pipelined_steps``); ``total_steps`` (or epochs, in the same unit)
     is needed for phased methods. See :meth:`staleopt.methods.Pipeline.utilization`.
     """
-    return _pipeline(method, stages, microbatches).utilization(total_steps, warmup_steps, pipelined_steps)
+    return methods.build(method, stages, microbatches).utilization(total_steps, warmup_steps, pipelined_steps)
 
 
 def time_to_accuracy(steps_to_target: float, method, stages: int, microbatches: int = 1, **phase_args) -> float:
@@ -85,7 +80,7 @@ def time_to_accuracy(steps_to_target: float, method, stages: int, microbatches: 
 
 def effective_delays(method, stages: int, microbatches: int = 1) -> Tuple[List[int], List[int]]:
     """Largest per-stage ``(tau_fwd, tau_bkwd)`` of ``method``: the schedule's, then each correction's in order."""
-    return _pipeline(method, stages, microbatches).delays
+    return methods.build(method, stages, microbatches).delays
 
 
 def in_flight_counts(method, stages: int, microbatches: int = 1) -> List[int]:
@@ -97,7 +92,7 @@ def in_flight_counts(method, stages: int, microbatches: int = 1) -> List[int]:
     (stale-weights §3, the degree of staleness). Equal to
     :attr:`staleopt.timeline.Timeline.peak_in_flight` of a long run (tested).
     """
-    return _pipeline(method, stages, microbatches).in_flight()
+    return methods.build(method, stages, microbatches).in_flight()
 
 
 def activation_sizes(model: nn.Module, partition: Partition, example_input, microbatch_size: int):
@@ -257,7 +252,7 @@ def memory_report(model: nn.Module, method, stages: int, microbatches: int = 1, 
     ``microbatch_size`` and ``example_input``; ``sizes`` may pass their
     :func:`activation_sizes` when pricing several methods on one partition.
     """
-    pipeline = _pipeline(method, stages, microbatches)
+    pipeline = methods.build(method, stages, microbatches)
     if optimizer not in OPTIMIZER_SLOTS:
         raise ConfigError(f"optimizer must be one of {sorted(OPTIMIZER_SLOTS)}, got {optimizer!r}")
     if partition is None:
