@@ -21,10 +21,11 @@ The files are a copy in the official python format that the script writes
 (random pixels: the cost does not depend on them) unless ``--root`` points to
 the real dataset. Each pipeline is timed over ``--batches`` minibatches per
 round, rounds interleaved (``--rounds``); reported are the median images/s and
-ms per batch, and the speedup. On a GPU the time includes a
-``torch.cuda.synchronize()`` per batch.
+ms per batch, and the speedup. On a GPU each round is timed between two
+``torch.cuda.synchronize()``.
 
-Outputs in ``--out``: ``data.csv`` and ``meta.json`` (date, machine, command); the table is printed.
+Outputs in ``--out``: ``data.csv`` and ``meta.json`` (date, machine, its load average, command); the
+table is printed.
 """
 from __future__ import annotations
 
@@ -143,14 +144,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                platform.processor()) if os.path.exists("/proc/cpuinfo") else platform.processor()
     meta = {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
             "command": "python " + " ".join([sys.argv[0], *(argv if argv is not None else sys.argv[1:])]),
-            "cpu": cpu, "cpus": os.cpu_count(), "torch": torch.__version__,
+            "cpu": cpu, "cpus": os.cpu_count(), "load_average_1min": round(os.getloadavg()[0], 2),
+            "torch": torch.__version__,
             "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
             "root": "written random copy" if not args.root else str(root), "quick": args.quick,
             "speedup": round(speedup, 2)}
     (out / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
     print(table.to_string(index=False))
     print(f"\nspeedup (after / before): {speedup:.1f}x   [{meta['date']}, {cpu}, {os.cpu_count()} CPUs, "
-          f"torch {torch.__version__}]\nwrote {out}/data.csv, meta.json")
+          f"load {meta['load_average_1min']}, torch {torch.__version__}]\nwrote {out}/data.csv, meta.json")
     return 0
 
 
