@@ -426,6 +426,8 @@ def batches(dataset: Dataset, batch_size: int, *, shuffle: bool = False,
     first = min(start * batch_size, stop)
     if isinstance(dataset, ImageTensors):
         params = dataset.draw(n, generator)
+        device = dataset.images.device  # one copy of the pass's indices and draws, not one per batch
+        order, params = order.to(device), None if params is None else params.to(device)
         for s in range(first, stop, batch_size):
             yield dataset.take(order[s:s + batch_size], None if params is None else params[s:s + batch_size])
         return

@@ -168,6 +168,10 @@ def test_records_of_a_run_in_flight_can_be_followed(tmp_path, capsys):
         assert main(["results", str(out), "--partial"]) == 0
         shown = capsys.readouterr().out
         assert "--partial: runs not done count with their last recorded epoch" in shown
+        listed = main(["sweep", str(path), "--out", str(out), "--dry-run"]), capsys.readouterr().out.splitlines()
+        assert listed[0] == 0 and listed[1][0].startswith(f"{first.run_id()} running")
+        assert re.search(r"claimed by \S+ \(launch \w+\), heartbeat \d+ s ago; 1/4 epochs recorded, checkpoint$",
+                         listed[1][0]), listed[1][0]
         partial = sweep.collect(out, partial=True)
         mid = partial[partial.run == first.run_id()].reset_index(drop=True)
         assert list(mid["epoch"]) == [1] and mid["step"].iloc[0] == 62
