@@ -21,7 +21,8 @@ The files are a copy in the official python format that the script writes
 (random pixels: the cost does not depend on them) unless ``--root`` points to
 the real dataset. Each pipeline is timed over ``--batches`` minibatches per
 round, rounds interleaved (``--rounds``); reported are the median images/s and
-ms per batch, and the speedup. On a GPU each round is timed between two
+ms per batch, the speedup (ratio of the medians) and the speedup within each
+round (``meta.json``: on a shared machine the load drifts between rounds). On a GPU each round is timed between two
 ``torch.cuda.synchronize()``.
 
 Outputs in ``--out``: ``data.csv`` and ``meta.json`` (date, machine, its load average, command); the
@@ -148,7 +149,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             "torch": torch.__version__,
             "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
             "root": "written random copy" if not args.root else str(root), "quick": args.quick,
-            "speedup": round(speedup, 2)}
+            "speedup": round(speedup, 2),
+            "speedup_per_round": [round(a / b, 2) for a, b in zip(rates["after"], rates["before"])]}
     (out / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
     print(table.to_string(index=False))
     print(f"\nspeedup (after / before): {speedup:.1f}x   [{meta['date']}, {cpu}, {os.cpu_count()} CPUs, "
