@@ -28,11 +28,11 @@ md5s, which loads a re-packed or subsampled copy (the tests write one).
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
 import random
-import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, Iterator, Optional, Tuple

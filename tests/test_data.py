@@ -180,7 +180,8 @@ def test_value_ranges_and_padding(tmp_path):
     # a crop at the corner (0, 0) shows 4 rows and 4 columns of zero padding
     x, _ = d.train.take(torch.tensor([2]), torch.tensor([[0, 0, 0]]))
     zero = (0 - mean) / std
-    assert torch.allclose(x[0, :, :4, :], zero.expand(3, 4, 32)) and torch.allclose(x[0, :, :, :4], zero.expand(3, 32, 4))
+    assert torch.allclose(x[0, :, :4, :], zero.expand(3, 4, 32))
+    assert torch.allclose(x[0, :, :, :4], zero.expand(3, 32, 4))
     assert torch.equal(x[0, :, 4:, 4:], d.train.take(torch.tensor([2]))[0][0, :, :28, :28])  # the rest: the image
 
 
