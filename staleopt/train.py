@@ -36,11 +36,13 @@ Choices (each documented because it changes numbers):
 * **Evaluation** at the end of each epoch: ``model.eval()`` under
   ``torch.no_grad()``, so the model holds ``w_t`` (DESIGN §1) and BatchNorm
   uses its running statistics.
-* **Determinism.** Initialization draws from ``seed``, the data order from a
-  ``torch.Generator`` seeded with ``seed``, and anything else random in the
-  loop (augmentation, dropout) from torch's global RNG seeded with ``seed``
-  inside a forked RNG state (the caller's RNG is left as it was). On CPU the
-  same config gives identical records except ``wall_time``.
+* **Determinism.** Initialization draws from ``seed``, the data order and
+  the augmentation (:func:`staleopt.data.batches`) from a ``torch.Generator``
+  seeded with ``seed``, and anything else random in the loop (dropout) from
+  torch's global RNG seeded with ``seed`` inside a forked RNG state (the
+  caller's RNG is left as it was). On CPU the same config gives identical
+  records except ``wall_time``. On a GPU the datasets' tensors live on the
+  GPU (:meth:`staleopt.data.Data.to`).
 
 Record columns (one row per epoch; config keys are not repeated, a sweep adds
 them): ``epoch``, ``step`` (optimizer steps so far), ``train_loss`` (mean over
@@ -195,7 +197,7 @@ def run(config: Union[RunConfig, Mapping[str, Any]], progress: bool = False,
 
 
 def _train(config: RunConfig, device: torch.device, progress: bool, checkpoint) -> pd.DataFrame:
-    data = datasets.load(config.data, **config.data_kwargs)
+    data = datasets.load(config.data, **config.data_kwargs).to(device)
     model = models.get(config.model, seed=config.seed, num_classes=data.num_classes,
                        input_shape=data.input_shape, **config.model_kwargs).to(device)
     spe = steps_per_epoch(config, len(data.train))
@@ -231,8 +233,8 @@ def _train(config: RunConfig, device: torch.device, progress: bool, checkpoint) 
 
     model.train()
     start = time.perf_counter() - elapsed
-    bar = tqdm(total=total, initial=resumed_at, desc=f"{config.method} P={config.stages}", unit="step",
-               disable=not progress)
+    bar = tqdm(total=total, initial=resumed_at, desc=f"{config.run_id()} {config.method} P={config.stages}",
+               unit="step", disable=not progress)
     try:
         for epoch in range(first_epoch, config.epochs + 1):
             epoch_order, status = order.get_state(), "ok"  # a resumed epoch redraws its order from here
