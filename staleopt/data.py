@@ -432,8 +432,9 @@ def batches(dataset: Dataset, batch_size: int, *, shuffle: bool = False,
             yield dataset.take(order[s:s + batch_size], None if params is None else params[s:s + batch_size])
         return
     if isinstance(dataset, TensorDataset):
+        order = order.to(dataset.tensors[0].device)
         for s in range(first, stop, batch_size):
-            idx = order[s:s + batch_size].to(dataset.tensors[0].device)
+            idx = order[s:s + batch_size]
             yield tuple(t[idx] for t in dataset.tensors)
         return
     loader = torch.utils.data.DataLoader(torch.utils.data.Subset(dataset, order[first:stop].tolist()),
