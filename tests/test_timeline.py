@@ -159,6 +159,7 @@ stage 1      .  F0@0  B0@0  F1@1  B1@1  F2@2  B2@2     ."""
     (schedules._two_bw, ("2bw", 2, 2, 3, True)),
     (schedules._dataflow, ("dataflow", 4, 2, 2, False)),
     (schedules._pipelined_backprop, ("pb", 3, 1, 4, False)),
+    (schedules._dataflow_recompute, (schedules.DataflowRecompute(segment=2), 4, 1, 4, False)),
 ])
 def test_docstring_diagrams_are_the_rendered_timelines(fn, args):
     kind, P, N, K, versions = args
