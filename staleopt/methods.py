@@ -23,8 +23,7 @@ from .schedules import Delays, Program, Schedule, Sync
 from .validate import check_int
 
 __all__ = ["Method", "Pipeline", "StepDelays", "build", "get", "names", "resolve", "register", "table",
-           "hyperparameters",
-           "amortized_utilization", "hybrid_speedup"]
+           "hyperparameters", "amortized_utilization", "hybrid_speedup"]
 
 
 @dataclass

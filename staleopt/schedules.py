@@ -10,6 +10,9 @@ name        meaning                                     tau_fwd[i]              
 sync        flush every minibatch (GPipe, PD-Flush)     0                         0
 dataflow    fully asynchronous dataflow accelerator     ceil((2(P-1-i)+1)/N)      0
             (PipeMare §2, App. A.1)
+dataflow-   dataflow with PipeMare Recompute in         ceil((2(P-1-i)+1)/N)      0
+recompute   segments (App. A.3): tau_recomp =
+            ceil((2(b_i-i)+1)/N)
 1f1b        one-forward-one-backward, no stashing       ceil((P-1-i)/N)           0
             (PipeOptim §II "Vanilla-1F1B")
 pb          pipelined backprop, 2P-1 accelerators       ceil(2(P-1-i)/N)          0
@@ -18,8 +21,13 @@ pb          pipelined backprop, 2P-1 accelerators       ceil(2(P-1-i)/N)        
             (2BW paper §3.1)
 hogwild     per-stage random delays, truncated          random each step,         = tau_fwd
             exponential (PipeMare App. E)               mean = dataflow's
-custom      user-given arrays                           given                     given
+custom      user-given arrays (and tau_recomp)          given                     given
 ==========  ==========================================  ========================  ==========
+
+Every schedule also has a recompute delay ``tau_recomp[i]``, the version an
+activation recomputation reads (PipeMare App. D.1): ``tau_bkwd`` (a
+recomputation inside the backward pass) unless the schedule recomputes ahead
+of the backward (``dataflow-recompute``; :meth:`Schedule.recompute_delays`).
 
 With ``N > 1``, microbatch ``j`` of a minibatch sees ``ceil((D_i - j)/N)`` in
 the asynchronous pipelines (``D_i`` = 2(P-1-i)+1, P-1-i, 2(P-1-i)); the table
