@@ -476,6 +476,8 @@ class DataflowRecompute(Dataflow):
     segment holding the last stage, which keeps its forward activations). Stage
     ``i`` holds ``2(b_i - i) + 1`` recomputed activations and a segment's first
     stage ``a`` ``2(P-1-b)`` inputs (App. A.3: ``O(2(P-i) + S^2)`` per segment).
+    Utilization 1 on its ``3P`` units; the recompute units are App. A.3's
+    "approximately 25% of the total compute", which utilization does not price.
     """
 
     name, paper = "dataflow-recompute", "PipeMare App. A.3, App. D.1"

@@ -205,3 +205,26 @@ def test_2bw_at_one_stage_reads_the_current_version():
         tl = simulate("pipedream-2bw", 1, N, 6)
         assert {e.delay for e in tl.events} == {0}
         assert schedules.get("2bw").delays(1, N) == ([0], [0])
+
+
+def test_training_pipemare_recompute_steps_as_pipemare_until_the_engine_recomputes():
+    """The optimizer reads tau_fwd and tau_bkwd only: with no recomputation in the model the two methods
+    step identically (docs/schedules.md: the recompute view comes with the engine's opt.checkpoint)."""
+    import torch
+    from torch import nn
+    from staleopt import PipelineOptimizer
+
+    def run(method):
+        torch.manual_seed(0)
+        model = nn.Sequential(*[nn.Sequential(nn.Linear(4, 4), nn.Tanh()) for _ in range(4)]).double()
+        opt = PipelineOptimizer(model, torch.optim.SGD(model.parameters(), lr=0.05), stages=4, schedule=method)
+        g = torch.Generator().manual_seed(1)
+        for _ in range(12):
+            x = torch.randn(8, 4, generator=g, dtype=torch.float64)
+            opt.zero_grad()
+            model(x).pow(2).mean().backward()
+            opt.step()
+        return [p.detach().clone() for p in model.parameters()]
+
+    for a, b in zip(run("pipemare"), run("pipemare-recompute")):
+        assert torch.equal(a, b)
