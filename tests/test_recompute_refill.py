@@ -228,3 +228,17 @@ def test_training_pipemare_recompute_steps_as_pipemare_until_the_engine_recomput
 
     for a, b in zip(run("pipemare"), run("pipemare-recompute")):
         assert torch.equal(a, b)
+
+
+def test_what_if_recompute_memory_bounds_the_executed_one():
+    """activation_memory's what-if keeps a segment's input until the segment's first backward: for the dataflow
+    counts it is at least the executed pricing of the same segments, and exceeds it by the inputs held from the
+    recomputation to that backward, (2S_k - 1) in_a per segment (docs/timelines-hardware.md)."""
+    for P in range(1, 12):
+        sizes = [(10 + 3 * i, 2 + i) for i in range(P)]                # unequal stages: a_i, in_i
+        for S in range(1, P + 1):
+            schedule = schedules.DataflowRecompute(segment=S)
+            executed = hardware.recompute_activation_memory(sizes, schedule.in_flight(P), schedule.cached_inputs(P))
+            _, what_if, _ = hardware.activation_memory(sizes, schedules.Dataflow().in_flight(P), S)
+            extra = sum((2 * (b - a + 1) - 1) * sizes[a][1] for a, b in schedule.segments(P))
+            assert what_if - executed == extra >= 0, (P, S)
