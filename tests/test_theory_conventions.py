@@ -110,3 +110,17 @@ def test_bad_convention_and_rule_raise():
         T.companion_matrix(0.1, 1.0, 4, 1, delta=1.0, correction_decay="eq14")
     with pytest.raises(ConfigError, match="t2_accumulator"):
         T.simulate_quadratic(0.1, 1.0, 4, 1, correction_decay=0.1, t2_accumulator="now")
+
+
+def test_figures_take_the_convention():
+    """Fig. 6b and 16 draw T2 with either accumulator; the causal curves are the default (the paper's)."""
+    from staleopt.plot import theory as figs
+    lrs = np.linspace(0.01, 0.2, 5)
+    for fig in (figs.plot_correction_spectrum, figs.plot_recompute_spectrum):
+        causal = fig(lrs=lrs).axes[0].lines
+        default_t2 = [line.get_ydata() for line in causal if "T2" in line.get_label()][0]
+        current = fig(lrs=lrs, t2_accumulator="current").axes[0].lines
+        current_t2 = [line.get_ydata() for line in current if "T2" in line.get_label()][0]
+        explicit = fig(lrs=lrs, t2_accumulator="causal").axes[0].lines
+        assert np.array_equal(default_t2, [line.get_ydata() for line in explicit if "T2" in line.get_label()][0])
+        assert not np.allclose(default_t2, current_t2)
