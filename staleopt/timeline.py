@@ -1,12 +1,16 @@
 """Event-by-event execution of pipeline schedules: the ground truth for the delays (DESIGN §4).
 
-:func:`simulate` runs a schedule slot by slot. Every forward (``F``) and
-backward (``B``) pass takes one slot on one *worker* (a row of the space-time
-diagram: a stage, a stage's forward or backward unit, or an accelerator); a
-pass may start once the pass it depends on finished in an earlier slot
-(``F`` of microbatch ``m`` at stage ``i`` after ``F`` at stage ``i-1``; ``B`` at
-stage ``i`` after ``B`` at stage ``i+1``, and at the last stage after its
-``F``). Each worker runs its program in order, greedily. The programs, with
+:func:`simulate` runs a schedule slot by slot. Every forward (``F``),
+backward (``B``) and recompute (``R``, PipeMare App. A.3) pass takes one slot on
+one *worker* (a row of the space-time diagram: a stage, a stage's forward,
+recompute or backward unit, or an accelerator); a pass may start once the
+passes it depends on finished in an earlier slot (``F`` of microbatch ``m`` at
+stage ``i`` after ``F`` at stage ``i-1``; ``B`` at stage ``i`` after ``B`` at stage
+``i+1``, at the last stage after its ``F``, and where the stage recomputes after
+its ``R``; ``R`` after ``R`` at stage ``i-1`` inside a segment, after ``F`` at stage
+``i-1`` at a segment's first stage). Each worker runs its program in order,
+greedily; a program may hold idle cells. Phased methods run phase by phase,
+with a flush before every synchronous minibatch. The programs, with
 their diagrams, and the version each pass reads are the schedule's
 (:meth:`staleopt.schedules.Schedule.program`,
 :attr:`staleopt.methods.Pipeline.version_policy`); this module only executes them.
@@ -16,11 +20,11 @@ Version semantics (DESIGN §1). Microbatch ``m`` belongs to minibatch
 it applies the update of minibatch ``t`` (producing ``w_{t+1}``) at the end of
 the slot in which the last backward of minibatch ``t`` at that stage finishes.
 A pass reads the version current at the start of its slot, except where the
-schedule says otherwise (stashing: the backward reads the version its forward
-read; 2BW: a fixed version per minibatch). The delay of a read is ``t - v``:
-the optimizer step that consumes the gradient is step ``t``, and it read
-``w_v``. Reads before the first update give ``v = 0``, i.e. ``w_{t - tau}``
-with ``t - tau < 0`` means ``w_0``.
+schedule says otherwise (stashing: the backward and a recomputation read the
+version the forward read; 2BW: a fixed version per minibatch). The delay of a
+read is ``t - v``: the optimizer step that consumes the gradient is step ``t``,
+and it read ``w_v``. Reads before the first update give ``v = 0``, i.e.
+``w_{t - tau}`` with ``t - tau < 0`` means ``w_0``.
 """
 from __future__ import annotations
 
