@@ -5,7 +5,7 @@ import math
 import pytest
 
 from staleopt import hardware, methods, schedules
-from staleopt.errors import DelayError, ScheduleError
+from staleopt.errors import ConfigError, DelayError, ScheduleError
 from staleopt.timeline import simulate
 
 
@@ -98,6 +98,9 @@ def test_hardware_prices_the_executed_segments():
     assert r.recompute_segment == 2                           # round(sqrt(4))
     assert r.activation_recompute_bytes == a * (sum(long.peak_in_flight) + sum(long.peak_cached_inputs))
     assert r.activation_bytes == a * sum(schedules.Dataflow().in_flight(P, 1))
+    with pytest.raises(ConfigError, match="own segments"):
+        hardware.memory_report(model, "pipemare-recompute", P, 1, microbatch_size=mb, example_input=x,
+                               recompute_segment=2)
 
 
 def every_executed_pipeline():
