@@ -15,8 +15,11 @@ For each pipeline stage ``i`` the advisor
    step ``k``).
 
 What the model leaves out: coupling between stages (``H_ij``, ``i != j``),
-forward/backward discrepancy (the sensitivity ``Delta`` of a real network is
-unknown, so T2 and ``tau_bkwd`` do not enter), weight prediction, and
+forward/backward discrepancy (the sensitivities ``Delta`` and ``Phi`` of a real
+network are unknown, so T2, ``tau_bkwd`` and ``tau_recomp`` do not enter; the
+table shows them, ``tau_recomp`` for methods that recompute ahead of the
+backward, with the convention of :mod:`staleopt.theory` and the executed
+timeline), weight prediction, and
 adaptive optimizers (the bound is for SGD with heavy-ball momentum, which is
 ``torch.optim.SGD(momentum=beta, dampening=0)`` with ``alpha = lr``). When the
 Hessian is block diagonal and the loss quadratic, the bound is exact.
@@ -139,7 +142,8 @@ def stage_curvatures(model: nn.Module, loss_fn: Callable, batch, partition: Part
 class Advice:
     """What :func:`advise` found: ``table`` (a pandas DataFrame, one row per stage) and the inputs.
 
-    Columns: ``stage``, ``params``, ``tau_fwd``, ``tau_bkwd``, ``curvature``
+    Columns: ``stage``, ``params``, ``tau_fwd``, ``tau_bkwd`` (and ``tau_recomp``
+    for a method that recomputes ahead of the backward), ``curvature``
     (top Hessian eigenvalue of the stage), ``max_stable_lr`` (quadratic-model
     bound for that curvature and ``tau_fwd``), ``lr_factor`` (the method's
     per-stage multiplier, e.g. T1's), ``effective_lr = lr * lr_factor``,
@@ -219,6 +223,7 @@ def advise(model: nn.Module, loss_fn: Callable, batch, method: Union[str, object
     P = part.num_stages
     pipeline = methods.build(method, P, microbatches, **(method_args or {}))
     tf, tb = pipeline.delays                    # the asynchronous phase's, after the method's corrections
+    tr, recomputes = pipeline.recompute_delays, bool(pipeline.schedule.segments(P))
     factors = pipeline.lr_factors(step)
     # Measure on a copy: the model's buffers (BatchNorm statistics) stay untouched, and a
     # PipelineOptimizer's hooks, inert in copies, do not swap stale views in (curvature at w_t).
@@ -234,7 +239,9 @@ def advise(model: nn.Module, loss_fn: Callable, batch, method: Union[str, object
         else:
             bound = theory.max_stable_lr(lam, tf[i], momentum=float(momentum))
         eff = float(lr) * factors[i]
-        rows.append({"stage": i, "params": stage.numel, "tau_fwd": tf[i], "tau_bkwd": tb[i], "curvature": lam,
-                     "max_stable_lr": bound, "lr_factor": factors[i], "effective_lr": eff,
+        row = {"stage": i, "params": stage.numel, "tau_fwd": tf[i], "tau_bkwd": tb[i]}
+        if recomputes:
+            row["tau_recomp"] = tr[i]
+        rows.append({**row, "curvature": lam, "max_stable_lr": bound, "lr_factor": factors[i], "effective_lr": eff,
                      "headroom": bound / eff, "exceeds": eff >= bound, "converged": curv[i].converged})
     return Advice(pd.DataFrame(rows), pipeline.name, float(lr), float(momentum), step)

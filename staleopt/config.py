@@ -25,17 +25,24 @@ from . import data, methods, models, schedules
 from .errors import ConfigError
 from .validate import check_int
 
-__all__ = ["RunConfig", "CHOICES", "CORRECTION_FIELDS", "field_names", "validate_field"]
+__all__ = ["RunConfig", "CHOICES", "CORRECTION_FIELDS", "LR_WARMUP_SCHEDULES", "field_names", "validate_field"]
 
 #: Allowed values of the string fields that take a fixed set of choices.
 CHOICES = {
     "optimizer": ("sgd", "sgd-momentum", "adam", "adamw"),
-    "lr_schedule": ("constant", "cosine", "step"),
+    "lr_schedule": ("constant", "cosine", "step", "linear-warmup", "inverse-sqrt"),
     "partition": ("ops", "params"),
 }
 
 #: Config fields that are hyperparameters of a method's corrections (names as in ``Method.defaults``).
 CORRECTION_FIELDS = ("anneal_steps", "decay", "warmup_steps", "pipelined_steps")
+
+#: The learning-rate schedules that start with a linear warmup of ``lr_warmup_steps`` steps.
+LR_WARMUP_SCHEDULES = ("linear-warmup", "inverse-sqrt")
+
+#: Fields added after runs were first recorded, with their defaults: at the default they stay out of
+#: :meth:`RunConfig.run_id`, so the runs recorded before them keep their ids (and their sweep folders).
+_LATER_FIELDS = {"lr_warmup_steps": None}
 
 
 @dataclass
@@ -51,8 +58,13 @@ class RunConfig:
       ``partition`` strategy (``"ops"`` | ``"params"``).
     * ``optimizer`` (``sgd`` | ``sgd-momentum`` | ``adam`` | ``adamw``), ``lr``,
       ``momentum`` (SGD momentum, or Adam's beta1), ``weight_decay``;
-      ``lr_schedule``: ``constant``, ``cosine`` (to 0 over the run) or
-      ``step`` (times ``lr_gamma`` at each epoch in ``lr_milestones``).
+      ``lr_schedule``: ``constant``, ``cosine`` (to 0 over the run),
+      ``step`` (times ``lr_gamma`` at each epoch in ``lr_milestones``),
+      ``linear-warmup`` (``lr * n / W`` for the ``n``-th step, ``n <= W =
+      lr_warmup_steps``, then ``lr``) or ``inverse-sqrt`` (the same warmup, then
+      ``lr * sqrt(W / n)``: Fairseq's schedule, which PipeMare's Transformer
+      recipe inherits, Table 7). With a warmup, T1's ``K`` defaults to
+      ``5 W`` (PipeMare §3.1).
     * ``epochs``, ``batch_size``, ``seed``; ``max_steps`` caps the run (tests).
     * corrections: ``anneal_steps`` (T1's K, PipeMare eq. 4), ``decay`` (T2's
       D, PipeMare §3.2), ``warmup_steps`` (PipeMareW), ``pipelined_steps``
@@ -78,6 +90,7 @@ class RunConfig:
     lr_schedule: str = "constant"
     lr_milestones: List[int] = field(default_factory=list)
     lr_gamma: float = 0.1
+    lr_warmup_steps: Optional[int] = None
     epochs: int = 10
     batch_size: int = 64
     seed: int = 0
@@ -95,6 +108,10 @@ class RunConfig:
         if self.batch_size % self.microbatches:
             _fail("microbatches", self.microbatches, f"must divide batch_size = {self.batch_size} "
                   "(each microbatch holds batch_size / microbatches samples)")
+        if (self.lr_schedule in LR_WARMUP_SCHEDULES) != (self.lr_warmup_steps is not None):
+            _fail("lr_warmup_steps", self.lr_warmup_steps,
+                  f"is the warmup length of lr_schedule {' or '.join(LR_WARMUP_SCHEDULES)}: give it with one of "
+                  f"them and only then (lr_schedule = {self.lr_schedule!r})")
         if isinstance(self.stages, int):
             self.pipeline()                         # the schedule's rules, e.g. 2BW's N >= P
         _check_kwargs("model_kwargs", self.model_kwargs, _model_options(self.model))
@@ -116,8 +133,10 @@ class RunConfig:
         return json.loads(json.dumps(dataclasses.asdict(self), sort_keys=True))
 
     def run_id(self) -> str:
-        """First 16 hex digits of the SHA-256 of the sorted, compact JSON of :meth:`to_dict`."""
-        blob = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+        """First 16 hex digits of the SHA-256 of the sorted, compact JSON of :meth:`to_dict` (fields added later
+        left out while at their defaults)."""
+        d = {k: v for k, v in self.to_dict().items() if not (k in _LATER_FIELDS and v == _LATER_FIELDS[k])}
+        blob = json.dumps(d, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
     def replace(self, **changes) -> "RunConfig":
@@ -241,6 +260,7 @@ _VALIDATORS = {
     "lr_schedule": lambda n, v: _choice(n, v, CHOICES["lr_schedule"]),
     "lr_milestones": _milestones,
     "lr_gamma": lambda n, v: _float(n, v, lo=0.0, open_lo=True),
+    "lr_warmup_steps": lambda n, v: check_int(n, v, minimum=1, optional=True, why="optimizer steps"),
     "epochs": lambda n, v: check_int(n, v, minimum=1),
     "batch_size": lambda n, v: check_int(n, v, minimum=1),
     "seed": lambda n, v: check_int(n, v, minimum=0),

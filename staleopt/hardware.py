@@ -40,7 +40,7 @@ from .validate import check_int
 
 __all__ = ["OPTIMIZER_SLOTS", "MemoryReport", "pipeline_utilization", "amortized_utilization",
            "hybrid_speedup", "time_to_accuracy", "effective_delays", "in_flight_counts",
-           "activation_sizes", "activation_memory", "memory_report"]
+           "activation_sizes", "activation_memory", "recompute_activation_memory", "memory_report"]
 
 #: Weight-sized state buffers per optimizer (SGD: none; SGD momentum: the velocity; Adam, AdamW: m and v).
 OPTIMIZER_SLOTS = {"sgd": 0, "sgd-momentum": 1, "adam": 2, "adamw": 2}
@@ -152,6 +152,11 @@ def activation_memory(sizes: Sequence[Tuple[int, int]], counts: Sequence[int],
     picks the ``S`` minimizing the total (about ``sqrt(P)`` for PipeMare,
     ``sqrt(N)`` for GPipe, giving Table 4's ``M P^{3/2}`` and ``M P N^{1/2}``
     up to a factor 2, which Table 5's ratios ``1/sqrt(P)`` drop).
+
+    This is a what-if for any schedule: it keeps a segment's input until the
+    segment's first backward, an upper bound. A schedule that recomputes
+    (``dataflow-recompute``) is priced by :func:`recompute_activation_memory`
+    from its executed timing, which frees the input at its recomputation.
     """
     P = len(sizes)
     plain = sum(c * a for c, (a, _) in zip(counts, sizes))
@@ -170,6 +175,21 @@ def activation_memory(sizes: Sequence[Tuple[int, int]], counts: Sequence[int],
         return plain, with_segments(best), best
     check_int("recompute segment", segment, minimum=1, maximum=P, why="stages per segment")
     return plain, with_segments(segment), segment
+
+
+def recompute_activation_memory(sizes: Sequence[Tuple[int, int]], recomputed: Sequence[int],
+                                cached: Sequence[int]) -> int:
+    """Bytes held by a pipeline that recomputes (PipeMare App. A.3): ``sum_i r_i a_i + k_i in_i``.
+
+    ``recomputed``: per stage, recomputed activations held (from the
+    recomputation to the backward: ``2(b-i) + 1`` for
+    :class:`~staleopt.schedules.DataflowRecompute`); ``cached``: per stage,
+    inputs kept until the recomputation (``2(P-1-b)`` at a segment's first
+    stage). Both are the schedule's counts, equal to the executed timeline's
+    peaks (:attr:`~staleopt.timeline.Timeline.peak_in_flight`,
+    :attr:`~staleopt.timeline.Timeline.peak_cached_inputs`).
+    """
+    return sum(r * a + k * i for r, k, (a, i) in zip(recomputed, cached, sizes))
 
 
 @dataclass(frozen=True)
@@ -277,7 +297,18 @@ def memory_report(model: nn.Module, method, stages: int, microbatches: int = 1, 
         counts = pipeline.in_flight()
         if sizes is None:
             sizes = activation_sizes(model, partition, example_input, microbatch_size)
-        plain, recompute, S = activation_memory(sizes, counts, recompute_segment)
+        segments = pipeline.schedule.segments(pipeline.stages)
+        if segments:
+            # the schedule recomputes (PipeMare App. A.3): its own segments, as executed
+            if recompute_segment is not None:
+                raise ConfigError(f"{pipeline.name} recomputes in its own segments ({segments}); set them on the "
+                                  "method (segment=...), not with recompute_segment")
+            plain_counts = pipeline.schedule.without_recompute().in_flight(pipeline.stages, pipeline.microbatches)
+            plain = activation_memory(sizes, plain_counts, 1)[0]
+            recompute = recompute_activation_memory(sizes, counts, pipeline.cached_inputs())
+            S = segments[0][1] - segments[0][0] + 1
+        else:
+            plain, recompute, S = activation_memory(sizes, counts, recompute_segment)
         report.update(in_flight=tuple(counts), microbatch_size=microbatch_size, activation_bytes=plain,
                       activation_recompute_bytes=recompute, recompute_segment=S)
     return MemoryReport(**report)

@@ -13,23 +13,25 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 from . import schedules
 from .corrections import (Correction, DiscrepancyCorrection, Hybrid, LRReschedule, Stashing, VerticalSync,
                           Warmup, WeightPrediction)
 from .errors import ConfigError, ScheduleError
 from .schedules import Delays, Program, Schedule, Sync
+from .validate import check_int
 
-__all__ = ["Method", "Pipeline", "build", "get", "names", "resolve", "register", "table", "hyperparameters",
-           "amortized_utilization", "hybrid_speedup"]
+__all__ = ["Method", "Pipeline", "StepDelays", "build", "get", "names", "resolve", "register", "table",
+           "hyperparameters", "amortized_utilization", "hybrid_speedup"]
 
 
 @dataclass
 class Method:
     """A schedule (registered name and arguments) and a list of corrections built by ``factory(**overrides)``.
 
-    ``aliases``: other names that resolve to this method (e.g. a timeline's name for it).
+    ``aliases``: other names that resolve to this method (e.g. a timeline's name for it);
+    ``schedule_params``: the hyperparameters (in ``defaults``) that go to the schedule, not to ``factory``.
     """
 
     name: str
@@ -40,6 +42,7 @@ class Method:
     defaults: Dict = field(default_factory=dict)
     schedule_args: Dict = field(default_factory=dict)
     aliases: Tuple[str, ...] = ()
+    schedule_params: Tuple[str, ...] = ()
 
     def build(self, **overrides) -> Tuple[Schedule, List[Correction]]:
         unknown = set(overrides) - set(self.defaults)
@@ -47,12 +50,13 @@ class Method:
             allowed = ", ".join(sorted(self.defaults)) or "none"
             raise ScheduleError(f"method {self.name!r} has no hyperparameter(s) {sorted(unknown)}; "
                                 f"it accepts: {allowed}")
-        return (schedules.get(self.schedule, **self.schedule_args),
-                self.factory(**{**self.defaults, **overrides}))
+        values = {**self.defaults, **overrides}
+        own = {k: values.pop(k) for k in self.schedule_params}
+        return schedules.get(self.schedule, **self.schedule_args, **own), self.factory(**values)
 
     @property
     def corrections(self) -> List[Correction]:
-        return self.factory(**self.defaults)
+        return self.build()[1]
 
 
 _METHODS: Dict[str, Method] = {}
@@ -134,6 +138,15 @@ def hybrid_speedup(total_steps: float, pipelined_steps: float, stages: int) -> f
     return total_steps / (pipelined_steps / (2 * k + 1) + (total_steps - pipelined_steps))
 
 
+class StepDelays(NamedTuple):
+    """The delays of one step: forward, backward and recompute (PipeMare App. D.1), per stage or per
+    stage and microbatch."""
+
+    fwd: list
+    bkwd: list
+    recomp: list
+
+
 class Pipeline:
     """A method on ``stages`` stages with ``microbatches`` per minibatch: its schedule, its corrections, and
     everything that follows from them (built by :func:`build`, which checks the schedule's rules).
@@ -174,6 +187,85 @@ class Pipeline:
             if f is not None:
                 factors = [a * float(b) for a, b in zip(factors, f)]
         return factors
+
+    @property
+    def recompute_delays(self) -> List[int]:
+        """Largest per-stage ``tau_recomp`` (PipeMare App. D.1): the schedule's
+        (:meth:`Schedule.recompute_delays`, ``tau_bkwd`` unless the schedule
+        recomputes ahead of the backward), then each correction's, applied as to
+        the backward's (stashing: the forward's version; vertical sync: stage 0's)."""
+        return list(self._recompute[0])
+
+    @cached_property
+    def _recompute(self) -> Tuple[Tuple[int, ...], Tuple[Tuple[int, ...], ...]]:
+        """The recompute delays after the corrections: per stage, and per stage and microbatch."""
+        P, N = self.stages, self.microbatches
+        tf, tr = self.schedule.delays(P, N)[0], self.schedule.recompute_delays(P, N)
+        mf, mr = self.schedule.microbatch_delays(P, N)[0], self.schedule.microbatch_recompute_delays(P, N)
+        for c in self.corrections:
+            tf, tr = c.delays(list(tf), list(tr), None)
+            mf, mr = c.delays(list(mf), list(mr), None)
+        return tuple(tr), tuple(tuple(row) for row in mr)
+
+    # -- phases and the delays of each step ----------------------------------------------
+    def synchronous(self, step: int) -> bool:
+        """Whether step ``step`` runs synchronously (a flush every minibatch): inside a
+        :class:`~staleopt.corrections.Warmup` (PipeMare §4), after a :class:`~staleopt.corrections.Hybrid`
+        switch (stale-weights §4)."""
+        return any(isinstance(c, Warmup) and step < c.steps or isinstance(c, Hybrid) and step >= c.pipelined_steps
+                   for c in self.corrections)
+
+    def phases(self, steps: int) -> List[Tuple[int, int, bool]]:
+        """``(first step, steps, synchronous)`` of each phase of the first ``steps`` steps, in order."""
+        check_int("steps", steps, minimum=0)
+        edges = {0, steps}
+        for c in self.corrections:
+            if isinstance(c, (Warmup, Hybrid)):
+                edges.add(min(c.steps if isinstance(c, Warmup) else c.pipelined_steps, steps))
+        edges = sorted(edges)
+        return [(a, b - a, self.synchronous(a)) for a, b in zip(edges, edges[1:])]
+
+    def without_phases(self) -> "Pipeline":
+        """This pipeline without its phase corrections (its pipelined phase alone); itself when it has none."""
+        kept = [c for c in self.corrections if not isinstance(c, (Warmup, Hybrid))]
+        if len(kept) == len(self.corrections):
+            return self
+        return Pipeline(self.name, self.schedule, kept, self.stages, self.microbatches)
+
+    def refilled_at(self, step: int) -> int:
+        """The step at which the pipeline last started filling from empty: the end of the last warmup at or
+        before ``step`` (PipeMareW's switch-over, PipeMare §4), else 0 (the run's start)."""
+        return max([c.steps for c in self.corrections if isinstance(c, Warmup) and c.steps <= step], default=0)
+
+    def microbatch_delays_at(self, step: int) -> StepDelays:
+        """``[i][j]``: the delays of microbatch ``j`` of minibatch ``step`` at stage ``i``, forward, backward and
+        recompute, as the executed timeline has them (:mod:`staleopt.timeline`).
+
+        Synchronous steps read ``w_t``: 0. A pipelined step reads the steady
+        delays, except that a pipeline refilling after its last flush at step ``s``
+        reads nothing older than the flush: ``min(tau, t - s)`` (``s`` the end of
+        the warmup, PipeMare §4; ``s = 0`` at the start of a run, where the
+        engine's ``w_{t - tau} = w_0`` for ``t < tau`` is the same clamp). At a
+        hybrid switch the pipeline drains: the steps before it keep their delays.
+        """
+        check_int("step", step, minimum=0)
+        P, N = self.stages, self.microbatches
+        if self.synchronous(step):
+            zeros = [[0] * N for _ in range(P)]
+            return StepDelays(zeros, [list(r) for r in zeros], [list(r) for r in zeros])
+        mf, mb = self.schedule.microbatch_delays(P, N)
+        for c in self.corrections:
+            mf, mb = c.delays(list(mf), list(mb), None)
+        age = step - self.refilled_at(step)
+        return StepDelays(*([[min(d, age) for d in row] for row in rows] for rows in (mf, mb, self._recompute[1])))
+
+    def delays_at(self, step: int) -> StepDelays:
+        """Per-stage delays of step ``step`` (the largest over its microbatches, :meth:`microbatch_delays_at`)."""
+        return StepDelays(*([max(row) for row in rows] for rows in self.microbatch_delays_at(step)))
+
+    def cached_inputs(self) -> List[int]:
+        """Per stage, inputs kept for a later recomputation in steady state (:meth:`Schedule.cached_inputs`)."""
+        return self.schedule.cached_inputs(self.stages, self.microbatches)
 
     @property
     def stashes(self) -> bool:
@@ -332,6 +424,11 @@ for _m in [
            lambda warmup_steps, anneal_steps, decay: [Warmup(warmup_steps), LRReschedule(anneal_steps),
                                                       DiscrepancyCorrection(decay)],
            {"warmup_steps": WARMUP_STEPS, "anneal_steps": ANNEAL_STEPS, "decay": DECAY}),
+    Method("pipemare-recompute", "dataflow-recompute",
+           "PipeMare with PipeMare Recompute in segments: recomputation reads tau_fwd > tau_recomp > tau_bkwd",
+           "PipeMare App. A.3, App. D", lambda anneal_steps, decay: [LRReschedule(anneal_steps),
+                                                                     DiscrepancyCorrection(decay)],
+           {"segment": None, "anneal_steps": ANNEAL_STEPS, "decay": DECAY}, schedule_params=("segment",)),
     Method("pipeoptim", "1f1b", "1F1B with optimizer-dependent weight prediction", "PipeOptim §III",
            lambda: [WeightPrediction("optimizer")]),
     Method("spectrain", "1f1b", "1F1B with SGD-momentum weight prediction (SpecTrain)", "PipeOptim §III-B2 eq. 6",

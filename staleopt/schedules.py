@@ -10,6 +10,9 @@ name        meaning                                     tau_fwd[i]              
 sync        flush every minibatch (GPipe, PD-Flush)     0                         0
 dataflow    fully asynchronous dataflow accelerator     ceil((2(P-1-i)+1)/N)      0
             (PipeMare §2, App. A.1)
+dataflow-   dataflow with PipeMare Recompute in         ceil((2(P-1-i)+1)/N)      0
+recompute   segments (App. A.3): tau_recomp =
+            ceil((2(b_i-i)+1)/N)
 1f1b        one-forward-one-backward, no stashing       ceil((P-1-i)/N)           0
             (PipeOptim §II "Vanilla-1F1B")
 pb          pipelined backprop, 2P-1 accelerators       ceil(2(P-1-i)/N)          0
@@ -18,8 +21,13 @@ pb          pipelined backprop, 2P-1 accelerators       ceil(2(P-1-i)/N)        
             (2BW paper §3.1)
 hogwild     per-stage random delays, truncated          random each step,         = tau_fwd
             exponential (PipeMare App. E)               mean = dataflow's
-custom      user-given arrays                           given                     given
+custom      user-given arrays (and tau_recomp)          given                     given
 ==========  ==========================================  ========================  ==========
+
+Every schedule also has a recompute delay ``tau_recomp[i]``, the version an
+activation recomputation reads (PipeMare App. D.1): ``tau_bkwd`` (a
+recomputation inside the backward pass) unless the schedule recomputes ahead
+of the backward (``dataflow-recompute``; :meth:`Schedule.recompute_delays`).
 
 With ``N > 1``, microbatch ``j`` of a minibatch sees ``ceil((D_i - j)/N)`` in
 the asynchronous pipelines (``D_i`` = 2(P-1-i)+1, P-1-i, 2(P-1-i)); the table
@@ -60,12 +68,13 @@ import torch
 from .errors import DelayError, ScheduleError
 from .validate import check_int
 
-__all__ = ["Schedule", "Sync", "Dataflow", "OneFOneB", "PipelinedBackprop", "TwoBW", "Hogwild",
-           "Custom", "get", "names", "register", "Delays", "Item", "Op", "Program"]
+__all__ = ["Schedule", "Sync", "Dataflow", "DataflowRecompute", "OneFOneB", "PipelinedBackprop", "TwoBW",
+           "Hogwild", "Custom", "get", "names", "register", "Delays", "Item", "Op", "Program"]
 
 Delays = Tuple[List[int], List[int]]
-Item = Tuple[int, str, int]          # (stage, "F" | "B", microbatch)
-Op = Tuple[Item, ...]                # one cell: usually one pass, two for pipelined backprop's last stage
+Item = Tuple[int, str, int]          # (stage, "F" | "R" | "B", microbatch); R: a recomputation (App. A.3)
+Op = Tuple[Item, ...]                # one cell: usually one pass, two for pipelined backprop's last stage,
+                                     # none for a cell a worker deliberately idles (recompute runs just in time)
 #: Row labels and each row's cells in order; a row is a worker: a stage, a stage's forward or backward
 #: unit, or an accelerator.
 Program = Tuple[List[str], List[List[Op]]]
@@ -107,6 +116,33 @@ class Schedule:
         """
         tf, tb = self.delays(stages, microbatches)
         return [[t] * microbatches for t in tf], [[t] * microbatches for t in tb]
+
+    def recompute_delays(self, stages: int, microbatches: int = 1) -> List[int]:
+        """Per-stage ``tau_recomp``: the version an activation recomputation of stage ``i`` reads during the
+        backward pass (PipeMare App. D.1, ``tau_fwd >= tau_recomp >= tau_bkwd``).
+
+        Default ``tau_bkwd``: a recomputation run inside the backward pass (torch's
+        own checkpoint) reads what the backward reads. :class:`DataflowRecompute`
+        runs it ahead of the backward, on older weights.
+        """
+        return list(self.delays(stages, microbatches)[1])
+
+    def microbatch_recompute_delays(self, stages: int, microbatches: int) -> List[List[int]]:
+        """``tau_recomp[i][j]`` for microbatch ``j`` of a minibatch (default: the backward's)."""
+        return self.microbatch_delays(stages, microbatches)[1]
+
+    def segments(self, stages: int) -> List[Tuple[int, int]]:
+        """``(first, last)`` stage of each recompute segment (PipeMare App. A.3); ``[]`` without recompute."""
+        return []
+
+    def cached_inputs(self, stages: int, microbatches: int = 1) -> List[int]:
+        """Per stage, microbatch inputs kept for a later recomputation in steady state (0 without recompute)."""
+        self.check(stages, microbatches)
+        return [0] * stages
+
+    def without_recompute(self) -> "Schedule":
+        """The same pipeline keeping every activation from its forward (itself when it does not recompute)."""
+        return self
 
     def utilization(self, stages: int, microbatches: int = 1) -> float:
         """Steady-state fraction of busy pipeline workers (PipeMare §2): 1 for the asynchronous pipelines."""
@@ -312,6 +348,52 @@ def _pipelined_backprop(P: int, N: int, K: int) -> Program:
     return labels, programs
 
 
+def _dataflow_recompute(P: int, N: int, K: int, segments: Sequence[Tuple[int, int]]) -> Program:
+    """Dataflow pipeline with PipeMare Recompute (App. A.3): a forward, recompute and backward unit per stage.
+
+    Forward and backward run as in :func:`_dataflow` (``F`` of microbatch ``m``
+    at stage ``i`` in slot ``m + i``, ``B`` in slot ``m + 2P - 1 - i``). The
+    stages form segments ``[a, b]``; the first stage of a segment keeps its
+    input, and the recompute unit of stage ``i`` recomputes microbatch ``m`` in
+    slot ``m + i + 2(P-1-b)``: "in advance so that the recomputed activation of
+    the last stage in a segment arrives right at the time when the corresponding
+    backpropagation needs" it (App. A.3; ``R`` at ``b`` runs beside ``B`` at
+    ``b + 1``). Stage ``i`` therefore holds a recomputed activation ``2(b-i) + 1``
+    slots and its segment's first stage an input ``2(P-1-b)`` slots (App. A.3:
+    ``2(S-j)`` and ``2(P-i)``), and the three passes of microbatch ``j`` of a
+    minibatch read ``tau_fwd = ceil((2(P-1-i)+1-j)/N) > tau_recomp =
+    ceil((2(b-i)+1-j)/N) > tau_bkwd = 0`` (App. D.1). In the segment holding the
+    last stage the recompute falls in the forward's own slot (``b = P - 1``:
+    ``tau_recomp = tau_fwd``, the forward's activations). An idle cell (``.``)
+    before a unit's first recompute is part of its program. ``P = 4``, segments
+    ``[0, 1], [2, 3]``, ``N = 1``, 4 minibatches::
+
+        slot         0   1   2   3   4   5   6   7   8   9  10
+        stage 0 F   F0  F1  F2  F3   .   .   .   .   .   .   .
+        stage 0 R    .   .   .   .  R0  R1  R2  R3   .   .   .
+        stage 0 B    .   .   .   .   .   .   .  B0  B1  B2  B3
+        stage 1 F    .  F0  F1  F2  F3   .   .   .   .   .   .
+        stage 1 R    .   .   .   .   .  R0  R1  R2  R3   .   .
+        stage 1 B    .   .   .   .   .   .  B0  B1  B2  B3   .
+        stage 2 F    .   .  F0  F1  F2  F3   .   .   .   .   .
+        stage 2 R    .   .  R0  R1  R2  R3   .   .   .   .   .
+        stage 2 B    .   .   .   .   .  B0  B1  B2  B3   .   .
+        stage 3 F    .   .   .  F0  F1  F2  F3   .   .   .   .
+        stage 3 R    .   .   .  R0  R1  R2  R3   .   .   .   .
+        stage 3 B    .   .   .   .  B0  B1  B2  B3   .   .   .
+    """
+    M = N * K
+    last = {i: b for a, b in segments for i in range(a, b + 1)}
+    labels, programs = [], []
+    for i in range(P):
+        labels += [f"stage {i} F", f"stage {i} R", f"stage {i} B"]
+        idle = i + 2 * (P - 1 - last[i])
+        programs += [[((i, "F", m),) for m in range(M)],
+                     [()] * idle + [((i, "R", m),) for m in range(M)],
+                     [((i, "B", m),) for m in range(M)]]
+    return labels, programs
+
+
 # ----------------------------------------------------------------------------- schedules
 
 class Sync(Schedule):
@@ -376,6 +458,81 @@ class Dataflow(_DepthSchedule):
     def program(self, stages, microbatches, minibatches):
         self.check(stages, microbatches)
         return _dataflow(stages, microbatches, minibatches)
+
+
+class DataflowRecompute(Dataflow):
+    """The dataflow pipeline with PipeMare Recompute in segments of ``segment`` stages (PipeMare App. A.3, D.1).
+
+    Segments ``[0, S-1], [S, 2S-1], ...`` (the last may be shorter); ``segment=None``
+    takes ``S = round(sqrt(P))``, App. A.3's memory minimum ``O(M P^{3/2})``. The
+    first stage of a segment keeps its input; the recompute of stage ``i`` runs
+    just in time for its backward (:func:`_dataflow_recompute`), so it reads
+    weights newer than the forward's and older than the backward's::
+
+        tau_recomp_i = ceil((2(b_i - i) + 1 - j)/N),   b_i the last stage of i's segment
+
+    between ``tau_fwd_i = ceil((2(P-1-i) + 1 - j)/N)`` and ``tau_bkwd_i = 0``
+    (App. D.1: ``tau_fwd > tau_recomp > tau_bkwd``; equal to ``tau_fwd`` in the
+    segment holding the last stage, which keeps its forward activations). Stage
+    ``i`` holds ``2(b_i - i) + 1`` recomputed activations and a segment's first
+    stage ``a`` ``2(P-1-b)`` inputs (App. A.3: ``O(2(P-i) + S^2)`` per segment).
+    Utilization 1 on its ``3P`` units; the recompute units are App. A.3's
+    "approximately 25% of the total compute", which utilization does not price.
+    """
+
+    name, paper = "dataflow-recompute", "PipeMare App. A.3, App. D.1"
+    description = ("dataflow pipeline with PipeMare Recompute in segments: tau_fwd > tau_recomp > tau_bkwd = 0, "
+                   "tau_recomp = ceil((2(b-i)+1)/N)")
+
+    def __init__(self, segment: Optional[int] = None):
+        self.segment = check_int("recompute segment", segment, minimum=1, optional=True, error=ScheduleError,
+                                 why="stages per segment")
+
+    def _size(self, stages):
+        return max(1, round(math.sqrt(stages))) if self.segment is None else self.segment
+
+    def check(self, stages, microbatches=1):
+        super().check(stages, microbatches)
+        if self._size(stages) > stages:
+            raise ScheduleError(f"a recompute segment of {self.segment} stages does not fit in {stages} stages: "
+                                f"pass segment <= {stages} (or None for round(sqrt(P)))")
+
+    def segments(self, stages):
+        self.check(stages)
+        S = self._size(stages)
+        return [(a, min(a + S, stages) - 1) for a in range(0, stages, S)]
+
+    def recompute_depths(self, stages):
+        """``2(b_i - i) + 1``: slots between stage ``i``'s recomputation and its backward."""
+        return [2 * (b - i) + 1 for a, b in self.segments(stages) for i in range(a, b + 1)]
+
+    def recompute_delays(self, stages, microbatches=1):
+        return [row[0] for row in self.microbatch_recompute_delays(stages, microbatches)]
+
+    def microbatch_recompute_delays(self, stages, microbatches):
+        self.check(stages, microbatches)
+        return _depth_delays(self.recompute_depths(stages), microbatches)
+
+    def in_flight(self, stages, microbatches=1):
+        """Recomputed activations held per stage: ``2(b_i - i) + 1`` (App. A.3's ``S^2`` term per segment)."""
+        return self.recompute_depths(stages)
+
+    def cached_inputs(self, stages, microbatches=1):
+        """``2(P-1-b)`` at a segment's first stage ``a`` (App. A.3's ``2(P - i)``), 0 elsewhere."""
+        out = [0] * stages
+        for a, b in self.segments(stages):
+            out[a] = 2 * (stages - 1 - b)
+        return out
+
+    def without_recompute(self):
+        return Dataflow()
+
+    def program(self, stages, microbatches, minibatches):
+        self.check(stages, microbatches)
+        return _dataflow_recompute(stages, microbatches, minibatches, self.segments(stages))
+
+    def __repr__(self):
+        return f"DataflowRecompute(segment={self.segment})"
 
 
 class OneFOneB(_DepthSchedule):
@@ -538,17 +695,32 @@ class Hogwild(Schedule):
 
 
 class Custom(Schedule):
-    """User-given delays; ``tau_bkwd`` defaults to zeros. No pipeline: nothing to execute or price."""
+    """User-given delays; ``tau_bkwd`` defaults to zeros, ``tau_recomp`` to ``tau_bkwd`` (a recomputation inside
+    the backward pass). No pipeline: nothing to execute or price."""
 
     name, paper = "custom", "DESIGN §2"
     description = "user-given per-stage delays"
 
-    def __init__(self, tau_fwd: Sequence[int], tau_bkwd: Optional[Sequence[int]] = None):
+    def __init__(self, tau_fwd: Sequence[int], tau_bkwd: Optional[Sequence[int]] = None,
+                 tau_recomp: Optional[Sequence[int]] = None):
         self.tau_fwd = self._check("tau_fwd", tau_fwd)
         self.tau_bkwd = self._check("tau_bkwd", [0] * len(self.tau_fwd) if tau_bkwd is None else tau_bkwd)
         if len(self.tau_bkwd) != len(self.tau_fwd):
             raise DelayError(f"tau_fwd has {len(self.tau_fwd)} entries but tau_bkwd has {len(self.tau_bkwd)}: "
                              "give one delay per stage in each")
+        self.tau_recomp = None if tau_recomp is None else self._check("tau_recomp", tau_recomp)
+        if self.tau_recomp is not None:
+            if len(self.tau_recomp) != len(self.tau_fwd):
+                raise DelayError(f"tau_fwd has {len(self.tau_fwd)} entries but tau_recomp has "
+                                 f"{len(self.tau_recomp)}: give one delay per stage in each")
+            bad = [i for i, (f, r, b) in enumerate(zip(self.tau_fwd, self.tau_recomp, self.tau_bkwd))
+                   if not min(f, b) <= r <= max(f, b)]
+            if bad:
+                raise DelayError(f"tau_recomp must lie between tau_bkwd and tau_fwd at every stage (a recomputation "
+                                 f"runs after the forward and before the backward, PipeMare App. D.1): stages {bad} "
+                                 f"have tau_fwd={[self.tau_fwd[i] for i in bad]}, "
+                                 f"tau_recomp={[self.tau_recomp[i] for i in bad]}, "
+                                 f"tau_bkwd={[self.tau_bkwd[i] for i in bad]}")
 
     @staticmethod
     def _check(what, values):
@@ -575,11 +747,18 @@ class Custom(Schedule):
         self.check(stages, microbatches)
         return list(self.tau_fwd), list(self.tau_bkwd)
 
+    def recompute_delays(self, stages, microbatches=1):
+        self.check(stages, microbatches)
+        return list(self.tau_bkwd if self.tau_recomp is None else self.tau_recomp)
+
     def utilization(self, stages, microbatches=1):
         raise ScheduleError("custom delays have no pipeline schedule to price; use a named schedule or method")
 
     def __repr__(self):
-        return f"Custom(tau_fwd={self.tau_fwd}, tau_bkwd={self.tau_bkwd})"
+        # tau_recomp appears only when given, so the repr of a two-delay schedule (in checkpoint signatures)
+        # stays what it was
+        recomp = "" if self.tau_recomp is None else f", tau_recomp={self.tau_recomp}"
+        return f"Custom(tau_fwd={self.tau_fwd}, tau_bkwd={self.tau_bkwd}{recomp})"
 
 
 _REGISTRY: Dict[str, Callable[..., Schedule]] = {}
@@ -590,7 +769,7 @@ def register(name: str, factory: Callable[..., Schedule]) -> None:
     _REGISTRY[name] = factory
 
 
-for _cls in (Sync, Dataflow, OneFOneB, PipelinedBackprop, TwoBW, Hogwild, Custom):
+for _cls in (Sync, Dataflow, DataflowRecompute, OneFOneB, PipelinedBackprop, TwoBW, Hogwild, Custom):
     register(_cls.name, _cls)
 
 

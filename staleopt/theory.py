@@ -19,16 +19,28 @@ weights by an extrapolation along the accumulator ``delta_t``::
     u_recomp = w_{t-tau_recomp} - (tau_fwd - tau_recomp) delta_{t-tau_recomp}
     delta_{t+1} = gamma delta_t + (1 - gamma)(w_{t+1} - w_t),   gamma = D**(1/(tau_fwd - tau_bkwd))
 
-The backward pass of the gradient applied at step ``t`` runs at step
-``t - tau_bkwd`` and reads the accumulator as it is then: this is the
-convention whose characteristic polynomial App. B.4 prints,
+Which accumulator a view reads is a named choice, ``t2_accumulator``:
 
-    p(w) = (w-1)(w-gamma) w^tau_fwd + alpha(lam+Delta)(w-gamma)
-           - alpha Delta w^(tau_fwd-tau_bkwd) (w-gamma)
-           + alpha Delta w^(tau_fwd-tau_bkwd) (tau_fwd-tau_bkwd)(1-gamma)(w-1);
+* ``"causal"`` (default): the backward pass of the gradient applied at step
+  ``t`` runs at step ``t - tau_bkwd`` and reads the accumulator as it is then,
+  ``delta_{t-tau_bkwd}`` (the recomputation: ``delta_{t-tau_recomp}``). This is
+  the convention whose characteristic polynomial App. B.4 prints,
 
-with ``tau_bkwd = 0`` (every schedule T2 is used with) it is DESIGN §3's
-``delta_t``. The correction acts only where ``tau_fwd > tau_bkwd``.
+      p(w) = (w-1)(w-gamma) w^tau_fwd + alpha(lam+Delta)(w-gamma)
+             - alpha Delta w^(tau_fwd-tau_bkwd) (w-gamma)
+             + alpha Delta w^(tau_fwd-tau_bkwd) (tau_fwd-tau_bkwd)(1-gamma)(w-1);
+
+* ``"current"``: every view reads ``delta_t``, the accumulator at the step
+  that applies the gradient (what :class:`staleopt.corrections.DiscrepancyCorrection`
+  does today); the last term's power becomes ``w^tau_fwd``. It uses updates a
+  real pipeline does not have yet when its backward pass runs.
+
+The two agree when ``tau_bkwd = 0`` (and ``tau_recomp = 0``). ``gamma`` is
+``D**(1/(tau_fwd - tau_bkwd))`` for a decay ``D`` or, with
+``correction_decay="invariant"``, App. B.4's ``gamma = 1 - 2/(k+1)``,
+``k = tau_fwd - tau_bkwd``, which makes the polynomial's second derivative at
+``w = 1`` independent of ``Delta`` (eq. 14). The correction acts only where
+``tau_fwd > tau_bkwd``.
 
 Everything is numpy float64. The recurrence is linear, so it is stable for
 every bounded noise exactly when the spectral radius of its companion matrix is
@@ -37,13 +49,13 @@ below 1 (PipeMare §3.1).
 from __future__ import annotations
 
 import math
-from typing import Optional, Sequence
+from typing import Optional, Sequence, Union
 
 import numpy as np
 
 from .errors import ConfigError
 
-__all__ = ["companion_matrix", "spectral_radius", "max_stable_lr", "lemma1_bound", "lemma2_bound",
+__all__ = ["ACCUMULATORS", "companion_matrix", "spectral_radius", "max_stable_lr", "lemma1_bound", "lemma2_bound",
            "lemma3_bound", "t2_gamma", "invariant_decay", "simulate_quadratic",
            "regression_curvature", "delayed_sgd_regression"]
 
@@ -54,14 +66,31 @@ def _delay(name: str, value) -> int:
     return int(value)
 
 
-def t2_gamma(correction_decay: float, tau_fwd: int, tau_bkwd: int) -> float:
-    """T2's per-stage decay rate ``gamma = D**(1/(tau_fwd - tau_bkwd))`` (PipeMare §3.2), for ``tau_fwd > tau_bkwd``."""
+#: T2's accumulator conventions (module docstring): the views read ``delta_{t - tau}`` or ``delta_t``.
+ACCUMULATORS = ("causal", "current")
+
+
+def _accumulator(value: str) -> str:
+    if value not in ACCUMULATORS:
+        raise ConfigError(f"t2_accumulator must be one of {ACCUMULATORS} ('causal': delta_(t-tau_bkwd), PipeMare "
+                          f"App. B.4; 'current': delta_t), got {value!r}")
+    return value
+
+
+def t2_gamma(correction_decay: Union[float, str], tau_fwd: int, tau_bkwd: int) -> float:
+    """T2's per-stage decay rate for ``tau_fwd > tau_bkwd``: ``gamma = D**(1/(tau_fwd - tau_bkwd))`` (PipeMare
+    §3.2), or App. B.4's ``1 - 2/(tau_fwd - tau_bkwd + 1)`` for ``correction_decay="invariant"``."""
+    if tau_fwd <= tau_bkwd:
+        raise ConfigError(f"T2 needs tau_fwd > tau_bkwd, got tau_fwd={tau_fwd}, tau_bkwd={tau_bkwd}")
+    if correction_decay == "invariant":
+        return 1.0 - 2.0 / (tau_fwd - tau_bkwd + 1)
+    if isinstance(correction_decay, (str, bool)) or not isinstance(correction_decay, (int, float, np.floating)):
+        raise ConfigError(f"correction_decay must be a number D in [0, 1) or 'invariant' (App. B.4's "
+                          f"gamma = 1 - 2/(k+1)), got {correction_decay!r}")
     d = float(correction_decay)
     if not 0.0 <= d < 1.0:
         raise ConfigError(f"correction_decay D must lie in [0, 1), got {correction_decay!r} "
                           "(D = 1 never updates the accumulator; PipeMare uses D near 0.1)")
-    if tau_fwd <= tau_bkwd:
-        raise ConfigError(f"T2 needs tau_fwd > tau_bkwd, got tau_fwd={tau_fwd}, tau_bkwd={tau_bkwd}")
     return d ** (1.0 / (tau_fwd - tau_bkwd))
 
 
@@ -77,7 +106,8 @@ def invariant_decay(tau_fwd: int, tau_bkwd: int) -> float:
     return (1.0 - 2.0 / (k + 1)) ** k
 
 
-def _system(lr, curvature, tau_fwd, tau_bkwd, delta, momentum, correction_decay, tau_recomp, phi):
+def _system(lr, curvature, tau_fwd, tau_bkwd, delta, momentum, correction_decay, tau_recomp, phi,
+            t2_accumulator="causal"):
     """Coefficients of ``w_{t+1} = sum_k a[k] w_{t-k} + sum_k b[k] d_{t-k}``, and ``gamma`` (None without T2)."""
     tf = _delay("tau_fwd", tau_fwd)
     tb = tf if tau_bkwd is None else _delay("tau_bkwd", tau_bkwd)
@@ -88,10 +118,12 @@ def _system(lr, curvature, tau_fwd, tau_bkwd, delta, momentum, correction_decay,
     else:
         tr = _delay("tau_recomp", tau_recomp)
     alpha, lam, dlt, phi, beta = float(lr), float(curvature), float(delta), float(phi), float(momentum)
+    causal = _accumulator(t2_accumulator) == "causal"
     corrected = correction_decay is not None and tf > tb
     gamma = t2_gamma(correction_decay, tf, tb) if corrected else None
+    jb, jr = (tb, tr) if causal else (0, 0)  # the views read delta_{t-jb}, delta_{t-jr}
     a = np.zeros(max(tf, tb, tr, 1 if beta else 0) + 1)
-    b = np.zeros(max(tb, tr) + 1) if corrected else None
+    b = np.zeros(max(jb, jr) + 1) if corrected else None
     a[0] += 1.0 + beta                       # w_t + beta (w_t - w_{t-1})
     if beta:
         a[1] -= beta
@@ -99,29 +131,33 @@ def _system(lr, curvature, tau_fwd, tau_bkwd, delta, momentum, correction_decay,
     a[tb] += alpha * (dlt - phi)             # + alpha (Delta - Phi) u_bkwd
     a[tr] += alpha * phi                     # + alpha Phi u_recomp
     if corrected:                            # u_bkwd, u_recomp extrapolated with delta (T2)
-        b[tb] -= alpha * (dlt - phi) * (tf - tb)
-        b[tr] -= alpha * phi * (tf - tr)
+        b[jb] -= alpha * (dlt - phi) * (tf - tb)
+        b[jr] -= alpha * phi * (tf - tr)
     return a, b, gamma
 
 
 def companion_matrix(lr: float, curvature: float, tau_fwd: int, tau_bkwd: Optional[int] = None,
-                     delta: float = 0.0, momentum: float = 0.0, correction_decay: Optional[float] = None,
-                     tau_recomp: Optional[int] = None, phi: float = 0.0) -> np.ndarray:
+                     delta: float = 0.0, momentum: float = 0.0,
+                     correction_decay: Optional[Union[float, str]] = None, tau_recomp: Optional[int] = None,
+                     phi: float = 0.0, t2_accumulator: str = "causal") -> np.ndarray:
     """Companion matrix ``C`` of the quadratic model: ``X_{t+1} = C X_t`` (+ noise), float64.
 
     The state is ``X_t = [w_t, w_{t-1}, ..., w_{t-L}]`` and, with T2, also
     ``[delta_t, ..., delta_{t-M}]`` (``L`` the largest delay, at least 1 with
-    momentum; ``M = max(tau_bkwd, tau_recomp)``). ``tau_bkwd=None`` means
+    momentum; ``M = max(tau_bkwd, tau_recomp)`` with ``t2_accumulator="causal"``,
+    0 with ``"current"``; module docstring). ``tau_bkwd=None`` means
     ``tau_bkwd = tau_fwd`` (no discrepancy). Its characteristic polynomial is,
     up to a factor ``w**k``:
 
     * plain delayed SGD: ``w^(tau+1) - w^tau + alpha lam`` (PipeMare eq. 3);
     * momentum: ``w^(tau+1) - (1+beta) w^tau + beta w^(tau-1) + alpha lam`` (App. B.2 eq. 13);
     * discrepancy: ``w^(tf+1) - w^tf + alpha (lam+Delta) - alpha Delta w^(tf-tb)`` (§3.2 eq. 5);
-    * T2 with ``correction_decay=D``: App. B.4's polynomial (module docstring);
+    * T2 with ``correction_decay=D`` (or ``"invariant"``): App. B.4's polynomial, or with
+      ``t2_accumulator="current"`` its last term times ``w^tau_bkwd`` (module docstring);
     * recompute (``tau_recomp``, ``phi``), with or without T2: App. D.1's polynomial.
     """
-    a, b, gamma = _system(lr, curvature, tau_fwd, tau_bkwd, delta, momentum, correction_decay, tau_recomp, phi)
+    a, b, gamma = _system(lr, curvature, tau_fwd, tau_bkwd, delta, momentum, correction_decay, tau_recomp, phi,
+                          t2_accumulator)
     nw = len(a)
     nd = 0 if b is None else len(b)
     c = np.zeros((nw + nd, nw + nd))
@@ -139,17 +175,18 @@ def companion_matrix(lr: float, curvature: float, tau_fwd: int, tau_bkwd: Option
 
 
 def spectral_radius(lr: float, curvature: float, tau_fwd: int, tau_bkwd: Optional[int] = None,
-                    delta: float = 0.0, momentum: float = 0.0, correction_decay: Optional[float] = None,
-                    tau_recomp: Optional[int] = None, phi: float = 0.0) -> float:
+                    delta: float = 0.0, momentum: float = 0.0, correction_decay: Optional[Union[float, str]] = None,
+                    tau_recomp: Optional[int] = None, phi: float = 0.0, t2_accumulator: str = "causal") -> float:
     """Largest eigenvalue magnitude of :func:`companion_matrix` (same arguments); < 1 means stable."""
-    c = companion_matrix(lr, curvature, tau_fwd, tau_bkwd, delta, momentum, correction_decay, tau_recomp, phi)
+    c = companion_matrix(lr, curvature, tau_fwd, tau_bkwd, delta, momentum, correction_decay, tau_recomp, phi,
+                         t2_accumulator)
     return float(np.max(np.abs(np.linalg.eigvals(c))))
 
 
 def max_stable_lr(curvature: float, tau_fwd: int, tau_bkwd: Optional[int] = None, delta: float = 0.0,
-                  momentum: float = 0.0, correction_decay: Optional[float] = None,
+                  momentum: float = 0.0, correction_decay: Optional[Union[float, str]] = None,
                   tau_recomp: Optional[int] = None, phi: float = 0.0, *, grid: int = 96,
-                  rtol: float = 1e-12) -> float:
+                  rtol: float = 1e-12, t2_accumulator: str = "causal") -> float:
     """The first step size at which the quadratic model stops being stable (spectral radius < 1).
 
     Returns ``sup{a : spectral_radius(x) < 1 for all 0 < x < a}``: the end of the
@@ -175,7 +212,7 @@ def max_stable_lr(curvature: float, tau_fwd: int, tau_bkwd: Optional[int] = None
     args = (curvature, tau_fwd, tau_bkwd, delta, momentum, correction_decay, tau_recomp, phi)
 
     def stable(lr):
-        return spectral_radius(lr, *args) < 1.0
+        return spectral_radius(lr, *args, t2_accumulator=t2_accumulator) < 1.0
 
     taus = [t for t in (tau_fwd, tau_bkwd, tau_recomp) if t is not None]
     lo = 1e-6 / ((lam + abs(float(delta)) + abs(float(phi))) * (max(taus) + 1))
@@ -236,8 +273,9 @@ def lemma3_bound(curvature, tau):
 
 def simulate_quadratic(lr: float, curvature: float, tau_fwd: int, tau_bkwd: Optional[int] = None,
                        delta: float = 0.0, steps: int = 200, noise_std: float = 1.0, seed: int = 0,
-                       correction_decay: Optional[float] = None, momentum: float = 0.0,
-                       tau_recomp: Optional[int] = None, phi: float = 0.0, w0: float = 1.0) -> np.ndarray:
+                       correction_decay: Optional[Union[float, str]] = None, momentum: float = 0.0,
+                       tau_recomp: Optional[int] = None, phi: float = 0.0, w0: float = 1.0,
+                       t2_accumulator: str = "causal") -> np.ndarray:
     """Run the quadratic model for ``steps`` steps; returns ``[w_0, ..., w_steps]`` (PipeMare Fig. 5a, 6a).
 
     Written from the update rule, independently of :func:`companion_matrix`::
@@ -246,7 +284,8 @@ def simulate_quadratic(lr: float, curvature: float, tau_fwd: int, tau_bkwd: Opti
         w_{t+1} = w_t + beta (w_t - w_{t-1}) - alpha g_t
 
     with ``w_{t-k} = w_0`` and ``delta_{t-k} = 0`` before step 0 and T2's views
-    as in the module docstring. A diverging run overflows to ``inf``/``nan``.
+    as in the module docstring (``t2_accumulator``: which ``delta`` they read).
+    A diverging run overflows to ``inf``/``nan``.
     """
     tf = _delay("tau_fwd", tau_fwd)
     tb = tf if tau_bkwd is None else _delay("tau_bkwd", tau_bkwd)
@@ -255,6 +294,7 @@ def simulate_quadratic(lr: float, curvature: float, tau_fwd: int, tau_bkwd: Opti
         raise ConfigError(f"phi={phi!r} is the sensitivity to the recompute delay: also pass tau_recomp")
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
         raise ConfigError(f"steps must be an int >= 0, got {steps!r}")
+    causal = _accumulator(t2_accumulator) == "causal"
     corrected = correction_decay is not None and tf > tb
     gamma = t2_gamma(correction_decay, tf, tb) if corrected else 0.0
     rng = np.random.default_rng(seed)
@@ -272,8 +312,8 @@ def simulate_quadratic(lr: float, curvature: float, tau_fwd: int, tau_bkwd: Opti
     with np.errstate(over="ignore", invalid="ignore"):
         for t in range(steps):
             u_fwd = w_at(t - tf)
-            u_bkwd = w_at(t - tb) - ((tf - tb) * d_at(t - tb) if corrected else 0.0)
-            u_rec = w_at(t - tr) - ((tf - tr) * d_at(t - tr) if corrected else 0.0)
+            u_bkwd = w_at(t - tb) - ((tf - tb) * d_at(t - tb if causal else t) if corrected else 0.0)
+            u_rec = w_at(t - tr) - ((tf - tr) * d_at(t - tr if causal else t) if corrected else 0.0)
             g = (curvature + delta) * u_fwd - (delta - phi) * u_bkwd - phi * u_rec - noise[t]
             w[t + 1] = w[t] + momentum * (w[t] - w_at(t - 1)) - lr * g
             d[t + 1] = gamma * d[t] + (1.0 - gamma) * (w[t + 1] - w[t])

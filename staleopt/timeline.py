@@ -1,12 +1,16 @@
 """Event-by-event execution of pipeline schedules: the ground truth for the delays (DESIGN §4).
 
-:func:`simulate` runs a schedule slot by slot. Every forward (``F``) and
-backward (``B``) pass takes one slot on one *worker* (a row of the space-time
-diagram: a stage, a stage's forward or backward unit, or an accelerator); a
-pass may start once the pass it depends on finished in an earlier slot
-(``F`` of microbatch ``m`` at stage ``i`` after ``F`` at stage ``i-1``; ``B`` at
-stage ``i`` after ``B`` at stage ``i+1``, and at the last stage after its
-``F``). Each worker runs its program in order, greedily. The programs, with
+:func:`simulate` runs a schedule slot by slot. Every forward (``F``),
+backward (``B``) and recompute (``R``, PipeMare App. A.3) pass takes one slot on
+one *worker* (a row of the space-time diagram: a stage, a stage's forward,
+recompute or backward unit, or an accelerator); a pass may start once the
+passes it depends on finished in an earlier slot (``F`` of microbatch ``m`` at
+stage ``i`` after ``F`` at stage ``i-1``; ``B`` at stage ``i`` after ``B`` at stage
+``i+1``, at the last stage after its ``F``, and where the stage recomputes after
+its ``R``; ``R`` after ``R`` at stage ``i-1`` inside a segment, after ``F`` at stage
+``i-1`` at a segment's first stage). Each worker runs its program in order,
+greedily; a program may hold idle cells. Phased methods run phase by phase,
+with a flush before every synchronous minibatch. The programs, with
 their diagrams, and the version each pass reads are the schedule's
 (:meth:`staleopt.schedules.Schedule.program`,
 :attr:`staleopt.methods.Pipeline.version_policy`); this module only executes them.
@@ -16,11 +20,11 @@ Version semantics (DESIGN §1). Microbatch ``m`` belongs to minibatch
 it applies the update of minibatch ``t`` (producing ``w_{t+1}``) at the end of
 the slot in which the last backward of minibatch ``t`` at that stage finishes.
 A pass reads the version current at the start of its slot, except where the
-schedule says otherwise (stashing: the backward reads the version its forward
-read; 2BW: a fixed version per minibatch). The delay of a read is ``t - v``:
-the optimizer step that consumes the gradient is step ``t``, and it read
-``w_v``. Reads before the first update give ``v = 0``, i.e. ``w_{t - tau}``
-with ``t - tau < 0`` means ``w_0``.
+schedule says otherwise (stashing: the backward and a recomputation read the
+version the forward read; 2BW: a fixed version per minibatch). The delay of a
+read is ``t - v``: the optimizer step that consumes the gradient is step ``t``,
+and it read ``w_v``. Reads before the first update give ``v = 0``, i.e.
+``w_{t - tau}`` with ``t - tau < 0`` means ``w_0``.
 """
 from __future__ import annotations
 
@@ -54,71 +58,96 @@ class Event:
 
 
 def _run(pipeline: methods.Pipeline, K: int):
-    """Execute ``pipeline``'s program for ``K`` minibatches: ``(worker labels, events, updates, slots)``."""
+    """Execute ``pipeline``'s program for ``K`` minibatches: ``(worker labels, events, updates, slots)``.
+
+    Phased methods run phase by phase (:meth:`staleopt.methods.Pipeline.phases`):
+    a pipelined phase is the schedule's program over its minibatches; a
+    synchronous phase runs the same program one minibatch at a time, each
+    starting once the previous one has drained (a flush). Versions carry over.
+    """
     kind, P, N = pipeline.timeline_name, pipeline.stages, pipeline.microbatches
     policy = pipeline.version_policy
-    labels, programs = pipeline.program(K)
+    first_stage = {a: a for a, _ in pipeline.schedule.segments(P)}       # recompute segment starts
+    chunks = []                                       # (first minibatch, minibatches) run after a flush
+    for start, count, synchronous in pipeline.phases(K):
+        chunks += [(start + k, 1) for k in range(count)] if synchronous else [(start, count)]
     done: Dict[Item, int] = {}
     fwd_version: Dict[Tuple[int, int], int] = {}
     mb_version: Dict[int, int] = {}                  # 2BW: the version every pass of minibatch t reads
     version = [0] * P
     backwards_done = [[0] * K for _ in range(P)]
-    pos = [0] * len(programs)
     events: List[Event] = []
     updates: List[Tuple[int, int, int]] = []         # (stage, slot, minibatch)
-    remaining = sum(len(p) for p in programs)
-    slot = 0
-    while remaining:
-        ran = []
-        for w, prog in enumerate(programs):
-            if pos[w] == len(prog):
-                continue
-            op = prog[pos[w]]
-            if not all(_ready(item, op, done, slot, P) for item in op):
-                continue
-            for item in op:
-                stage, kind_, m = item
-                t = m // N
-                if policy == "minibatch":
-                    if t not in mb_version:          # first pass of minibatch t is its first forward at stage 0
-                        mb_version[t] = min(version)
-                    v = mb_version[t]
-                elif kind_ == "B" and policy == "stash":
-                    v = fwd_version[(stage, m)]
-                else:
-                    v = version[stage]
-                if kind_ == "F":
-                    fwd_version[(stage, m)] = v
-                events.append(Event(slot, w, stage, kind_, m, t, v))
-                done[item] = slot
-                if kind_ == "B":
-                    ran.append((stage, t))
-            pos[w] += 1
-            remaining -= 1
-        for stage, t in ran:                          # updates land at the end of the slot
-            backwards_done[stage][t] += 1
-            if backwards_done[stage][t] == N:
-                if version[stage] != t:
-                    raise AssertionError(f"{kind}: stage {stage} finished minibatch {t} out of order")
-                version[stage] = t + 1
-                updates.append((stage, slot, t))
-        slot += 1
-        if slot > 4 * (remaining + len(events)) + 4 * P + 8:   # a correct program never idles this long
-            raise AssertionError(f"{kind}: deadlock at slot {slot}")
+    labels, slot = None, 0
+    for first, count in chunks:
+        labels, programs = pipeline.program(count)
+        shift = first * N
+        programs = [[tuple((i, k, m + shift) for i, k, m in op) for op in prog] for prog in programs]
+        recomputed = {i for prog in programs for op in prog for i, k, _ in op if k == "R"}
+        pos = [0] * len(programs)
+        remaining = sum(len(p) for p in programs)
+        begin = slot
+        while remaining:
+            ran = []
+            for w, prog in enumerate(programs):
+                if pos[w] == len(prog):
+                    continue
+                op = prog[pos[w]]
+                if not all(_ready(item, op, done, slot, P, recomputed, first_stage) for item in op):
+                    continue
+                for item in op:
+                    stage, kind_, m = item
+                    t = m // N
+                    if policy == "minibatch":
+                        if t not in mb_version:      # first pass of minibatch t is its first forward at stage 0
+                            mb_version[t] = min(version)
+                        v = mb_version[t]
+                    elif kind_ != "F" and policy == "stash":
+                        v = fwd_version[(stage, m)]
+                    else:
+                        v = version[stage]
+                    if kind_ == "F":
+                        fwd_version[(stage, m)] = v
+                    events.append(Event(slot, w, stage, kind_, m, t, v))
+                    done[item] = slot
+                    if kind_ == "B":
+                        ran.append((stage, t))
+                pos[w] += 1
+                remaining -= 1
+            for stage, t in ran:                      # updates land at the end of the slot
+                backwards_done[stage][t] += 1
+                if backwards_done[stage][t] == N:
+                    if version[stage] != t:
+                        raise AssertionError(f"{kind}: stage {stage} finished minibatch {t} out of order")
+                    version[stage] = t + 1
+                    updates.append((stage, slot, t))
+            slot += 1
+            if slot - begin > 4 * (remaining + len(events)) + 4 * P + 8:   # a correct program never idles this long
+                raise AssertionError(f"{kind}: deadlock at slot {slot}")
     return labels, events, updates, slot
 
 
-def _ready(item: Item, op: Op, done: Dict[Item, int], slot: int, P: int) -> bool:
+def _ready(item: Item, op: Op, done: Dict[Item, int], slot: int, P: int, recomputed, first_stage) -> bool:
+    """Whether ``item``'s inputs were produced: ``F`` after the previous stage's ``F``; ``R`` (recompute,
+    PipeMare App. A.3) after the previous stage's ``R`` inside a segment, after the previous stage's ``F`` (the
+    cached input) at a segment's first stage; ``B`` after the next stage's ``B`` (the last stage: its ``F``) and,
+    where the stage recomputes, after its ``R``."""
     stage, kind, m = item
     if kind == "F":
-        dep = (stage - 1, "F", m) if stage > 0 else None
+        deps = [(stage - 1, "F", m)] if stage > 0 else []
+    elif kind == "R":
+        deps = [] if stage == 0 else [(stage - 1, "F" if stage in first_stage else "R", m)]
     else:
-        dep = (stage + 1, "B", m) if stage < P - 1 else (stage, "F", m)
-    if dep is None:
-        return True
-    if dep in op:                                     # same cell, earlier in the cell (pipelined backprop)
-        return op.index(dep) < op.index(item)
-    return done.get(dep, slot) < slot
+        deps = [(stage + 1, "B", m) if stage < P - 1 else (stage, "F", m)]
+        if stage in recomputed:
+            deps.append((stage, "R", m))
+    for dep in deps:
+        if dep in op:                                 # same cell, earlier in the cell (pipelined backprop)
+            if op.index(dep) > op.index(item):
+                return False
+        elif not done.get(dep, slot) < slot:
+            return False
+    return True
 
 
 class Timeline:
@@ -143,8 +172,10 @@ class Timeline:
     # -- delays --------------------------------------------------------------------------
     @cached_property
     def _long(self) -> "Timeline":
+        """A run long enough for a steady state, of the pipelined phase alone for phased methods."""
         K = 4 * self.stages + 6
-        return self if self.minibatches >= K else Timeline(self.pipeline, K)
+        steady = self.pipeline.without_phases()
+        return self if self.minibatches >= K and steady is self.pipeline else Timeline(steady, K)
 
     def _delays(self, kind: str) -> Tuple[Tuple[int, ...], ...]:
         long = self._long
@@ -167,6 +198,14 @@ class Timeline:
         """``[i][j]``: delay of the backward of microbatch ``j`` of a minibatch at stage ``i`` (steady state)."""
         return self._delays("B")
 
+    @cached_property
+    def tau_recomp_microbatch(self) -> Tuple[Tuple[int, ...], ...]:
+        """``[i][j]``: delay of the recomputation of microbatch ``j`` at stage ``i`` (steady state); where no
+        ``R`` pass runs, the recomputation happens inside the backward pass and reads its version."""
+        recomputed = self._delays("R")
+        return tuple(tuple(b if r is None else r for r, b in zip(rr, bb))
+                     for rr, bb in zip(recomputed, self.tau_bkwd_microbatch))
+
     @property
     def tau_fwd(self) -> List[int]:
         """Per-stage forward delay: the largest over a minibatch's microbatches (its first, ``j = 0``)."""
@@ -178,14 +217,19 @@ class Timeline:
         return [max(row) for row in self.tau_bkwd_microbatch]
 
     @property
+    def tau_recomp(self) -> List[int]:
+        """Per-stage recompute delay: the largest over a minibatch's microbatches."""
+        return [max(row) for row in self.tau_recomp_microbatch]
+
+    @property
     def uniform(self) -> bool:
         """True when all microbatches of a minibatch read the same version at every stage and pass.
 
         Then a per-stage delay describes the schedule exactly, as the
         delay-queue optimizer assumes; otherwise ``tau_*`` are the oldest reads.
         """
-        return all(len(set(row)) == 1 for rows in (self.tau_fwd_microbatch, self.tau_bkwd_microbatch)
-                   for row in rows)
+        return all(len(set(row)) == 1 for rows in (self.tau_fwd_microbatch, self.tau_bkwd_microbatch,
+                                                   self.tau_recomp_microbatch) for row in rows)
 
     # -- utilization ---------------------------------------------------------------------
     @property
@@ -225,28 +269,49 @@ class Timeline:
         return len(busy) / (len(self.workers) * self.period)
 
     # -- memory-related counts -----------------------------------------------------------
-    @cached_property
-    def peak_in_flight(self) -> List[int]:
-        """Per stage, the most microbatches whose forward there finished and whose backward did not.
-
-        Counted at slot ends: the number of activation stashes the stage holds
-        (PipeMare App. A.2: ``2(P-1-i) + 1`` for the dataflow pipeline, 0-based ``i``).
-        """
-        fwd, bwd = {}, {}
+    def _peak(self, begin: str, end: str, stages) -> List[int]:
+        """Per stage in ``stages``, the most microbatches whose ``begin`` pass there finished and whose ``end``
+        pass did not, counted at slot ends (0 for the other stages)."""
+        slots = {}
         for e in self.events:
-            (fwd if e.kind == "F" else bwd)[(e.stage, e.microbatch)] = e.slot
+            slots[(e.kind, e.stage, e.microbatch)] = e.slot
         peak = [0] * self.stages
-        for i in range(self.stages):
+        for i in stages:
             changes = {}
-            for (s, m), f in fwd.items():
-                if s == i and bwd[(s, m)] > f:
+            for (k, s, m), f in slots.items():
+                if k == begin and s == i and slots[(end, s, m)] > f:
                     changes[f] = changes.get(f, 0) + 1
-                    changes[bwd[(s, m)]] = changes.get(bwd[(s, m)], 0) - 1
+                    changes[slots[(end, s, m)]] = changes.get(slots[(end, s, m)], 0) - 1
             level = 0
             for slot in sorted(changes):
                 level += changes[slot]
                 peak[i] = max(peak[i], level)
         return peak
+
+    @cached_property
+    def _recomputed(self) -> List[bool]:
+        stages = {e.stage for e in self.events if e.kind == "R"}
+        return [i in stages for i in range(self.stages)]
+
+    @cached_property
+    def peak_in_flight(self) -> List[int]:
+        """Per stage, the most microbatches whose activations the stage holds: from the end of the pass that
+        produced them (the forward, or the recomputation where one runs) to the backward.
+
+        Counted at slot ends: the number of activation stashes the stage holds
+        (PipeMare App. A.2: ``2(P-1-i) + 1`` for the dataflow pipeline, 0-based ``i``;
+        App. A.3: ``2(b-i) + 1`` recomputed ones with PipeMare Recompute).
+        """
+        plain = self._peak("F", "B", [i for i, r in enumerate(self._recomputed) if not r])
+        recomputed = self._peak("R", "B", [i for i, r in enumerate(self._recomputed) if r])
+        return [a + b for a, b in zip(plain, recomputed)]
+
+    @cached_property
+    def peak_cached_inputs(self) -> List[int]:
+        """Per stage, the most inputs kept for a later recomputation: from a segment's first forward to its
+        first recomputation (PipeMare App. A.3's ``2(P - i)``); 0 at the other stages and without recompute."""
+        starts = [a for a, _ in self.pipeline.schedule.segments(self.stages)]
+        return self._peak("F", "R", starts)
 
     @cached_property
     def peak_versions(self) -> List[int]:
@@ -285,13 +350,18 @@ class Timeline:
         """Derived delays, utilization and in-flight counts as text."""
         rows = [f"timeline {self.kind}: P={self.stages} N={self.microbatches} minibatches={self.minibatches}",
                 f"  tau_fwd  = {self.tau_fwd}", f"  tau_bkwd = {self.tau_bkwd}"]
+        if any(self._recomputed):
+            rows.append(f"  tau_recomp = {self.tau_recomp}")
         if not self.uniform:
             rows.append("  per microbatch j of a minibatch (microbatches read different versions):")
             rows.append(f"    tau_fwd[i][j]  = {[list(r) for r in self.tau_fwd_microbatch]}")
             rows.append(f"    tau_bkwd[i][j] = {[list(r) for r in self.tau_bkwd_microbatch]}")
+            if any(self._recomputed):
+                rows.append(f"    tau_recomp[i][j] = {[list(r) for r in self.tau_recomp_microbatch]}")
         rows += [f"  utilization: steady state {self.steady_state_utilization:.4f}, "
                  f"this run {self.utilization:.4f} ({self.slots} slots)",
                  f"  peak in-flight microbatches per stage = {self.peak_in_flight}",
+                 *([f"  peak cached inputs per stage = {self.peak_cached_inputs}"] if any(self._recomputed) else []),
                  f"  peak weight versions per stage = {self.peak_versions}"]
         return "\n".join(rows)
 

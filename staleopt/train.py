@@ -19,7 +19,9 @@ Choices (each documented because it changes numbers):
 * **Corrections.** The method's step counts left ``None`` in the config are
   scaled to the run (:func:`method_args`): T1's ``anneal_steps`` ``K`` is a
   quarter of the first learning-rate phase (PipeMare App. C, Table 8: "20
-  epochs, which is a quarter of the total epochs before learning rate decay");
+  epochs, which is a quarter of the total epochs before learning rate decay"),
+  or five times the linear warmup of a warmup lr schedule (PipeMare §3.1, the
+  Transformer recipe);
   PipeMareW's ``warmup_steps`` equals ``K`` (PipeMare App. C: IWSLT14 and
   WMT17 "use the same epochs for synchronous warmup and annealing"); the
   hybrid's ``pipelined_steps`` is half the run (stale-weights paper §6.5:
@@ -29,7 +31,10 @@ Choices (each documented because it changes numbers):
   step through a ``torch.optim.lr_scheduler.LambdaLR`` on the wrapper
   (T1 scales on top of it): ``constant``; ``cosine``
   ``(1 + cos(pi k / T)) / 2`` over the ``T`` steps of the run;
-  ``step`` ``gamma^{#{m in milestones : k >= m * steps_per_epoch}}``.
+  ``step`` ``gamma^{#{m in milestones : k >= m * steps_per_epoch}}``;
+  ``linear-warmup`` ``min(n / W, 1)`` and ``inverse-sqrt`` ``n / W`` up to
+  ``n = W``, then ``sqrt(W / n)`` (Fairseq's, PipeMare Table 7), for the
+  ``n = k + 1``-th update and ``W = lr_warmup_steps``.
 * **Divergence.** A training loss that is non-finite or above
   ``divergence_loss`` ends the run before that step's update; the epoch is
   recorded with ``status = "diverged"``. Never an exception.
@@ -69,7 +74,7 @@ from tqdm.auto import tqdm
 from . import checkpoint as ckpt
 from . import data as datasets
 from . import hardware, methods, models
-from .config import RunConfig
+from .config import LR_WARMUP_SCHEDULES, RunConfig
 from .errors import ConfigError
 from .methods import Pipeline
 from .optimizer import PipelineOptimizer
@@ -105,7 +110,9 @@ def method_args(config: RunConfig, n_train: int) -> Dict[str, Any]:
     Only keys the method accepts (``staleopt.methods.get(method).defaults``)
     appear. ``anneal_steps = max(1, first_phase // 4)`` with ``first_phase``
     the steps before the first ``step``-schedule milestone (the whole run
-    otherwise); ``warmup_steps = anneal_steps``; ``pipelined_steps = total // 2``
+    otherwise), or ``5 * lr_warmup_steps`` with a linear-warmup lr schedule
+    (PipeMare §3.1: "five times the linear warmup steps", its Transformer
+    recipe); ``warmup_steps = anneal_steps``; ``pipelined_steps = total // 2``
     (module docstring gives the papers' reasons).
     """
     accepted = methods.hyperparameters(config.method)
@@ -115,8 +122,10 @@ def method_args(config: RunConfig, n_train: int) -> Dict[str, Any]:
     first = total
     if config.lr_schedule == "step" and config.lr_milestones:
         first = min(total, config.lr_milestones[0] * steps_per_epoch(config, n_train))
-    scaled = {"anneal_steps": max(1, first // 4), "warmup_steps": max(1, first // 4),
-              "pipelined_steps": total // 2}
+    anneal = max(1, first // 4)
+    if config.lr_schedule in LR_WARMUP_SCHEDULES:
+        anneal = 5 * config.lr_warmup_steps         # PipeMare §3.1: five times the linear warmup steps
+    scaled = {"anneal_steps": anneal, "warmup_steps": anneal, "pipelined_steps": total // 2}
     out = {k: scaled[k] for k in accepted if k in scaled}
     out.update(config.method_overrides())
     return out
@@ -140,6 +149,10 @@ def lr_lambda(config: RunConfig, steps_per_epoch: int, total: int):
     if config.lr_schedule == "step":
         bounds = [m * steps_per_epoch for m in config.lr_milestones]
         return lambda k: config.lr_gamma ** sum(k >= b for b in bounds)
+    if config.lr_schedule in LR_WARMUP_SCHEDULES:
+        # step k is the (k+1)-th update: lr (k+1)/W up to W, then lr or (Fairseq's inverse_sqrt) lr sqrt(W/(k+1))
+        W, decay = config.lr_warmup_steps, config.lr_schedule == "inverse-sqrt"
+        return lambda k: (k + 1) / W if k + 1 <= W else (math.sqrt(W / (k + 1)) if decay else 1.0)
     return lambda k: 1.0
 
 

@@ -33,7 +33,7 @@ def executed(name):
 
 
 def test_pipeline_schedules_are_the_ones_with_programs():
-    assert schedules.pipelines() == ["1f1b", "2bw", "dataflow", "pb", "sync"]
+    assert schedules.pipelines() == ["1f1b", "2bw", "dataflow", "dataflow-recompute", "pb", "sync"]
 
 
 @pytest.mark.parametrize("name", every_name())
@@ -42,7 +42,8 @@ def test_every_name_works_in_simulate_in_flight_delays_and_utilization(name):
 
     For each name with a timeline: the delays (largest per stage, after the
     corrections) equal the executed timeline's; the in-flight counts and the
-    extra weight versions equal a long run's peaks; the steady-state
+    extra weight versions equal a long run's peaks (phased methods: a run of
+    their pipelined phase); the recompute delays and cached inputs too; the steady-state
     utilization (phased methods: their pipelined phase only) equals the
     timeline's. Names without a fixed pipeline raise ScheduleError in both.
     """
@@ -62,9 +63,11 @@ def test_every_name_works_in_simulate_in_flight_delays_and_utilization(name):
                     hardware.in_flight_counts(name, P, N)
             continue
         tl = simulate(name, P, N, 2)
-        long = simulate(name, P, N, 6 * P)
+        long = simulate(pipeline.without_phases(), P, N, 6 * P)     # phased methods: the pipelined phase
         assert (tl.tau_fwd, tl.tau_bkwd) == pipeline.delays, (name, P, N)
+        assert tl.tau_recomp == pipeline.recompute_delays, (name, P, N)
         assert hardware.in_flight_counts(name, P, N) == pipeline.in_flight() == long.peak_in_flight, (name, P, N)
+        assert pipeline.cached_inputs() == long.peak_cached_inputs, (name, P, N)
         assert [v - 1 for v in long.peak_versions] == pipeline.extra_versions(), (name, P, N)
         assert utilization == pytest.approx(tl.steady_state_utilization, abs=1e-15), (name, P, N)
 

@@ -159,6 +159,7 @@ stage 1      .  F0@0  B0@0  F1@1  B1@1  F2@2  B2@2     ."""
     (schedules._two_bw, ("2bw", 2, 2, 3, True)),
     (schedules._dataflow, ("dataflow", 4, 2, 2, False)),
     (schedules._pipelined_backprop, ("pb", 3, 1, 4, False)),
+    (schedules._dataflow_recompute, (schedules.DataflowRecompute(segment=2), 4, 1, 4, False)),
 ])
 def test_docstring_diagrams_are_the_rendered_timelines(fn, args):
     kind, P, N, K, versions = args
@@ -201,3 +202,11 @@ def test_summary_mentions_per_microbatch_delays():
     text = simulate("dataflow", 3, 2, 3).summary()
     assert "tau_fwd  = [3, 2, 1]" in text and "tau_fwd[i][j]" in text
     assert re.search(r"steady state 1\.0000", text)
+
+
+def test_plot_draws_recompute_cells(tmp_path):
+    tl = simulate(schedules.DataflowRecompute(segment=2), 4, 1, 4)
+    ax = plot_timeline(tl)
+    assert len(ax.patches) == len(tl.cells) == len(tl.events)
+    assert "recompute" in [t.get_text() for t in ax.get_legend().get_texts()]
+    ax.figure.savefig(tmp_path / "recompute.png")

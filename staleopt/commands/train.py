@@ -81,7 +81,7 @@ def register(subparsers) -> None:
         default = getattr(defaults, f.name)
         kind = _TYPES.get(f.name) or (type(default) if isinstance(default, (int, float, str))
                                       and not isinstance(default, bool) else None)
-        if f.name in ("anneal_steps", "warmup_steps", "pipelined_steps", "max_steps"):
+        if f.name in ("anneal_steps", "warmup_steps", "pipelined_steps", "max_steps", "lr_warmup_steps"):
             kind = int
         elif f.name == "decay":
             kind = float

@@ -127,13 +127,15 @@ def _spectrum(ax, curves, lrs, title):
 
 def plot_correction_spectrum(delta: float = 5.0, correction_decay: float = 0.1, curvature: float = 1.0,
                              tau_fwd: int = 10, tau_bkwd: int = 6,
-                             lrs: Sequence[float] = tuple(np.linspace(0.0, 0.3, 121)), ax=None):
-    """Fig. 6(b): largest eigenvalue magnitude vs ``alpha``: discrepancy raises it, T2 brings it back down."""
+                             lrs: Sequence[float] = tuple(np.linspace(0.0, 0.3, 121)), ax=None,
+                             t2_accumulator: str = "causal"):
+    """Fig. 6(b): largest eigenvalue magnitude vs ``alpha``: discrepancy raises it, T2 brings it back down
+    (``t2_accumulator``: which accumulator T2 reads, :mod:`staleopt.theory`)."""
     fig, ax = _axes(ax)
     base = dict(curvature=curvature, tau_fwd=tau_fwd, tau_bkwd=tau_bkwd)
     _spectrum(ax, [(rf"discrepancy $\Delta={delta:g}$", "tab:blue", dict(base, delta=delta)),
                    (rf"T2, $D={correction_decay:g}$", "tab:orange",
-                    dict(base, delta=delta, correction_decay=correction_decay)),
+                    dict(base, delta=delta, correction_decay=correction_decay, t2_accumulator=t2_accumulator)),
                    ("no discrepancy", "tab:green", dict(curvature=curvature, tau_fwd=tau_fwd))], np.asarray(lrs),
               rf"$\tau_{{fwd}}={tau_fwd}$, $\tau_{{bkwd}}={tau_bkwd}$, $\lambda={curvature:g}$")
     return fig
@@ -159,15 +161,17 @@ def plot_stable_lr_vs_sensitivity(tau_fwd: int = 40, tau_bkwd: int = 10, curvatu
 
 def plot_recompute_spectrum(delta: float = 10.0, phi: float = -5.0, correction_decay: float = 0.1,
                             curvature: float = 1.0, tau_fwd: int = 10, tau_bkwd: int = 1, tau_recomp: int = 4,
-                            lrs: Sequence[float] = tuple(np.linspace(0.0, 0.2, 101)), ax=None):
-    """Fig. 16: the recompute model of App. D.1; T2 (also applied to recompute) lowers the largest eigenvalue."""
+                            lrs: Sequence[float] = tuple(np.linspace(0.0, 0.2, 101)), ax=None,
+                            t2_accumulator: str = "causal"):
+    """Fig. 16: the recompute model of App. D.1; T2 (also applied to recompute) lowers the largest eigenvalue
+    (``t2_accumulator``: which accumulator T2 reads, :mod:`staleopt.theory`)."""
     fig, ax = _axes(ax)
     base = dict(curvature=curvature, tau_fwd=tau_fwd, tau_bkwd=tau_bkwd, delta=delta)
     rec = dict(base, tau_recomp=tau_recomp, phi=phi)
     _spectrum(ax, [(rf"recompute, $\Delta={delta:g}$, $\Phi={phi:g}$", "tab:blue", rec),
                    (rf"no recompute, $\Delta={delta:g}$", "tab:green", base),
                    (rf"recompute + T2, $D={correction_decay:g}$", "tab:red",
-                    dict(rec, correction_decay=correction_decay)),
+                    dict(rec, correction_decay=correction_decay, t2_accumulator=t2_accumulator)),
                    ("no discrepancy", "tab:orange", dict(curvature=curvature, tau_fwd=tau_fwd))], np.asarray(lrs),
               rf"$\tau_{{fwd}}={tau_fwd}$, $\tau_{{bkwd}}={tau_bkwd}$, $\tau_{{recomp}}={tau_recomp}$, "
               rf"$\lambda={curvature:g}$")

@@ -2,8 +2,8 @@
 
 * :func:`plot_timeline` — the space-time diagram of an executed schedule
   (stages down, time across, like PipeMare Fig. 1 and the stale-weights paper
-  Fig. 4): forward cells blue, backward cells green, a forward and backward in
-  one cell (pipelined backprop's last stage) teal, shade alternating by
+  Fig. 4): forward cells blue, backward cells green, recomputations (PipeMare
+  App. A.3) orange, a forward and backward in one cell (pipelined backprop's last stage) teal, shade alternating by
   minibatch, cells labelled with microbatch ids, bubbles left blank.
 * :func:`plot_hardware_sweep` — pipeline utilization and weight+optimizer
   memory against the number of stages, one line per method.
@@ -17,7 +17,8 @@ from matplotlib.patches import Patch, Rectangle
 
 __all__ = ["plot_timeline", "plot_hardware_sweep"]
 
-_COLORS = {"F": ("#4c72b0", "#8fb0dd"), "B": ("#55a868", "#98d0a6"), "X": ("#2a9d8f", "#7fcdc3")}
+_COLORS = {"F": ("#4c72b0", "#8fb0dd"), "B": ("#55a868", "#98d0a6"), "R": ("#dd8452", "#f0b994"),
+           "X": ("#2a9d8f", "#7fcdc3")}
 
 
 def plot_timeline(timeline, ax=None, versions: bool = False, title: Optional[str] = None):
@@ -51,6 +52,8 @@ def plot_timeline(timeline, ax=None, versions: bool = False, title: Optional[str
         spine.set_visible(False)
     ax.tick_params(length=0)
     handles = [Patch(color=_COLORS["F"][0], label="forward"), Patch(color=_COLORS["B"][0], label="backward")]
+    if any(e.kind == "R" for e in timeline.events):
+        handles.append(Patch(color=_COLORS["R"][0], label="recompute"))
     if any(len(evs) > 1 for evs in timeline.cells.values()):
         handles.append(Patch(color=_COLORS["X"][0], label="forward+backward"))
     handles.append(Patch(facecolor="#f4f4f4", edgecolor="#cccccc", label="bubble"))
