@@ -33,6 +33,7 @@ from typing import Any, Callable, Dict, Optional, Union
 import torch
 
 from .errors import CheckpointError
+from .validate import check_int
 
 __all__ = ["Checkpoint", "check_every", "rng_state", "set_rng_state", "atomic_write_bytes", "atomic_write_text"]
 
@@ -81,10 +82,8 @@ def set_rng_state(state: Dict[str, torch.Tensor], device: torch.device, **genera
 
 def check_every(every: Optional[int]) -> Optional[int]:
     """``every`` if it is ``None`` or a number of steps >= 1, else :class:`~staleopt.errors.CheckpointError`."""
-    if every is not None and (isinstance(every, bool) or not isinstance(every, int) or every < 1):
-        raise CheckpointError(f"checkpoint every = {every!r} must be a number of optimizer steps >= 1, "
-                              "or None to save at epoch ends only")
-    return every
+    return check_int("checkpoint every", every, 1, optional=True, error=CheckpointError,
+                     why="optimizer steps between checkpoints; None saves at epoch ends only")
 
 
 class Checkpoint:

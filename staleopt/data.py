@@ -42,6 +42,7 @@ import torch
 from torch.utils.data import Dataset, TensorDataset
 
 from .errors import ConfigError, DataError
+from .validate import check_int
 
 __all__ = ["Data", "ImageTensors", "load", "names", "options", "batches", "cache_dir", "data_dir", "CIFAR_FOLDERS"]
 
@@ -132,8 +133,7 @@ def _mnist1d(root=None, download=False, cache=True, **kw) -> Data:
 
     args = _mnist1d_defaults()
     args.update(kw)
-    if not isinstance(args["num_samples"], int) or args["num_samples"] < 20:
-        raise ConfigError(f"mnist1d num_samples must be an int >= 20, got {args['num_samples']!r}")
+    check_int("mnist1d num_samples", args["num_samples"], 20)
     key = hashlib.sha256(json.dumps(args, sort_keys=True).encode()).hexdigest()[:16]
     path = cache_dir() / f"mnist1d-{key}.npz"
     arrays = None
@@ -221,8 +221,7 @@ class ImageTensors(Dataset):
                             f"{tuple(images.shape)}")
         if len(targets) != len(images):
             raise DataError(f"{len(images)} images but {len(targets)} targets")
-        if not isinstance(padding, int) or padding < 0:
-            raise ConfigError(f"padding must be an int >= 0 (pixels), got {padding!r}")
+        check_int("padding", padding, 0, why="pixels")
         self.images, self.targets = images, targets
         self.mean, self.std = tuple(float(m) for m in mean), tuple(float(s) for s in std)
         self.augment, self.padding = bool(augment), padding
@@ -416,10 +415,8 @@ def batches(dataset: Dataset, batch_size: int, *, shuffle: bool = False,
     loading them (the draws are the same), which is how a run resumes in the
     middle of an epoch.
     """
-    if batch_size < 1:
-        raise ConfigError(f"batch_size must be >= 1, got {batch_size}")
-    if start < 0:
-        raise ConfigError(f"start must be >= 0 (minibatches to skip), got {start}")
+    check_int("batch_size", batch_size, 1)
+    check_int("start", start, 0, why="minibatches to skip")
     n = len(dataset)
     order = torch.randperm(n, generator=generator) if shuffle else torch.arange(n)
     stop = n - n % batch_size if drop_last else n

@@ -30,6 +30,7 @@ import sys
 from typing import Any, Callable, Iterable, Iterator, Optional, Sequence, Tuple
 
 from .errors import ConfigError
+from .validate import check_int
 
 __all__ = ["run_jobs", "is_available"]
 
@@ -78,8 +79,7 @@ def run_jobs(execute: Callable, jobs: Iterable[Job], *, address: Optional[str] =
     """
     ray = _import_ray()
     jobs = list(jobs)
-    if workers is not None and workers < 1:
-        raise ConfigError(f"workers must be >= 1, got {workers}")
+    check_int("workers", workers, 1, optional=True)
     if not jobs:
         return
     started = False

@@ -54,6 +54,7 @@ from typing import Optional, Sequence, Union
 import numpy as np
 
 from .errors import ConfigError
+from .validate import check_int
 
 __all__ = ["ACCUMULATORS", "companion_matrix", "spectral_radius", "max_stable_lr", "lemma1_bound", "lemma2_bound",
            "lemma3_bound", "t2_gamma", "invariant_decay", "simulate_quadratic",
@@ -61,9 +62,7 @@ __all__ = ["ACCUMULATORS", "companion_matrix", "spectral_radius", "max_stable_lr
 
 
 def _delay(name: str, value) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
-        raise ConfigError(f"{name} must be an int >= 0 (a delay in optimizer steps), got {value!r}")
-    return int(value)
+    return check_int(name, value, 0, why="a delay in optimizer steps")
 
 
 #: T2's accumulator conventions (module docstring): the views read ``delta_{t - tau}`` or ``delta_t``.
@@ -207,8 +206,7 @@ def max_stable_lr(curvature: float, tau_fwd: int, tau_bkwd: Optional[int] = None
     if not lam > 0.0 or not math.isfinite(lam):
         raise ConfigError(f"curvature must be a finite number > 0, got {curvature!r} "
                           "(a direction with curvature <= 0 puts no bound on the step size)")
-    if grid < 2:
-        raise ConfigError(f"grid must be >= 2, got {grid}")
+    check_int("grid", grid, 2)
     args = (curvature, tau_fwd, tau_bkwd, delta, momentum, correction_decay, tau_recomp, phi)
 
     def stable(lr):
@@ -292,8 +290,7 @@ def simulate_quadratic(lr: float, curvature: float, tau_fwd: int, tau_bkwd: Opti
     tr = tb if tau_recomp is None else _delay("tau_recomp", tau_recomp)
     if tau_recomp is None and phi != 0.0:
         raise ConfigError(f"phi={phi!r} is the sensitivity to the recompute delay: also pass tau_recomp")
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
-        raise ConfigError(f"steps must be an int >= 0, got {steps!r}")
+    check_int("steps", steps, 0)
     causal = _accumulator(t2_accumulator) == "causal"
     corrected = correction_decay is not None and tf > tb
     gamma = t2_gamma(correction_decay, tf, tb) if corrected else 0.0

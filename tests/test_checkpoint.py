@@ -116,7 +116,7 @@ def test_bad_checkpoints_are_clear_errors(tmp_path):
     with pytest.raises(CheckpointError, match="not a readable checkpoint.*delete it"):
         train.run(cfg(), checkpoint=Checkpoint(path))
     for bad in (0, -3, 2.5, True):
-        with pytest.raises(CheckpointError, match="optimizer steps >= 1"):
+        with pytest.raises(CheckpointError, match="checkpoint every = .* must be an int >= 1 or None"):
             Checkpoint(path, every=bad)
 
 

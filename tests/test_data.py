@@ -254,7 +254,7 @@ def test_image_tensors_reject_bad_inputs():
         data.ImageTensors(good, torch.zeros(3), (0.5,) * 3, (0.2,) * 3)
     with pytest.raises(DataError, match="one value per channel \\(3\\)"):
         data.ImageTensors(good, torch.zeros(4), (0.5,), (0.2,))
-    with pytest.raises(ConfigError, match="padding must be an int >= 0"):
+    with pytest.raises(ConfigError, match="padding = -1 must be an int >= 0"):
         data.ImageTensors(good, torch.zeros(4), (0.5,) * 3, (0.2,) * 3, padding=-1)
 
 
