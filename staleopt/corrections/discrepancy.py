@@ -28,6 +28,7 @@ class DiscrepancyCorrection(Correction):
 
     name, paper = "T2", "PipeMare §3.2"
     rewrites_backward_view = True
+    needs_raw_history = True
 
     def __init__(self, decay: float):
         if isinstance(decay, bool) or not isinstance(decay, (int, float)) or not 0.0 < float(decay) < 1.0:
@@ -37,10 +38,6 @@ class DiscrepancyCorrection(Correction):
 
     def bind(self, engine):
         super().bind(engine)
-        from .prediction import WeightPrediction
-        if any(isinstance(c, WeightPrediction) for c in engine.corrections):
-            raise CorrectionError("DiscrepancyCorrection needs the raw weight history, which WeightPrediction "
-                                  "replaces by predicted weights: use one of the two")
         tf, tb = engine.max_delays
         self.gamma = [self.decay ** (1.0 / (f - b)) if f > b else None for f, b in zip(tf, tb)]
         self._delta = {}
@@ -57,10 +54,8 @@ class DiscrepancyCorrection(Correction):
 
     def backward_view(self, chunks, delays):
         tf, tb = delays
-        index = {id(c): i for i, c in enumerate(self.engine.chunks)}
         for c in chunks:
-            views = self._delta[index[id(c)]][1]
-            torch._foreach_add_(c.data, views, alpha=-(tf[c.stage] - tb[c.stage]))
+            torch._foreach_add_(c.data, self._delta[c.index][1], alpha=-(tf[c.stage] - tb[c.stage]))
 
     def after_update(self, chunks, delays, step):
         new, old, views, gammas = [], [], [], []
