@@ -48,8 +48,22 @@ Everything runs in one process and is reported as ratios:
    grows (1 to the model's unit count) and as the ResNet-20 width grows;
    plotted in ``growth.png``.
 
+5. **Where the time goes.** In the engine-bound setting (ResNet-20, batch 4,
+   ``P`` = 39, dataflow delays, one thread) the engine time of ``dataflow``
+   (both memory modes) and ``pipemare`` is split into the history's data
+   movement (the ``torch.cat``/``_foreach_copy_``/``split_with_sizes_copy``
+   calls of :mod:`staleopt.history`, timed) and the rest (hooks, planning,
+   bookkeeping, corrections, the per-stage base step under T1), with the
+   number of such calls per step and the movement in units of one copy of
+   all weights.
+6. **Goals** of issue 11, measured: the overhead ratio against the
+   hand-rolled deque (target >= 10 at ``P`` >= 16, default memory mode) and
+   ``pipemare``'s whole step against the plain step in the engine-bound
+   setting (target <= 1.10).
+
 Outputs in ``--out``: ``step.csv``, ``memory.csv``, ``handrolled.csv``,
-``growth.csv``, ``growth.png``, ``meta.json``; the tables are printed.
+``breakdown.csv``, ``goals.csv``, ``growth.csv``, ``growth.png``,
+``meta.json``; the tables are printed.
 """
 from __future__ import annotations
 
@@ -104,12 +118,14 @@ class ModelSpec:
 
 
 MODELS = {
+    "resnet20-tiny": ModelSpec("ResNet-20 (CIFAR, batch 4: engine-bound)", "resnet20", 4),
     "resnet20": ModelSpec("ResNet-20 (CIFAR, batch 128)", "resnet20", 128),
     "cnn1d": ModelSpec("MNIST-1D CNN (batch 64)", "cnn1d", 64),
     "transformer": ModelSpec("Transformer, 2 blocks dim 128, 64 tokens (batch 64)", "transformer", 64,
                              {"input_shape": (1, 256), "dim": 128, "heads": 4, "layers": 2, "patch": 4}),
 }
 QUICK = {
+    "resnet20-tiny": ModelSpec("ResNet-20 width 4 (batch 2)", "resnet20", 2, {"width": 4, "input_shape": (3, 8, 8)}),
     "resnet20": ModelSpec("ResNet-20 width 4 (batch 4)", "resnet20", 4, {"width": 4, "input_shape": (3, 8, 8)}),
     "cnn1d": ModelSpec("MNIST-1D CNN width 8 (batch 4)", "cnn1d", 4, {"width": 8}),
     "transformer": ModelSpec("Transformer dim 16 (batch 4)", "transformer", 4, {"dim": 16, "layers": 3}),
@@ -532,6 +548,96 @@ def plot_growth(df: pd.DataFrame, path: Path) -> None:
     plt.close(fig)
 
 
+class MoveClock:
+    """Wall time of the history's data movement: the tensor ops :mod:`staleopt.history` calls
+    (``torch.cat``, ``torch._foreach_copy_``, ``torch.split_with_sizes_copy``), timed by putting a
+    timing proxy in place of the ``torch`` name inside that module while it is active."""
+
+    OPS = ("cat", "_foreach_copy_", "split_with_sizes_copy")
+
+    def __init__(self):
+        self.seconds, self.calls = 0.0, 0
+
+    def __getattr__(self, name):
+        attr = getattr(torch, name)
+        if name not in self.OPS:
+            return attr
+
+        def timed(*args, **kwargs):
+            t = time.perf_counter()
+            try:
+                return attr(*args, **kwargs)
+            finally:
+                self.seconds += time.perf_counter() - t
+                self.calls += 1
+        return timed
+
+    def __enter__(self):
+        from staleopt import history
+        self._module = history
+        history.torch = self
+        return self
+
+    def __exit__(self, *exc):
+        self._module.torch = torch
+
+
+def breakdown(spec: ModelSpec, stages: int, rounds: int, steps: int, log) -> List[dict]:
+    """Where the engine time goes (engine-bound setting, max P): per variant the engine time per step,
+    split into the history's data movement (:class:`MoveClock`) and the rest (hooks, planning,
+    bookkeeping, corrections; the per-stage base step under T1), with the copy floor for scale."""
+    x, y = spec.batch_of()
+    variants = [Variant("plain", spec, stages, x, y, "plain"),
+                Variant("dataflow", spec, stages, x, y, "staleopt", "dataflow"),
+                Variant("dataflow (memory=fast)", spec, stages, x, y, "staleopt", "dataflow", memory="fast"),
+                Variant("pipemare", spec, stages, x, y, "staleopt", "pipemare")]
+    moves: Dict[str, List[float]] = {v.name: [] for v in variants}
+    calls: Dict[str, int] = {}
+    for r in range(rounds):
+        for v in variants:
+            with MoveClock() as clock:
+                v.timed_steps(steps)
+            moves[v.name].append(clock.seconds / steps)
+            calls[v.name] = clock.calls // steps
+    plain = variants[0]
+    copy_s = weights_copy_seconds(plain.model)
+    rows = []
+    for v in variants[1:]:
+        engine, _ = _engine(v, plain)
+        move = statistics.median(moves[v.name])
+        rows.append({"model": spec.label, "stages": stages, "variant": v.name, "engine_ms": 1e3 * engine,
+                     "moves_ms": 1e3 * move, "other_ms": 1e3 * max(engine - move, 0.0),
+                     "move_ops_per_step": calls[v.name], "weights_copy_ms": 1e3 * copy_s,
+                     "moves_in_copies": move / copy_s})
+    for v in variants:
+        v.release()
+    log(f"  breakdown: done")
+    return rows
+
+
+def goals(step: pd.DataFrame, hand: pd.DataFrame, growth: Optional[pd.DataFrame]) -> pd.DataFrame:
+    """The issue-11 goals, measured: overhead >= 10x below the hand-rolled deque at P >= 16 in the
+    default memory mode, and pipemare's whole step within 1.10x of the plain step (engine-bound)."""
+    rows = []
+    for r in hand[(hand.simulation == "dataflow") & (hand.stages >= 16)].itertuples():
+        rows.append({"goal": f"overhead ratio vs hand-rolled, {r.model} P={r.stages} (default memory)",
+                     "target": 10.0, "measured": r.overhead_ratio, "met": r.overhead_ratio >= 10.0})
+        rows.append({"goal": f"overhead ratio vs hand-rolled, {r.model} P={r.stages} (memory=fast)",
+                     "target": 10.0, "measured": r.overhead_ratio_fast, "met": r.overhead_ratio_fast >= 10.0})
+    if growth is not None:
+        for r in growth[(growth.axis == "stages") & (growth.stages >= 16)].itertuples():
+            ratio = r.hand_engine_ms / max(r.dataflow_engine_ms, 1e-9)
+            rows.append({"goal": f"overhead ratio vs hand-rolled, growth P={r.stages} (default memory)",
+                         "target": 10.0, "measured": ratio, "met": ratio >= 10.0})
+    tiny = step[(step.model == "resnet20-tiny") & (step.variant == "pipemare")]
+    for r in tiny.itertuples():
+        rows.append({"goal": f"pipemare whole step / plain step, {r.model} P={r.stages}",
+                     "target": 1.10, "measured": r.ratio, "met": r.ratio <= 1.10})
+        rows.append({"goal": f"pipemare (plain step + engine time) / plain step, {r.model} P={r.stages}",
+                     "target": 1.10, "measured": r.engine_ratio, "met": r.engine_ratio <= 1.10})
+    return pd.DataFrame(rows)
+
+
 def _table(df: pd.DataFrame, cols: Sequence[str]) -> str:
     return df[list(cols)].to_string(index=False, float_format=lambda v: f"{v:.3g}")
 
@@ -577,6 +683,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     step.to_csv(out / "step.csv", index=False)
     mem.to_csv(out / "memory.csv", index=False)
     hand.to_csv(out / "handrolled.csv", index=False)
+    tiny = table["resnet20-tiny"]
+    split = pd.DataFrame(breakdown(tiny, tiny.max_stages, rounds, 5, log=log))
+    split.to_csv(out / "breakdown.csv", index=False)
+    growth = None
     if not args.no_growth:
         spec = table["resnet20"]
         maxP = spec.max_stages
@@ -586,6 +696,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                                            log=log))
         growth.to_csv(out / "growth.csv", index=False)
         plot_growth(growth, out / "growth.png")
+    goal = goals(step, hand, growth)
+    goal.to_csv(out / "goals.csv", index=False)
     meta["load_after"] = os.getloadavg()[0]
     meta["seconds"] = time.perf_counter() - started
     (out / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
@@ -608,7 +720,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(_table(growth, ["axis", "value", "stages", "params", "dataflow_engine_ms", "pipemare_engine_ms",
                               "hand_engine_ms", "weights_copy_ms", "dataflow_bytes", "pipemare_bytes",
                               "pipemare_minimum_bytes", "hand_bytes"]))
-    print(f"\nwrote {out}/step.csv, memory.csv, handrolled.csv" + ("" if args.no_growth else ", growth.csv, growth.png")
+    print("\n5. where the engine time goes (engine-bound setting): the history's data movement "
+          "(cat/foreach copies) vs the rest")
+    print(_table(split, ["stages", "variant", "engine_ms", "moves_ms", "other_ms", "move_ops_per_step",
+                         "weights_copy_ms", "moves_in_copies"]))
+    print("\n6. goals (issue 11)")
+    print(_table(goal, ["goal", "target", "measured", "met"]))
+    print(f"\nwrote {out}/step.csv, memory.csv, handrolled.csv, breakdown.csv, goals.csv" + ("" if args.no_growth else ", growth.csv, growth.png")
           + f" in {meta['seconds']:.0f} s")
     return 0
 

@@ -1,11 +1,12 @@
 """The weight history: which past versions ``w_v`` each stage keeps, where, and how views are loaded.
 
 A :class:`History` alone owns the stored versions, the storage slots and the moves between the
-slots and the parameters. :class:`~staleopt.optimizer.PipelineOptimizer` drives it through five
+slots and the parameters. :class:`~staleopt.optimizer.PipelineOptimizer` drives it through these
 calls, and corrections read it through the :class:`StageView` protocol:
 
 ==========================  ==========================================================================
 ``load(targets)``           put version ``v_i`` (raw, or to be rewritten in place) into stage view ``i``
+``restore()``               put ``w_t`` back into the parameters
 ``push(t)``                 the parameters hold ``w_t`` at rest: store it, forget ``w_{t - H_i}``
 ``advance(t)``              the base step wrote ``w_t`` into the parameters (their only copy)
 ``stored(view, v)``         per-parameter tensors of stored version ``v`` (a correction may rewrite them)
@@ -107,10 +108,15 @@ class History:
 
     views: Tuple[StageView, ...]
     strategy: str
+    _t: int  # the current step: the parameters at rest hold w_t
 
     def load(self, targets: Sequence[Target]) -> List[StageView]:
         """Bring view ``i`` to ``targets[i] = (version, rewrite)``; return the views to rewrite in place."""
         raise NotImplementedError
+
+    def restore(self) -> None:
+        """Put the current weights ``w_t`` back into the parameters (raw)."""
+        self.load([(self._t, False)] * len(self.views))
 
     def push(self, t: int) -> None:
         """Store ``w_t`` (in the parameters, at rest) and forget what no later step needs."""
@@ -134,51 +140,20 @@ class History:
         raise NotImplementedError
 
 
-class _Slots:
-    """A view's slot bookkeeping in a :class:`SlotHistory`.
+class _Moves:
+    """The data movements of one round of a phase, collected over all views and run batched.
 
-    ``where`` maps a version ``v`` (``v < 0`` holds ``w_0``) to its slot; ``free`` lists the empty
-    slots; the parameters hold ``key = (version, rewritten)``; ``unique`` says no slot holds a copy
-    of it (then it may not be overwritten).
+    ``swaps`` lists ``(view, row)``: the parameters and that row exchange contents (through one
+    temporary buffer per device and dtype, :meth:`SlotHistory._swap`); then ``copies[0]``,
+    ``copies[1]``, ``copies[2]`` run in this order (each a pair of destination and source tensor
+    lists). Views touch disjoint memory, so batching over views is exact.
     """
 
-    __slots__ = ("where", "free", "key", "unique")
-
-    def __init__(self, depth: int, slots: int):
-        self.where: Dict[int, int] = {-a: a - 1 for a in range(1, depth + 1)}  # w_{-a} = w_0
-        self.free: List[int] = list(range(depth, slots))
-        self.key: Target = (0, False)
-        self.unique = True
-
-    def state(self) -> dict:
-        return {"where": dict(self.where), "free": list(self.free), "key": self.key, "unique": self.unique}
-
-    def load(self, state: dict) -> None:
-        self.where = {int(k): int(v) for k, v in state["where"].items()}
-        self.free, self.key, self.unique = list(state["free"]), tuple(state["key"]), bool(state["unique"])
-
-
-class _Moves:
-    """The data movements of one phase, collected over all views and run batched (in this order)."""
+    __slots__ = ("swaps", "copies")
 
     def __init__(self):
-        self.swap_params: List[torch.Tensor] = []  # parameters <-> slots
-        self.swap_slots: List[torch.Tensor] = []
-        self.swap_flat_params: List[List[torch.Tensor]] = []  # per view: its parameters, flattened
-        self.swap_rows: List[torch.Tensor] = []
-        self.save_dst: List[torch.Tensor] = []  # parameters -> a free slot (before they are overwritten)
-        self.save_src: List[torch.Tensor] = []
-        self.load_dst: List[torch.Tensor] = []  # a slot -> the parameters
-        self.load_src: List[torch.Tensor] = []
-        self.keep_dst: List[torch.Tensor] = []  # raw version -> a free slot, before a rewrite in place
-        self.keep_src: List[torch.Tensor] = []
-
-    def run(self, foreach: bool) -> None:
-        if self.swap_params:
-            _swap(self.swap_params, self.swap_slots, self.swap_flat_params, self.swap_rows, foreach)
-        _copy(self.save_dst, self.save_src, foreach)
-        _copy(self.load_dst, self.load_src, foreach)
-        _copy(self.keep_dst, self.keep_src, foreach)
+        self.swaps: List[Tuple[int, int]] = []
+        self.copies: Tuple[Tuple[list, list], ...] = (([], []), ([], []), ([], []))
 
 
 def _copy(dst: List[torch.Tensor], src: List[torch.Tensor], foreach: bool) -> None:
@@ -191,50 +166,37 @@ def _copy(dst: List[torch.Tensor], src: List[torch.Tensor], foreach: bool) -> No
             d.copy_(s)
 
 
-def _swap(params: List[torch.Tensor], slots: List[torch.Tensor], flat_params: List[List[torch.Tensor]],
-          rows: List[torch.Tensor], foreach: bool) -> None:
-    """Exchange the contents of the parameters and their slots: gather the parameters into one
-    temporary flat buffer per device and dtype, copy the slots into the parameters, then the
-    buffer into the slots' rows (``flat_params[k]`` and ``rows[k]``: view ``k``'s)."""
-    by: Dict[tuple, Tuple[List[torch.Tensor], List[torch.Tensor]]] = {}
-    for fs, row in zip(flat_params, rows):
-        gathered, rs = by.setdefault((row.device, row.dtype), ([], []))
-        gathered += fs
-        rs.append(row)
-    saved = [(torch.cat(fs), rs) for fs, rs in by.values()]
-    _copy(params, slots, foreach)
-    for flat, rs in saved:
-        _copy(rs, list(flat.split([r.numel() for r in rs])), foreach)
-
-
 class MoveStrategy:
-    """How a :class:`SlotHistory` moves a raw version into parameters that hold the only copy of another."""
+    """How a :class:`SlotHistory` lays out a view's slots and moves versions in and out of the parameters."""
 
     name: str = ""
 
-    def slots(self, depth: int, rewritten: bool) -> int:
-        """Slots of a view with history ``depth``; ``rewritten``: a correction rewrites its backward view."""
+    def rows(self, depth: int, rewritten: bool) -> Tuple[int, bool]:
+        """``(M, spare)``: version ``v`` lives in row ``v mod M``; ``spare``: one more row after them."""
         raise NotImplementedError
-
-    swaps: bool = False
 
 
 class SwapMoves(MoveStrategy):
-    """``memory="minimal"``: exactly ``H_i`` slots; the parameters trade places with the wanted slot."""
+    """``memory="minimal"``: ``M = H_i`` rows hold ``w_{t-H_i} .. w_{t-1}``; the parameters hold ``w_t``.
 
-    name, swaps = "minimal", True
+    Loading ``w_v`` swaps the parameters with row ``v mod H`` (which then holds ``w_t`` until the
+    parameters are restored); a view a correction rewrites keeps its raw version in the spare row.
+    """
 
-    def slots(self, depth, rewritten):
-        return depth + (1 if rewritten and depth else 0)
+    name = "minimal"
+
+    def rows(self, depth, rewritten):
+        return depth, rewritten and depth > 0
 
 
 class CopyMoves(MoveStrategy):
-    """``memory="fast"``: ``H_i + 1`` slots; the parameters' content is saved to the spare one, then overwritten."""
+    """``memory="fast"``: ``M = H_i + 1`` rows; when the parameters first leave ``w_t`` they are saved to
+    row ``t mod M`` (whose version expired), and every view is a plain copy from its row."""
 
-    name, swaps = "fast", False
+    name = "fast"
 
-    def slots(self, depth, rewritten):
-        return depth + 1 if depth else 0
+    def rows(self, depth, rewritten):
+        return (depth + 1 if depth else 0), False
 
 
 STRATEGIES = {s.name: s for s in (SwapMoves(), CopyMoves())}
@@ -243,21 +205,28 @@ STRATEGIES = {s.name: s for s in (SwapMoves(), CopyMoves())}
 class SlotHistory(History):
     """Exactly the versions the delays need, per view one ``(S_i, numel_i)`` buffer (module docstring).
 
-    ``depths[i]`` is stage ``i``'s ``H_i``; ``rewritten[i]`` says a correction may rewrite stage
-    ``i``'s backward view in place (one more slot for the raw version, :class:`SwapMoves`).
+    Version ``v`` lives in row ``v mod M_i`` (``v < 0`` is ``w_0``), so no table of slots is kept:
+    per view the history only tracks which version the parameters hold (``loaded``), whether it was
+    rewritten in place (``rewritten``) and, in ``"fast"`` mode, whether ``w_t`` was already saved to
+    its row (``saved``). ``depths[i]`` is stage ``i``'s ``H_i``; ``rewritten[i]`` says a correction may
+    rewrite stage ``i``'s backward view in place.
     """
 
     def __init__(self, partition, depths: Sequence[int], rewritten: Sequence[bool], strategy: MoveStrategy,
                  foreach: bool = True):
-        self._strategy, self._foreach = strategy, foreach
+        self._foreach = foreach
+        self._swaps = isinstance(strategy, SwapMoves)
         self.strategy = strategy.name
         self.views = tuple(make_views(self, partition, depths))
-        self._slots: List[_Slots] = []
-        self._slot_views: List[List[List[torch.Tensor]]] = []  # [view][slot] -> per-parameter tensors
-        self._rows: List[List[torch.Tensor]] = []  # [view][slot] -> the slot's flat row
+        self._t = 0
+        self._M: List[int] = []  # rows of the modular ring per view
+        self._spare: List[Optional[List[torch.Tensor]]] = []  # per view: the spare row's tensors
+        self._slot_views: List[List[List[torch.Tensor]]] = []  # [view][row] -> per-parameter tensors
+        self._rows: List[List[torch.Tensor]] = []  # [view][row] -> the row, flat
         self._flat: List[Optional[List[torch.Tensor]]] = []  # [view] -> 1-d aliases of the parameters
         for v in self.views:
-            S = strategy.slots(v.H, rewritten[v.stage])
+            M, spare = strategy.rows(v.H, rewritten[v.stage])
+            S = M + int(spare)
             views: List[List[torch.Tensor]] = []
             if S:
                 p0 = v.params[0]
@@ -265,115 +234,204 @@ class SlotHistory(History):
                 views = [v.split(v.ring[s]) for s in range(S)]
                 with torch.no_grad():
                     for s in range(S):
-                        torch._foreach_copy_(views[s], v.data)
-            self._slots.append(_Slots(v.H, S))
+                        torch._foreach_copy_(views[s], v.data)  # w_v = w_0 for v < 0
+            self._M.append(M)
+            self._spare.append(views[M] if spare else None)
             self._slot_views.append(views)
             self._rows.append([v.ring[s] for s in range(S)])
             contiguous = all(d.is_contiguous() for d in v.data)  # (else flattened at each swap: a copy)
             self._flat.append([d.view(-1) for d in v.data] if contiguous else None)
-        self._delayed = [v for v in self.views if v.ring is not None]
-        self.ptrs = [(v.params[0], v.params[0].data_ptr(), v.params[-1], v.params[-1].data_ptr()) for v in self.views]
+        self._delayed = [v.index for v in self.views if v.ring is not None]
+        n = len(self.views)
+        self._loaded, self._rewritten, self._saved = [0] * n, [False] * n, [False] * n
+        self._rest = True  # every view holds w_t, raw
+        self._swap_lists: Dict[tuple, tuple] = {}  # views swapped together -> their parameter lists
 
     # ------------------------------------------------------------------ API
     def load(self, targets):
-        moves, plans, rewrite = _Moves(), [], []
-        for v, s, (version, mod) in zip(self.views, self._slots, targets):
-            if s.key == (version, mod):
-                continue
-            plans.append((v, s, self._plan(v, s, version, mod, moves)))
-            if mod:
-                rewrite.append(v)
-        with torch.no_grad():
-            moves.run(self._foreach)
-        for v, s, after in plans:  # bookkeeping only once the data has moved
-            for version, slot in after[2]:
-                if slot is None:
-                    del s.where[version]
-                else:
-                    if slot in s.free:
-                        s.free.remove(slot)
-                    s.where[version] = slot
-            s.key, s.unique = after[0], after[1]
+        t = self._t
+        pending = [i for i in self._delayed if (self._loaded[i], self._rewritten[i]) != targets[i]]
+        for i in pending:
+            version = targets[i][0]
+            if not t - self.views[i].H <= version <= t:
+                raise CorrectionError(f"stage {self.views[i].stage}: weight version {version} is not stored at "
+                                      f"step {t}; this is a bug in a correction's delays (please report it)")
+        rewrite = [self.views[i] for i in pending if targets[i][1]]
+        while pending:  # at most two rounds: a view between two stale versions passes through w_t
+            moves, after = _Moves(), []
+            for i in pending:
+                after.append(self._plan_swap(i, targets[i], moves) if self._swaps else
+                             self._plan_copy(i, targets[i], moves))
+            self._run(moves)
+            for i, state in zip(pending, after):  # bookkeeping only once the data has moved
+                self._loaded[i], self._rewritten[i], self._saved[i] = state
+            pending = [i for i in pending if (self._loaded[i], self._rewritten[i]) != targets[i]]
+        self._rest = all(v == t and not m for v, m in targets)
         return rewrite
 
-    def _plan(self, v: StageView, s: _Slots, version: int, mod: bool, moves: _Moves):
-        """Queue the moves that bring view ``v`` to ``(version, mod)``; return its bookkeeping after them."""
-        key, unique, changes = s.key, s.unique, []
-        if key != (version, False):
-            slot = s.where.get(version)
-            if slot is None:
-                raise CorrectionError(f"stage {v.stage}: weight version {version} is no longer stored; this is a "
-                                      "bug in a correction's delays (please report it)")
-            if unique and self._strategy.swaps:  # the parameters hold the only copy: trade places
-                moves.swap_params += v.data
-                moves.swap_slots += self._slot_views[v.index][slot]
-                flat = self._flat[v.index]
-                moves.swap_flat_params.append(flat if flat is not None else [d.reshape(-1) for d in v.data])
-                moves.swap_rows.append(self._rows[v.index][slot])
-                changes += [(version, None), (key[0], slot)]
-            else:  # save the only copy to a free slot, or overwrite a duplicate / a rewritten view
-                if unique:
-                    spare = s.free[-1]
-                    moves.save_dst += self._slot_views[v.index][spare]
-                    moves.save_src += v.data
-                    changes.append((key[0], spare))
-                    unique = False
-                moves.load_dst += v.data
-                moves.load_src += self._slot_views[v.index][slot]
-            key = (version, False)
-        if mod:
-            if unique:  # keep the raw version before it is rewritten (after a save, never unique)
-                spare = s.free[-1]
-                moves.keep_dst += self._slot_views[v.index][spare]
-                moves.keep_src += v.data
-                changes.append((version, spare))
-            unique, key = False, (version, True)
-        return key, unique, changes
+    def _run(self, moves: _Moves) -> None:
+        with torch.no_grad():
+            if moves.swaps:
+                self._swap(moves.swaps)
+            for dst, src in moves.copies:
+                _copy(dst, src, self._foreach)
+
+    def _swap(self, swaps: List[Tuple[int, int]]) -> None:
+        """Exchange the parameters of view ``i`` with its row ``r`` for every ``(i, r)`` in ``swaps``:
+        gather the parameters into one temporary flat buffer per device and dtype (``torch.cat``),
+        copy the rows into the parameters, then the buffer into the rows. The lists that do not
+        depend on the rows are built once per set of views."""
+        key = tuple(i for i, _ in swaps)
+        fixed = self._swap_lists.get(key)
+        if fixed is None:
+            by: Dict[tuple, Tuple[List[int], List[int]]] = {}
+            for k, i in enumerate(key):
+                v = self.views[i]
+                pos, sizes = by.setdefault((v.params[0].device, v.params[0].dtype), ([], []))
+                pos.append(k)
+                sizes.append(v.numel)
+            params = [d for i in key for d in self.views[i].data]
+            groups = []
+            for pos, sizes in by.values():
+                idx = [key[k] for k in pos]
+                flat = None if any(self._flat[i] is None for i in idx) else [f for i in idx for f in self._flat[i]]
+                groups.append((pos, sizes, idx, flat))
+            fixed = self._swap_lists[key] = (params, groups)
+        params, groups = fixed
+        gathered = []
+        for pos, sizes, idx, flat in groups:  # (non-contiguous parameters are flattened by a copy)
+            gathered.append(torch.cat(flat if flat is not None else
+                                      [d.reshape(-1) for i in idx for d in self.views[i].data]))
+        _copy(params, [x for i, r in swaps for x in self._slot_views[i][r]], self._foreach)
+        for temp, (pos, sizes, _, _) in zip(gathered, groups):
+            rows = [self._rows[swaps[k][0]][swaps[k][1]] for k in pos]
+            if self._foreach:
+                torch.split_with_sizes_copy(temp, sizes, out=rows)
+            else:
+                for row, piece in zip(rows, temp.split(sizes)):
+                    row.copy_(piece)
+
+    def restore(self):
+        if not self._rest:
+            self.load([(self._t, False)] * len(self.views))
+
+    def _plan_swap(self, i: int, target: Target, moves: _Moves) -> Tuple[int, bool, bool]:
+        """One step of view ``i`` towards ``target`` (``"minimal"``); returns its state after it.
+
+        Where ``w_t`` is: in the parameters (``loaded == t``, raw), in the spare row (``loaded == t``,
+        rewritten) or in row ``loaded mod M`` (``loaded != t``, the row of the version the parameters hold).
+        """
+        t, L, mod, (v, m) = self._t, self._loaded[i], self._rewritten[i], target
+        data, M, spare = self.views[i].data, self._M[i], self._spare[i]
+        c1, c2, c3 = moves.copies
+        if L == t and not mod:  # at rest: swap in w_v, keep it raw in the spare row if it is rewritten
+            if v != t:
+                moves.swaps.append((i, v % M))
+            if m:
+                c1[0].extend(spare)
+                c1[1].extend(data)
+            return v, m, False
+        if L == t:  # rewritten w_t; the raw one is in the spare row
+            c1[0].extend(data)
+            c1[1].extend(spare)
+            return t, False, False
+        row = self._slot_views[i][L % M]  # holds w_t
+        if v == t and m and not mod:  # raw w_t to the parameters (to be rewritten) and the spare row
+            c1[0].extend(spare)
+            c1[1].extend(row)
+            c2[0].extend(row)
+            c2[1].extend(data)
+            c3[0].extend(data)
+            c3[1].extend(spare)
+            return t, True, False
+        if mod:  # w_t back to the parameters, the raw w_L back to its row
+            c1[0].extend(data)
+            c1[1].extend(row)
+            c2[0].extend(row)
+            c2[1].extend(spare)
+        else:  # trade places with the row holding w_t
+            moves.swaps.append((i, L % M))
+        return t, False, False
+
+    def _plan_copy(self, i: int, target: Target, moves: _Moves) -> Tuple[int, bool, bool]:
+        """View ``i`` to ``target`` (``"fast"``): save ``w_t`` to its row once, then copy the wanted row in."""
+        t, (v, m) = self._t, target
+        data, M, saved = self.views[i].data, self._M[i], self._saved[i]
+        c1, c2, _ = moves.copies
+        if not saved and (v != t or m):
+            c1[0].extend(self._slot_views[i][t % M])
+            c1[1].extend(data)
+            saved = True
+        if (self._loaded[i], self._rewritten[i]) != (v, False):
+            c2[0].extend(data)
+            c2[1].extend(self._slot_views[i][v % M])
+        return v, m, saved
 
     def push(self, t):
-        dst, src = [], []
-        for v in self._delayed:
-            s = self._slots[v.index]
-            expired = s.where.pop(t - v.H, None)  # w_{t-H} is not needed from step t+1 on
-            if expired is not None:
-                s.free.append(expired)
-            if s.unique:
-                slot = s.free.pop()
-                dst += self._slot_views[v.index][slot]
-                src += v.data
-                s.where[t] = slot
-        with torch.no_grad():
-            _copy(dst, src, self._foreach)
+        if t != self._t:
+            raise CorrectionError(f"the history is at step {self._t}, not {t}: push follows advance")
+        moves = _Moves()
+        dst, src = moves.copies[0]
+        for i in self._delayed:
+            if not self._saved[i]:
+                dst.extend(self._slot_views[i][t % self._M[i]])  # replaces w_{t-H} (fast: w_{t-H-1})
+                src.extend(self.views[i].data)
+                self._saved[i] = True
+        self._run(moves)
 
     def advance(self, t):
-        for s in self._slots:
-            s.key, s.unique = (t, False), True
+        n = len(self.views)
+        self._t, self._loaded, self._rewritten, self._saved, self._rest = t, [t] * n, [False] * n, [False] * n, True
 
     def stored(self, view, version):
-        return self._slot_views[view.index][self._slots[view.index].where[version]]
-
-    def slots_state(self, view: StageView) -> dict:
-        """The bookkeeping of ``view`` (``where``, ``free``, ``key``, ``unique``), for tests and checkpoints."""
-        return self._slots[view.index].state()
+        i = view.index
+        if not self._t - view.H <= version <= self._t or (version == self._t and not self._saved[i]):
+            raise CorrectionError(f"stage {view.stage}: weight version {version} is not stored at step {self._t}")
+        return self._slot_views[i][version % self._M[i]]
 
     @property
     def nbytes(self):
-        return sum(v.ring.numel() * v.ring.element_size() for v in self._delayed)
+        return sum(self.views[i].ring.numel() * self.views[i].ring.element_size() for i in self._delayed)
 
     def state_dict(self):
-        return {"strategy": self.strategy, "slots": [s.state() for s in self._slots],
-                "rings": [v.ring for v in self.views]}
+        return {"strategy": self.strategy, "t": self._t, "loaded": list(self._loaded),
+                "rewritten": list(self._rewritten), "saved": list(self._saved), "rings": [v.ring for v in self.views]}
 
     def load_state_dict(self, state):
-        if state.get("strategy", self.strategy) != self.strategy:
+        if "slots" in state:  # format 0: a table of slots per view
+            state = self._from_slot_tables(state)
+        if state["strategy"] != self.strategy:
             raise CheckpointError(f"the checkpoint's history was kept with memory={state['strategy']!r} but this "
                                   f"optimizer uses memory={self.strategy!r}: build it with the same memory mode")
         with torch.no_grad():
-            for v, s, st, ring in zip(self.views, self._slots, state["slots"], state["rings"]):
-                s.load(st)
+            for v, ring in zip(self.views, state["rings"]):
                 if v.ring is not None:
                     v.ring.copy_(ring)
+        self._t = int(state["t"])
+        self._loaded, self._rewritten, self._saved = (list(state[k]) for k in ("loaded", "rewritten", "saved"))
+        self._rest = all(v == self._t and not m for v, m in zip(self._loaded, self._rewritten))
 
-    def storage_moved(self) -> bool:
-        """Whether a parameter's storage changed since the history was built (``model.to(...)``)."""
-        return any(a.data_ptr() != pa or b.data_ptr() != pb for a, pa, b, pb in self.ptrs)
+    def _from_slot_tables(self, state: dict) -> dict:
+        """Format 0 (``where``/``free``/``key``/``unique`` per view, saved at rest) in today's layout."""
+        rings, saved, t = [], [], None
+        for v, slots, ring in zip(self.views, state["slots"], state["rings"]):
+            version, modified = slots["key"]
+            if modified or (t is not None and version != t):
+                raise CheckpointError("this format-0 checkpoint was not saved at rest (the parameters did not "
+                                      "hold w_t): save it with opt.state_dict(), which restores w_t first")
+            t = version
+            if ring is None:
+                rings.append(None)
+                saved.append(False)
+                continue
+            where = {int(k): int(s) for k, s in slots["where"].items()}
+            M = self._M[v.index]
+            new = torch.empty_like(ring)
+            for w, s in where.items():
+                if t - v.H <= w < t or (w == t and self.strategy == "fast"):
+                    new[w % M] = ring[s]
+            rings.append(new)
+            saved.append(self.strategy == "fast" and t in where)
+        n = len(self.views)
+        return {"strategy": self.strategy, "t": t or 0, "loaded": [t or 0] * n, "rewritten": [False] * n,
+                "saved": saved, "rings": rings}

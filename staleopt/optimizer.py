@@ -482,7 +482,7 @@ class PipelineOptimizer(torch.optim.Optimizer):
 
     def _restore(self) -> None:
         """Put ``w_t`` back into the parameters."""
-        self._history.load([(self._step, False)] * len(self._views))
+        self._history.restore()
 
     def _on_forward_start(self, module, args):
         if module.training and torch.is_grad_enabled():

@@ -89,8 +89,7 @@ def test_fast_engine_equals_the_reference_after_every_step(case, base):
             assert all(torch.equal(p, q) for p, q in zip(model.parameters(), ref_model.parameters())), \
                 f"{case}: weights differ after step {t}"
             for v, rv in zip(opt.chunks, ref.chunks):  # every version the fast history keeps
-                for version in opt.history.slots_state(v)["where"]:
-                    if version >= 0:
+                for version in range(max(opt.step_count - v.H, 0), opt.step_count):
                         assert all(torch.equal(a, b) for a, b in zip(v.stored(version), rv.stored(version)))
 
 
