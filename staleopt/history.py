@@ -242,6 +242,7 @@ class SlotHistory(History):
             contiguous = all(d.is_contiguous() for d in v.data)  # (else flattened at each swap: a copy)
             self._flat.append([d.view(-1) for d in v.data] if contiguous else None)
         self._delayed = [v.index for v in self.views if v.ring is not None]
+        self._H = [v.H for v in self.views]
         n = len(self.views)
         self._loaded, self._rewritten, self._saved = [0] * n, [False] * n, [False] * n
         self._rest = True  # every view holds w_t, raw
@@ -249,23 +250,34 @@ class SlotHistory(History):
 
     # ------------------------------------------------------------------ API
     def load(self, targets):
-        t = self._t
-        pending = [i for i in self._delayed if (self._loaded[i], self._rewritten[i]) != targets[i]]
+        t, loaded, rewritten = self._t, self._loaded, self._rewritten
+        pending = [i for i in self._delayed if (loaded[i], rewritten[i]) != targets[i]]
         for i in pending:
-            version = targets[i][0]
-            if not t - self.views[i].H <= version <= t:
-                raise CorrectionError(f"stage {self.views[i].stage}: weight version {version} is not stored at "
-                                      f"step {t}; this is a bug in a correction's delays (please report it)")
+            if not t - self._H[i] <= targets[i][0] <= t:
+                raise CorrectionError(f"stage {self.views[i].stage}: weight version {targets[i][0]} is not stored "
+                                      f"at step {t}; this is a bug in a correction's delays (please report it)")
         rewrite = [self.views[i] for i in pending if targets[i][1]]
         while pending:  # at most two rounds: a view between two stale versions passes through w_t
             moves, after = _Moves(), []
-            for i in pending:
-                after.append(self._plan_swap(i, targets[i], moves) if self._swaps else
-                             self._plan_copy(i, targets[i], moves))
-            self._run(moves)
-            for i, state in zip(pending, after):  # bookkeeping only once the data has moved
-                self._loaded[i], self._rewritten[i], self._saved[i] = state
-            pending = [i for i in pending if (self._loaded[i], self._rewritten[i]) != targets[i]]
+            if self._swaps:
+                rest = []
+                for i in pending:  # the common move, a raw version to or from w_t: one swap, in bulk
+                    v, m = targets[i]
+                    if not m and not rewritten[i] and (loaded[i] == t) != (v == t):
+                        moves.swaps.append((i, (v if loaded[i] == t else loaded[i]) % self._M[i]))
+                    else:
+                        rest.append(i)
+                after = [self._plan_swap(i, targets[i], moves) for i in rest]
+                self._run(moves)
+                for i, _ in moves.swaps:
+                    loaded[i] = targets[i][0]
+            else:
+                rest = pending
+                after = [self._plan_copy(i, targets[i], moves) for i in rest]
+                self._run(moves)
+            for i, state in zip(rest, after):  # bookkeeping only once the data has moved
+                loaded[i], rewritten[i], self._saved[i] = state
+            pending = [i for i in pending if (loaded[i], rewritten[i]) != targets[i]]
         self._rest = all(v == t and not m for v, m in targets)
         return rewrite
 

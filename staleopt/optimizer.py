@@ -240,6 +240,7 @@ class PipelineOptimizer(torch.optim.Optimizer):
         self._step = 0
         self._seen = set()  # which hooks fired during the current step
         self._plans: Optional[List[_PassPlan]] = None  # per pass of this step: delays and what to load
+        self._plan_cache: Dict[tuple, tuple] = {}  # delays -> the step-independent part of a plan
         self._check_parameters()
         self._check_declarations()
         for previous in _drivers([p for s in self._partition for p in s.params]):
@@ -454,7 +455,8 @@ class PipelineOptimizer(torch.optim.Optimizer):
                         raise CorrectionError(f"step {self._step} asked for delays ({tf[i]}, {tb[i]}) at stage {i}, "
                                               f"outside 0..{self._max_delays[0][i]}/{self._max_delays[1][i]}; a "
                                               "correction's delays(step=None) must bound its delays")
-                plans.append(_PassPlan(self._step, (list(tf), list(tb)), self._views, self._corrections))
+                plans.append(_PassPlan(self._step, (list(tf), list(tb)), self._views, self._corrections,
+                                       self._plan_cache))
             self._plans = plans
         return self._plans
 
@@ -709,7 +711,8 @@ class PipelineOptimizer(torch.optim.Optimizer):
         self._step = mine["step"]
         delays = mine["delays"]
         self._plans = None if delays is None else \
-            [_PassPlan(self._step, (list(f), list(b)), self._views, self._corrections) for f, b in delays]
+            [_PassPlan(self._step, (list(f), list(b)), self._views, self._corrections, self._plan_cache)
+             for f, b in delays]
         self._passes, self._pass = mine["passes"]
         self._generator.set_state(mine["generator"])
         for k, s in zip(self._corrections, mine["corrections"]):
@@ -746,15 +749,25 @@ def _upgrade(mine: dict) -> dict:
 class _PassPlan:
     """What one pass of step ``t`` loads: ``forward``/``backward`` are the history targets
     ``(version, rewritten)`` per view; ``rewriters`` pairs each correction that rewrites backward
-    views this pass with the indices of those views (declared by ``modifies_backward``)."""
+    views this pass with the indices of those views (declared by ``modifies_backward``). The part
+    that does not depend on ``t`` is computed once per set of delays (``cache``)."""
 
     __slots__ = ("delays", "forward", "backward", "rewriters")
 
     def __init__(self, t: int, delays: Tuple[List[int], List[int]], views: Sequence[StageView],
-                 corrections: Sequence[Correction]):
+                 corrections: Sequence[Correction], cache: Dict[tuple, tuple]):
         tf, tb = self.delays = delays
-        by_view = [[k for k in corrections if k.modifies_backward(v.stage, tf[v.stage], tb[v.stage])] for v in views]
-        self.forward = [(t - tf[v.stage], False) for v in views]
-        self.backward = [(t - tb[v.stage], bool(ks)) for v, ks in zip(views, by_view)]
-        self.rewriters = [(k, {v.index for v, ks in zip(views, by_view) if k in ks}) for k in corrections]
-        self.rewriters = [(k, idx) for k, idx in self.rewriters if idx]
+        key = (tuple(tf), tuple(tb))
+        rel = cache.get(key)
+        if rel is None:
+            if len(cache) >= 256:  # random schedules (Hogwild) draw new delays every step
+                cache.clear()
+            by_view = [[k for k in corrections if k.modifies_backward(v.stage, tf[v.stage], tb[v.stage])]
+                       for v in views]
+            rewriters = [(k, {v.index for v, ks in zip(views, by_view) if k in ks}) for k in corrections]
+            rel = cache[key] = ([tf[v.stage] for v in views],
+                                [(tb[v.stage], bool(ks)) for v, ks in zip(views, by_view)],
+                                [(k, idx) for k, idx in rewriters if idx])
+        self.forward = [(t - a, False) for a in rel[0]]
+        self.backward = [(t - a, m) for a, m in rel[1]]
+        self.rewriters = rel[2]

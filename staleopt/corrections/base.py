@@ -67,7 +67,8 @@ class Correction:
         return tau_fwd, tau_bkwd
 
     def modifies_backward(self, stage: int, tau_fwd: int, tau_bkwd: int) -> bool:
-        """Whether :meth:`backward_view` changes this stage's backward view this step."""
+        """Whether :meth:`backward_view` changes this stage's backward view under these delays (a
+        function of its arguments only: the engine caches the answer per set of delays)."""
         return False
 
     def backward_view(self, chunks: Sequence, delays: Delays) -> None:
