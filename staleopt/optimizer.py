@@ -251,6 +251,14 @@ class PipelineOptimizer(torch.optim.Optimizer):
         for c in self._corrections:
             tf, tb = c.delays(list(tf), list(tb), None)
         self._max_delays = (list(tf), list(tb))
+        self._schedule_delays = None  # per pass, before corrections (deterministic schedules: fixed)
+        if not self._schedule.random:
+            if self._microbatch_passes:
+                tf_ij, tb_ij = self._schedule.microbatch_delays(P, microbatches)
+                self._schedule_delays = [([row[j] for row in tf_ij], [row[j] for row in tb_ij])
+                                         for j in range(microbatches)]
+            else:
+                self._schedule_delays = [self._schedule.delays(P, microbatches)]
         rewritten = [any(c.rewrites_backward_view for c in self._corrections) and f != b for f, b in zip(tf, tb)]
         self._history: History = self._make_history([max(f, b) for f, b in zip(tf, tb)], rewritten)
         self._views = self._history.views
@@ -441,10 +449,8 @@ class PipelineOptimizer(torch.optim.Optimizer):
         """Delays and views of each pass of the current step: ``N`` with ``microbatch_passes``, else one."""
         if self._plans is None:
             P, N = self._partition.num_stages, self._microbatches
-            if self._microbatch_passes and not self._schedule.random:
-                tf_ij, tb_ij = self._schedule.microbatch_delays(P, N)
-                raw = [([row[j] for row in tf_ij], [row[j] for row in tb_ij]) for j in range(N)]
-            else:
+            raw = self._schedule_delays
+            if raw is None:  # a random schedule draws every step
                 raw = [self._schedule.sample(P, N, self._generator)]
             plans = []
             for tf, tb in raw:

@@ -113,3 +113,37 @@ def test_reference_checkpoint_round_trip_continues_identically():
             opt.step()
         runs.append([p.detach().clone() for p in model.parameters()])
     assert all(torch.equal(a, b) for a, b in zip(*runs))
+
+
+class _Odd(torch.nn.Module):
+    """A channels_last convolution and a 0-d parameter: tensors whose bytes a view cannot hold."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(2)
+        self.conv = torch.nn.Conv2d(3, 4, 3).double().to(memory_format=torch.channels_last)
+        self.scale = torch.nn.Parameter(torch.tensor(1.5, dtype=torch.float64))
+        self.head = torch.nn.Linear(4 * 4 * 4, 2).double()
+
+    def forward(self, x):
+        return self.head(self.conv(x * self.scale).flatten(1))
+
+
+@pytest.mark.parametrize("memory", ["minimal", "fast"])
+def test_non_contiguous_and_0d_parameters_swap_exactly(memory):
+    assert not _Odd().conv.weight.is_contiguous()
+    g = torch.Generator().manual_seed(3)
+    data = [(torch.randn(5, 3, 6, 6, generator=g, dtype=torch.float64), torch.randn(5, 2, generator=g,
+                                                                                      dtype=torch.float64))
+            for _ in range(7)]
+    runs = []
+    for cls in (ReferencePipelineOptimizer, staleopt.PipelineOptimizer):
+        model = _Odd()
+        opt = cls(model, torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9), stages=3,
+                  schedule="pipemare", method_args=ARGS["pipemare"], memory=memory)
+        for x, y in data:
+            opt.zero_grad()
+            mse(model(x), y).backward()
+            opt.step()
+        runs.append([p.detach().clone() for p in model.parameters()])
+    assert all(torch.equal(a, b) for a, b in zip(*runs))
