@@ -553,7 +553,7 @@ class MoveClock:
     (``torch.cat``, ``torch._foreach_copy_``, ``torch.split_with_sizes_copy``), timed by putting a
     timing proxy in place of the ``torch`` name inside that module while it is active."""
 
-    OPS = ("cat", "_foreach_copy_", "split_with_sizes_copy", "_foreach_add_", "_foreach_sub_", "_foreach_neg_")
+    OPS = ("cat", "_foreach_copy_", "split_with_sizes_copy")
 
     def __init__(self):
         self.seconds, self.calls = 0.0, 0

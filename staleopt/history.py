@@ -19,20 +19,20 @@ contiguous buffer of ``S_i`` slots per stage chunk. How a raw version reaches th
 the parameters hold the only copy of another is the memory strategy's choice:
 
 * :class:`SwapMoves` (``memory="minimal"``, the default): ``S_i = H_i``; the parameters trade
-  places with the slot, in place (an exact swap on the bytes, no temporary buffer), so the
-  current weights ``w_t`` never need a slot of their own;
+  places with the slot (three copies through a temporary buffer of the moved weights, freed at
+  once), so the current weights ``w_t`` never need a slot of their own;
 * :class:`CopyMoves` (``memory="fast"``): ``S_i = H_i + 1``; the parameters' content is saved to
-  the slot of the version that just expired and the wanted version copied in (two copies, and
-  ``push`` is then free).
+  the spare slot and the wanted version copied in (two copies, and ``push`` is then free).
 
 Either way a stage whose backward view a correction rewrites in place (T2) keeps one free slot for
-the raw version it rewrites. Every move of one phase is batched over all stages: a few
-``torch._foreach_*`` calls over flat lists, whatever the number of tensors.
+the raw version it rewrites. Every move of one phase is batched over all stages: one
+``torch.cat`` and ``torch._foreach_copy_`` calls over flat lists, whatever the number of tensors.
 :class:`staleopt.reference.ReferenceHistory` is the readable version (every version kept, views
 copied) that this one is tested against step by step.
 """
 from __future__ import annotations
 
+from itertools import chain
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
@@ -144,8 +144,8 @@ class History:
 class _Moves:
     """The data movements of one round of a phase, collected over all views and run batched.
 
-    ``swaps`` lists ``(view, row)``: the parameters and that row exchange contents in place
-    (:meth:`SlotHistory._swap`); then ``copies[0]``,
+    ``swaps`` lists ``(view, row)``: the parameters and that row exchange contents (through one
+    temporary buffer per device and dtype, :meth:`SlotHistory._swap`); then ``copies[0]``,
     ``copies[1]``, ``copies[2]`` run in this order (each a pair of destination and source tensor
     lists). Views touch disjoint memory, so batching over views is exact.
     """
@@ -165,14 +165,6 @@ def _copy(dst: List[torch.Tensor], src: List[torch.Tensor], foreach: bool) -> No
     else:
         for d, s in zip(dst, src):
             d.copy_(s)
-
-
-def _bytes(t: torch.Tensor) -> Optional[torch.Tensor]:
-    """The bytes of ``t`` as a ``uint8`` view, or None where a view cannot have them (0-d, or the last
-    dimension not contiguous)."""
-    if t.dim() == 0 or t.stride(-1) != 1:
-        return None
-    return torch.view_as_real(t).view(torch.uint8) if t.is_complex() else t.view(torch.uint8)
 
 
 class MoveStrategy:
@@ -231,9 +223,8 @@ class SlotHistory(History):
         self._M: List[int] = []  # rows of the modular ring per view
         self._spare: List[Optional[List[torch.Tensor]]] = []  # per view: the spare row's tensors
         self._slot_views: List[List[List[torch.Tensor]]] = []  # [view][row] -> per-parameter tensors
-        self._bytes: List[List[torch.Tensor]] = []  # [view] -> uint8 views of the parameters (for swaps)
-        self._slot_bytes: List[List[List[torch.Tensor]]] = []  # [view][row] -> uint8 views of the row
-        self._odd: List[List[int]] = []  # [view] -> parameters whose bytes cannot be viewed
+        self._rows: List[List[torch.Tensor]] = []  # [view][row] -> the row, flat
+        self._flat: List[Optional[List[torch.Tensor]]] = []  # [view] -> 1-d aliases of the parameters
         for v in self.views:
             M, spare = strategy.rows(v.H, rewritten[v.stage])
             S = M + int(spare)
@@ -248,15 +239,15 @@ class SlotHistory(History):
             self._M.append(M)
             self._spare.append(views[M] if spare else None)
             self._slot_views.append(views)
-            odd = [k for k, d in enumerate(v.data) if _bytes(d) is None]  # swapped through a copy
-            self._odd.append(odd)
-            self._bytes.append([_bytes(d) for k, d in enumerate(v.data) if k not in odd])
-            self._slot_bytes.append([[_bytes(x) for k, x in enumerate(row) if k not in odd] for row in views])
+            self._rows.append([v.ring[s] for s in range(S)])
+            contiguous = all(d.is_contiguous() for d in v.data)  # (else flattened at each swap: a copy)
+            self._flat.append([d.view(-1) for d in v.data] if contiguous else None)
         self._delayed = [v.index for v in self.views if v.ring is not None]
         self._H = [v.H for v in self.views]
         n = len(self.views)
         self._loaded, self._rewritten, self._saved = [0] * n, [False] * n, [False] * n
         self._rest = True  # every view holds w_t, raw
+        self._swap_lists: Dict[tuple, tuple] = {}  # views swapped together -> their parameter lists
 
     # ------------------------------------------------------------------ API
     def load(self, targets):
@@ -299,31 +290,39 @@ class SlotHistory(History):
                 _copy(dst, src, self._foreach)
 
     def _swap(self, swaps: List[Tuple[int, int]]) -> None:
-        """Exchange the parameters of view ``i`` with its row ``r`` for every ``(i, r)`` in ``swaps``, in
-        place and exactly, on the bytes (``uint8`` views, arithmetic mod 256; no temporary buffer)::
-
-            a += b;  b -= a;  b = -b;  a -= b        # a, b := b, a
-
-        four ``torch._foreach_*`` calls over all the tensors. A tensor whose bytes cannot be viewed
-        (a 0-d or non-contiguous parameter, e.g. channels_last) is swapped through a temporary copy."""
-        a = [x for i, _ in swaps for x in self._bytes[i]]
-        b = [x for i, r in swaps for x in self._slot_bytes[i][r]]
-        if self._foreach:
-            torch._foreach_add_(a, b)
-            torch._foreach_sub_(b, a)
-            torch._foreach_neg_(b)
-            torch._foreach_sub_(a, b)
-        else:
-            for x, y in zip(a, b):
-                x.add_(y)
-                y.sub_(x).neg_()
-                x.sub_(y)
-        for i, r in swaps:
-            for k in self._odd[i]:
-                d, slot = self.views[i].data[k], self._slot_views[i][r][k]
-                saved = d.clone()
-                d.copy_(slot)
-                slot.copy_(saved)
+        """Exchange the parameters of view ``i`` with its row ``r`` for every ``(i, r)`` in ``swaps``:
+        gather the parameters into one temporary flat buffer per device and dtype (``torch.cat``),
+        copy the rows into the parameters, then the buffer into the rows. The lists that do not
+        depend on the rows are built once per set of views."""
+        key = tuple(i for i, _ in swaps)
+        fixed = self._swap_lists.get(key)
+        if fixed is None:
+            by: Dict[tuple, Tuple[List[int], List[int]]] = {}
+            for k, i in enumerate(key):
+                v = self.views[i]
+                pos, sizes = by.setdefault((v.params[0].device, v.params[0].dtype), ([], []))
+                pos.append(k)
+                sizes.append(v.numel)
+            params = [d for i in key for d in self.views[i].data]
+            groups = []
+            for pos, sizes in by.values():
+                idx = [key[k] for k in pos]
+                flat = None if any(self._flat[i] is None for i in idx) else [f for i in idx for f in self._flat[i]]
+                groups.append((pos, sizes, idx, flat))
+            fixed = self._swap_lists[key] = (params, groups)
+        params, groups = fixed
+        gathered = []
+        for pos, sizes, idx, flat in groups:  # (non-contiguous parameters are flattened by a copy)
+            gathered.append(torch.cat(flat if flat is not None else
+                                      [d.reshape(-1) for i in idx for d in self.views[i].data]))
+        _copy(params, list(chain.from_iterable(self._slot_views[i][r] for i, r in swaps)), self._foreach)
+        for temp, (pos, sizes, _, _) in zip(gathered, groups):
+            rows = [self._rows[swaps[k][0]][swaps[k][1]] for k in pos]
+            if self._foreach:
+                torch.split_with_sizes_copy(temp, sizes, out=rows)
+            else:
+                for row, piece in zip(rows, temp.split(sizes)):
+                    row.copy_(piece)
 
     def restore(self):
         if not self._rest:
