@@ -1,7 +1,7 @@
 """Per-stage step sizes (T1) over the base optimizer's parameter groups, keeping the optimizer's group state."""
 from __future__ import annotations
 
-from typing import Dict, List, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import torch
 
@@ -40,6 +40,7 @@ class StageGroups:
         self._users: List[dict] = []
         self._splits: List[_Split] = []
         self._own = False
+        self._stepped: Optional[List[dict]] = None  # the group list the base optimizer steps over
 
     def _sync(self, groups: List[dict]) -> List[_Split]:
         """Splits of ``groups``, reusing those of user groups seen before (same dict object)."""
@@ -78,24 +79,26 @@ class StageGroups:
         if not self._own and all(f == 1.0 for f in factors):
             base.step()
             return
-        given = []
         for sp in splits:
-            g = sp.group
-            for k, v in sp.user.items():
-                if k != "params" and (k not in sp.own or v is not sp.shown.get(k)):
+            g, own, user = sp.group, sp.own, sp.user
+            for k, v in user.items():
+                if k != "params" and (k not in own or v is not sp.shown.get(k)):
                     g[k] = v
-            g["lr"] = sp.user["lr"] * (factors[sp.stage] if sp.stage >= 0 else 1.0)
-            given.append(dict(g))
-        base.param_groups = [sp.group for sp in splits]
+            g["lr"] = user["lr"] * (factors[sp.stage] if sp.stage >= 0 else 1.0)
+        if self._stepped is None or len(self._stepped) != len(splits) or \
+                any(a is not sp.group for a, sp in zip(self._stepped, splits)):
+            self._stepped = [sp.group for sp in splits]
+        base.param_groups = self._stepped
         try:
             base.step()
         finally:
             base.param_groups = groups
         shown = set()
-        for sp, before in zip(splits, given):
+        for sp in splits:  # a key the step wrote (not the value set from the user's group) becomes own
+            own, user = sp.own, sp.user
             for k, v in sp.group.items():
-                if k != "lr" and (k not in before or before[k] is not v):
-                    sp.own.add(k)
+                if k not in own and k != "lr" and k != "params" and (k not in user or user[k] is not v):
+                    own.add(k)
                     self._own = True
             if sp.own and id(sp.shown) not in shown:  # the first stage of a user group shows its own keys
                 shown.add(id(sp.shown))
