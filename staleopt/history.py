@@ -261,17 +261,36 @@ class SlotHistory(History):
         while pending:  # at most two rounds: a view between two stale versions passes through w_t
             moves, after = _Moves(), []
             if self._swaps:
-                rest = []
-                for i in pending:  # the common move, a raw version to or from w_t: one swap, in bulk
+                rest, done = [], []
+                c1, c2, c3 = moves.copies
+                for i in pending:  # the moves of every step, in bulk; the rare ones in _plan_swap
                     v, m = targets[i]
-                    if not m and not rewritten[i] and (loaded[i] == t) != (v == t):
-                        moves.swaps.append((i, (v if loaded[i] == t else loaded[i]) % self._M[i]))
-                    else:
-                        rest.append(i)
+                    L = loaded[i]
+                    if not rewritten[i]:
+                        if not m and (L == t) != (v == t):  # a raw version to or from w_t: one swap
+                            moves.swaps.append((i, (v if L == t else L) % self._M[i]))
+                            done.append(i)
+                            continue
+                        if m and v == t and L != t:  # raw w_t to the parameters (to rewrite) and the spare row
+                            row, data, spare = self._slot_views[i][L % self._M[i]], self.views[i].data, self._spare[i]
+                            c1[0].extend(spare)
+                            c1[1].extend(row)
+                            c2[0].extend(row)
+                            c2[1].extend(data)
+                            c3[0].extend(data)
+                            c3[1].extend(spare)
+                            done.append(i)
+                            continue
+                    elif L == t and v == t and not m:  # rewritten w_t back to raw, from the spare row
+                        c1[0].extend(self.views[i].data)
+                        c1[1].extend(self._spare[i])
+                        done.append(i)
+                        continue
+                    rest.append(i)
                 after = [self._plan_swap(i, targets[i], moves) for i in rest]
                 self._run(moves)
-                for i, _ in moves.swaps:
-                    loaded[i] = targets[i][0]
+                for i in done:
+                    loaded[i], rewritten[i] = targets[i]
             else:
                 rest = pending
                 after = [self._plan_copy(i, targets[i], moves) for i in rest]
