@@ -3,7 +3,10 @@
     python experiments/bench_overhead.py --out runs/bench            # `make bench`: a few minutes
     python experiments/bench_overhead.py --out /tmp/bench --quick    # smoke run: seconds, measures nothing
 
-Everything runs in one process and is reported as ratios:
+Everything runs in one process and is reported as ratios. Durations are the
+main thread's CPU time (``time.thread_time``; torch runs on that one thread),
+so other jobs on a shared machine do not count; the load average before and
+after is recorded in ``meta.json``.
 
 1. **Step time.** A whole training step (``zero_grad``, forward, backward, ``step``)
    with the wrapper against the base optimizer alone, same model, batch and
@@ -95,6 +98,10 @@ from staleopt.corrections import DiscrepancyCorrection, WeightPrediction
 __all__ = ["main", "HandRolled", "EngineClock", "new_storage_bytes", "minimum_bytes", "ModelSpec", "MODELS"]
 
 METHODS = ("pipemare", "pipedream", "pipeoptim")
+#: Every duration is this thread's CPU time, not wall time: the machine is shared, and a job waiting
+#: for a core would otherwise count other jobs' work (torch runs on this thread with --threads 1;
+#: with more threads main() switches to wall time, which counts the worker threads' work).
+clock = time.thread_time
 HAND = {"dataflow": ("dataflow", False), "pipedream": ("1f1b", True)}  # hand-rolled name -> (schedule, stashing)
 
 
@@ -154,19 +161,19 @@ class EngineClock:
         orig = base.step
 
         def timed_step(*args, **kwargs):
-            t = time.perf_counter()
+            t = clock()
             try:
                 return orig(*args, **kwargs)
             finally:
-                self.base_step += time.perf_counter() - t
+                self.base_step += clock() - t
 
         base.step = timed_step
 
     def _start(self, *args):
-        self._t0 = time.perf_counter()
+        self._t0 = clock()
 
     def _stop(self, *args):
-        self.seconds += time.perf_counter() - self._t0
+        self.seconds += clock() - self._t0
 
     def _outputs(self, output):
         return [t for t in torch.utils._pytree.tree_flatten(output)[0]
@@ -175,10 +182,10 @@ class EngineClock:
     def _fwd_start(self, module, args, output):
         for t in self._outputs(output):
             t.register_hook(lambda g: self._start())
-        self._t0 = time.perf_counter()
+        self._t0 = clock()
 
     def _fwd_stop(self, module, args, output):
-        self.seconds += time.perf_counter() - self._t0
+        self.seconds += clock() - self._t0
         for t in self._outputs(output):
             t.register_hook(lambda g: self._stop())
 
@@ -212,23 +219,23 @@ class HandRolled:
             p.data.copy_(h[-1 - min(tau, len(h) - 1)][name])
 
     def train_step(self, x, y, loss_fn) -> torch.Tensor:
-        t0 = time.perf_counter()
+        t0 = clock()
         self.history.append(copy.deepcopy(self.model.state_dict()))
         self._load(1)
-        t1 = time.perf_counter()
+        t1 = clock()
         self.base.zero_grad()
         loss = loss_fn(self.model(x), y)
-        t2 = time.perf_counter()
+        t2 = clock()
         if self.stale_backward:
             self._load(2)
         else:
             self._load(0)
-        t3 = time.perf_counter()
+        t3 = clock()
         loss.backward()
-        t4 = time.perf_counter()
+        t4 = clock()
         if self.stale_backward:
             self._load(0)
-        t5 = time.perf_counter()
+        t5 = clock()
         self.base.step()
         self.seconds += (t1 - t0) + (t3 - t2) + (t5 - t4)
         return loss
@@ -320,9 +327,9 @@ class Variant:
         opt = self.opt or self.base
         opt.zero_grad()
         F.cross_entropy(self.model(self.x), self.y).backward()
-        t = time.perf_counter()
+        t = clock()
         opt.step()
-        self._step_s += time.perf_counter() - t
+        self._step_s += clock() - t
 
     step = _train_step
 
@@ -346,10 +353,10 @@ class Variant:
     def timed_steps(self, n: int) -> float:
         """Mean seconds of ``n`` whole steps; records the engine time per step too."""
         self.reset()
-        t0 = time.perf_counter()
+        t0 = clock()
         for _ in range(n):
             self._train_step()
-        total = (time.perf_counter() - t0) / n
+        total = (clock() - t0) / n
         self.rounds_s.append(total)
         self.engine_s.append(self.engine_seconds() / n)
         self.base_s.append(self.clock.base_step / n if self.clock else 0.0)
@@ -374,9 +381,9 @@ def weights_copy_seconds(model: nn.Module, repeats: int = 20) -> float:
     other = [p.clone() for p in params]
     best = math.inf
     for _ in range(repeats):
-        t = time.perf_counter()
+        t = clock()
         torch._foreach_copy_(params, other)
-        best = min(best, time.perf_counter() - t)
+        best = min(best, clock() - t)
     torch._foreach_copy_(params, other)  # leave the model's weights as they were (other is a copy)
     return best
 
@@ -565,11 +572,11 @@ class MoveClock:
             return attr
 
         def timed(*args, **kwargs):
-            t = time.perf_counter()
+            t = clock()
             try:
                 return attr(*args, **kwargs)
             finally:
-                self.seconds += time.perf_counter() - t
+                self.seconds += clock() - t
                 self.calls += 1
         return timed
 
@@ -659,8 +666,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                          "time does not depend on it, the compute does)")
     ap.add_argument("--no-growth", action="store_true", help="skip the growth section")
     args = ap.parse_args(argv)
+    global clock
     if args.threads:
         torch.set_num_threads(args.threads)
+    clock = time.thread_time if torch.get_num_threads() == 1 else time.perf_counter
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     table = QUICK if args.quick else MODELS
@@ -674,7 +683,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     meta = {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
             "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.processor() or platform.system()}",
             "torch": torch.__version__, "threads": torch.get_num_threads(), "rounds": rounds,
-            "load_before": os.getloadavg()[0], "quick": args.quick}
+            "load_before": os.getloadavg()[0], "quick": args.quick,
+            "clock": "thread CPU time" if clock is time.thread_time else "wall time"}
     torch.manual_seed(0)
     step_rows, mem_rows, hand_rows = [], [], []
     for key in keys:
@@ -708,7 +718,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     (out / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
 
     print(f"staleopt overhead benchmark — {meta['date']}, {meta['machine']}, torch {meta['torch']}, "
-          f"{meta['threads']} threads, load {meta['load_before']:.2f}->{meta['load_after']:.2f}")
+          f"{meta['threads']} threads, load {meta['load_before']:.2f}->{meta['load_after']:.2f}, times: {meta['clock']}")
     print("\n1. whole training step vs the base optimizer alone (max P; ratio = median over rounds [IQR]);"
           "\n   engine_ms = the simulator's own time per step, timed directly")
     print(_table(step, ["model", "stages", "variant", "plain_ms", "ratio", "ratio_q1", "ratio_q3", "engine_ms",

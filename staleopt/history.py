@@ -291,10 +291,23 @@ class SlotHistory(History):
                 self._run(moves)
                 for i in done:
                     loaded[i], rewritten[i] = targets[i]
-            else:
-                rest = pending
-                after = [self._plan_copy(i, targets[i], moves) for i in rest]
+            else:  # save w_t to its row once, then copy the wanted row in
+                rest, after, saved = [], [], self._saved
+                c1, c2, _ = moves.copies
+                newly = [i for i in pending if not saved[i] and (targets[i][0] != t or targets[i][1])]
+                for i in newly:
+                    c1[0].extend(self._slot_views[i][t % self._M[i]])
+                    c1[1].extend(self.views[i].data)
+                for i in pending:
+                    v = targets[i][0]
+                    if loaded[i] != v or rewritten[i]:
+                        c2[0].extend(self.views[i].data)
+                        c2[1].extend(self._slot_views[i][v % self._M[i]])
                 self._run(moves)
+                for i in newly:
+                    saved[i] = True
+                for i in pending:
+                    loaded[i], rewritten[i] = targets[i]
             for i, state in zip(rest, after):  # bookkeeping only once the data has moved
                 loaded[i], rewritten[i], self._saved[i] = state
             pending = [i for i in pending if (loaded[i], rewritten[i]) != targets[i]]
@@ -384,20 +397,6 @@ class SlotHistory(History):
         else:  # trade places with the row holding w_t
             moves.swaps.append((i, L % M))
         return t, False, False
-
-    def _plan_copy(self, i: int, target: Target, moves: _Moves) -> Tuple[int, bool, bool]:
-        """View ``i`` to ``target`` (``"fast"``): save ``w_t`` to its row once, then copy the wanted row in."""
-        t, (v, m) = self._t, target
-        data, M, saved = self.views[i].data, self._M[i], self._saved[i]
-        c1, c2, _ = moves.copies
-        if not saved and (v != t or m):
-            c1[0].extend(self._slot_views[i][t % M])
-            c1[1].extend(data)
-            saved = True
-        if (self._loaded[i], self._rewritten[i]) != (v, False):
-            c2[0].extend(data)
-            c2[1].extend(self._slot_views[i][v % M])
-        return v, m, saved
 
     def push(self, t):
         if t != self._t:

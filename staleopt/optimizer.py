@@ -264,8 +264,8 @@ class PipelineOptimizer(torch.optim.Optimizer):
         self._views = self._history.views
         self._stored = [v for v in self._views if v.H]  # the views whose versions the history keeps
         self._pending: Optional[dict] = None  # the "staleopt" entry between the two load hooks
-        self._ptrs = [(v.params[0], v.params[0].data_ptr(), v.params[-1], v.params[-1].data_ptr())
-                      for v in self._views]
+        self._ptr_params = [p for v in self._views for p in (v.params[0], v.params[-1])]
+        self._ptrs = [p.data_ptr() for p in self._ptr_params]  # where the parameters' storage was
         self._device_type = self._views[0].params[0].device.type
         self._autocast_outside = False  # autocast was on when the latest training forward began
         self._stage_of_param = {id(p): s.index for s in self._partition for p in s.params}
@@ -494,7 +494,7 @@ class PipelineOptimizer(torch.optim.Optimizer):
 
     def _on_forward_start(self, module, args):
         if module.training and torch.is_grad_enabled():
-            self._seen |= {"forward"}
+            self._seen.add("forward")
             if self._microbatch_passes:
                 if self._passes >= self._microbatches:
                     raise LoopError(f"microbatch_passes=True expects at most N={self._microbatches} training "
@@ -537,9 +537,9 @@ class PipelineOptimizer(torch.optim.Optimizer):
         return plan.delays[0] != plan.delays[1] or bool(plan.rewriters)
 
     def _on_backward_start(self, grad):
-        self._seen |= {"backward"}
+        self._seen.add("backward")
         if "backward-pending" not in self._seen:
-            self._seen |= {"backward-pending"}
+            self._seen.add("backward-pending")
             queue_callback(_Callback(self._on_backward_end))
         self._load(backward=True)
 
@@ -590,7 +590,7 @@ class PipelineOptimizer(torch.optim.Optimizer):
                             "the PipelineOptimizer after setting requires_grad")
 
     def _check_storage(self) -> None:
-        if any(a.data_ptr() != pa or b.data_ptr() != pb for a, pa, b, pb in self._ptrs):
+        if [p.data_ptr() for p in self._ptr_params] != self._ptrs:
             raise LoopError("the model's parameters were moved or replaced after the PipelineOptimizer "
                             "was built (e.g. model.to(device) or load_state_dict(assign=True)): build "
                             "the optimizer after the model is on its device")
