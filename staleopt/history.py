@@ -33,7 +33,7 @@ copied) that this one is tested against step by step.
 from __future__ import annotations
 
 from itertools import chain
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 from torch import nn
@@ -176,18 +176,102 @@ class MoveStrategy:
         """``(M, spare)``: version ``v`` lives in row ``v mod M``; ``spare``: one more row after them."""
         raise NotImplementedError
 
+    def plan(self, history: "SlotHistory", pending: List[int], targets: Sequence[Target],
+             moves: _Moves) -> Callable[[], None]:
+        """Queue into ``moves`` one round of moves towards ``targets`` for the views ``pending``;
+        return the bookkeeping to apply once the moves ran (the history's ``loaded``/``rewritten``/
+        ``saved``). Views not at their target after it get another round."""
+        raise NotImplementedError
+
 
 class SwapMoves(MoveStrategy):
     """``memory="minimal"``: ``M = H_i`` rows hold ``w_{t-H_i} .. w_{t-1}``; the parameters hold ``w_t``.
 
     Loading ``w_v`` swaps the parameters with row ``v mod H`` (which then holds ``w_t`` until the
     parameters are restored); a view a correction rewrites keeps its raw version in the spare row.
+    Where ``w_t`` is: in the parameters (``loaded == t``, raw), in the spare row (``loaded == t``,
+    rewritten) or in row ``loaded mod M`` (``loaded != t``).
     """
 
     name = "minimal"
 
     def rows(self, depth, rewritten):
         return depth, rewritten and depth > 0
+
+    def plan(self, h, pending, targets, moves):
+        t, loaded, rewritten = h._t, h._loaded, h._rewritten
+        rest, done = [], []
+        c1, c2, c3 = moves.copies
+        for i in pending:  # the moves of every step, in bulk; the rare ones in _one
+            v, m = targets[i]
+            L = loaded[i]
+            if not rewritten[i]:
+                if not m and (L == t) != (v == t):  # a raw version to or from w_t: one swap
+                    moves.swaps.append((i, (v if L == t else L) % h._M[i]))
+                    done.append(i)
+                    continue
+                if m and v == t and L != t:  # raw w_t to the parameters (to rewrite) and the spare row
+                    row, data, spare = h._slot_views[i][L % h._M[i]], h.views[i].data, h._spare[i]
+                    c1[0].extend(spare)
+                    c1[1].extend(row)
+                    c2[0].extend(row)
+                    c2[1].extend(data)
+                    c3[0].extend(data)
+                    c3[1].extend(spare)
+                    done.append(i)
+                    continue
+            elif L == t and v == t and not m:  # rewritten w_t back to raw, from the spare row
+                c1[0].extend(h.views[i].data)
+                c1[1].extend(h._spare[i])
+                done.append(i)
+                continue
+            rest.append(i)
+        after = [self._one(h, i, targets[i], moves) for i in rest]
+
+        def commit():
+            for i in done:
+                loaded[i], rewritten[i] = targets[i]
+            for i, (version, mod, _) in zip(rest, after):
+                loaded[i], rewritten[i] = version, mod
+        return commit
+
+    def _one(self, h: "SlotHistory", i: int, target: Target, moves: _Moves) -> Tuple[int, bool, bool]:
+        """One step of view ``i`` towards ``target`` (``"minimal"``); returns its state after it.
+
+        Where ``w_t`` is: in the parameters (``loaded == t``, raw), in the spare row (``loaded == t``,
+        rewritten) or in row ``loaded mod M`` (``loaded != t``, the row of the version the parameters hold).
+        """
+        t, L, mod, (v, m) = h._t, h._loaded[i], h._rewritten[i], target
+        data, M, spare = h.views[i].data, h._M[i], h._spare[i]
+        c1, c2, c3 = moves.copies
+        if L == t and not mod:  # at rest: swap in w_v, keep it raw in the spare row if it is rewritten
+            if v != t:
+                moves.swaps.append((i, v % M))
+            if m:
+                c1[0].extend(spare)
+                c1[1].extend(data)
+            return v, m, False
+        if L == t:  # rewritten w_t; the raw one is in the spare row
+            c1[0].extend(data)
+            c1[1].extend(spare)
+            return t, False, False
+        row = h._slot_views[i][L % M]  # holds w_t
+        if v == t and m and not mod:  # raw w_t to the parameters (to be rewritten) and the spare row
+            c1[0].extend(spare)
+            c1[1].extend(row)
+            c2[0].extend(row)
+            c2[1].extend(data)
+            c3[0].extend(data)
+            c3[1].extend(spare)
+            return t, True, False
+        if mod:  # w_t back to the parameters, the raw w_L back to its row
+            c1[0].extend(data)
+            c1[1].extend(row)
+            c2[0].extend(row)
+            c2[1].extend(spare)
+        else:  # trade places with the row holding w_t
+            moves.swaps.append((i, L % M))
+        return t, False, False
 
 
 class CopyMoves(MoveStrategy):
@@ -198,6 +282,26 @@ class CopyMoves(MoveStrategy):
 
     def rows(self, depth, rewritten):
         return (depth + 1 if depth else 0), False
+
+    def plan(self, h, pending, targets, moves):
+        t, loaded, rewritten, saved = h._t, h._loaded, h._rewritten, h._saved
+        c1, c2, _ = moves.copies
+        newly = [i for i in pending if not saved[i] and (targets[i][0] != t or targets[i][1])]
+        for i in newly:  # save w_t to its row once
+            c1[0].extend(h._slot_views[i][t % h._M[i]])
+            c1[1].extend(h.views[i].data)
+        for i in pending:  # then copy the wanted row in (a raw view to be rewritten is already there)
+            v = targets[i][0]
+            if loaded[i] != v or rewritten[i]:
+                c2[0].extend(h.views[i].data)
+                c2[1].extend(h._slot_views[i][v % h._M[i]])
+
+        def commit():
+            for i in newly:
+                saved[i] = True
+            for i in pending:
+                loaded[i], rewritten[i] = targets[i]
+        return commit
 
 
 STRATEGIES = {s.name: s for s in (SwapMoves(), CopyMoves())}
@@ -216,7 +320,7 @@ class SlotHistory(History):
     def __init__(self, partition, depths: Sequence[int], rewritten: Sequence[bool], strategy: MoveStrategy,
                  foreach: bool = True):
         self._foreach = foreach
-        self._swaps = isinstance(strategy, SwapMoves)
+        self._strategy = strategy
         self.strategy = strategy.name
         self.views = tuple(make_views(self, partition, depths))
         self._t = 0
@@ -259,57 +363,10 @@ class SlotHistory(History):
                                       f"at step {t}; this is a bug in a correction's delays (please report it)")
         rewrite = [self.views[i] for i in pending if targets[i][1]]
         while pending:  # at most two rounds: a view between two stale versions passes through w_t
-            moves, after = _Moves(), []
-            if self._swaps:
-                rest, done = [], []
-                c1, c2, c3 = moves.copies
-                for i in pending:  # the moves of every step, in bulk; the rare ones in _plan_swap
-                    v, m = targets[i]
-                    L = loaded[i]
-                    if not rewritten[i]:
-                        if not m and (L == t) != (v == t):  # a raw version to or from w_t: one swap
-                            moves.swaps.append((i, (v if L == t else L) % self._M[i]))
-                            done.append(i)
-                            continue
-                        if m and v == t and L != t:  # raw w_t to the parameters (to rewrite) and the spare row
-                            row, data, spare = self._slot_views[i][L % self._M[i]], self.views[i].data, self._spare[i]
-                            c1[0].extend(spare)
-                            c1[1].extend(row)
-                            c2[0].extend(row)
-                            c2[1].extend(data)
-                            c3[0].extend(data)
-                            c3[1].extend(spare)
-                            done.append(i)
-                            continue
-                    elif L == t and v == t and not m:  # rewritten w_t back to raw, from the spare row
-                        c1[0].extend(self.views[i].data)
-                        c1[1].extend(self._spare[i])
-                        done.append(i)
-                        continue
-                    rest.append(i)
-                after = [self._plan_swap(i, targets[i], moves) for i in rest]
-                self._run(moves)
-                for i in done:
-                    loaded[i], rewritten[i] = targets[i]
-            else:  # save w_t to its row once, then copy the wanted row in
-                rest, after, saved = [], [], self._saved
-                c1, c2, _ = moves.copies
-                newly = [i for i in pending if not saved[i] and (targets[i][0] != t or targets[i][1])]
-                for i in newly:
-                    c1[0].extend(self._slot_views[i][t % self._M[i]])
-                    c1[1].extend(self.views[i].data)
-                for i in pending:
-                    v = targets[i][0]
-                    if loaded[i] != v or rewritten[i]:
-                        c2[0].extend(self.views[i].data)
-                        c2[1].extend(self._slot_views[i][v % self._M[i]])
-                self._run(moves)
-                for i in newly:
-                    saved[i] = True
-                for i in pending:
-                    loaded[i], rewritten[i] = targets[i]
-            for i, state in zip(rest, after):  # bookkeeping only once the data has moved
-                loaded[i], rewritten[i], self._saved[i] = state
+            moves = _Moves()
+            commit = self._strategy.plan(self, pending, targets, moves)
+            self._run(moves)
+            commit()  # bookkeeping only once the data has moved
             pending = [i for i in pending if (loaded[i], rewritten[i]) != targets[i]]
         self._rest = all(v == t and not m for v, m in targets)
         return rewrite
@@ -359,44 +416,6 @@ class SlotHistory(History):
     def restore(self):
         if not self._rest:
             self.load([(self._t, False)] * len(self.views))
-
-    def _plan_swap(self, i: int, target: Target, moves: _Moves) -> Tuple[int, bool, bool]:
-        """One step of view ``i`` towards ``target`` (``"minimal"``); returns its state after it.
-
-        Where ``w_t`` is: in the parameters (``loaded == t``, raw), in the spare row (``loaded == t``,
-        rewritten) or in row ``loaded mod M`` (``loaded != t``, the row of the version the parameters hold).
-        """
-        t, L, mod, (v, m) = self._t, self._loaded[i], self._rewritten[i], target
-        data, M, spare = self.views[i].data, self._M[i], self._spare[i]
-        c1, c2, c3 = moves.copies
-        if L == t and not mod:  # at rest: swap in w_v, keep it raw in the spare row if it is rewritten
-            if v != t:
-                moves.swaps.append((i, v % M))
-            if m:
-                c1[0].extend(spare)
-                c1[1].extend(data)
-            return v, m, False
-        if L == t:  # rewritten w_t; the raw one is in the spare row
-            c1[0].extend(data)
-            c1[1].extend(spare)
-            return t, False, False
-        row = self._slot_views[i][L % M]  # holds w_t
-        if v == t and m and not mod:  # raw w_t to the parameters (to be rewritten) and the spare row
-            c1[0].extend(spare)
-            c1[1].extend(row)
-            c2[0].extend(row)
-            c2[1].extend(data)
-            c3[0].extend(data)
-            c3[1].extend(spare)
-            return t, True, False
-        if mod:  # w_t back to the parameters, the raw w_L back to its row
-            c1[0].extend(data)
-            c1[1].extend(row)
-            c2[0].extend(row)
-            c2[1].extend(spare)
-        else:  # trade places with the row holding w_t
-            moves.swaps.append((i, L % M))
-        return t, False, False
 
     def push(self, t):
         if t != self._t:

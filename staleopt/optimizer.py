@@ -18,12 +18,12 @@ Mechanism
 ---------
 The user's loop stays ``zero_grad(); loss = crit(model(x), y); loss.backward(); step()``.
 
-* A forward pre-hook on the model copies each stage's forward view into the
+* A forward pre-hook on the model loads each stage's forward view into the
   parameters' own storage (through ``p.data`` aliases, so autograd's version
   counters are not bumped) before the forward pass runs.
 * A forward hook registers a tensor hook on every output that requires grad;
   the first one to fire — when the backward pass reaches the model output, before
-  any layer's backward runs — copies the backward views into the same storage.
+  any layer's backward runs — loads the backward views into the same storage.
   Autograd saved the *parameter tensors* for ``W^T delta``, so the backward
   reads ``u_bkwd``; the weight gradients use the saved activations, computed
   with ``u_fwd``.
@@ -32,15 +32,14 @@ The user's loop stays ``zero_grad(); loss = crit(model(x), y); loss.backward(); 
 * Evaluation (``model.eval()`` or grad disabled), ``model.state_dict()`` and the
   :meth:`PipelineOptimizer.current_weights` context see ``w_t``.
 
-History: per stage (and per device/dtype within a stage) one contiguous buffer
-of ``H_i = max_t max(tau_fwd_i, tau_bkwd_i)`` versions — exactly the past
-versions the delays need, ``sum_i H_i |w_i|`` in all; stages with no delay keep
-nothing. Loading a view *swaps* the parameters' contents with the slot holding
-the wanted version (an exact XOR swap on integer views, no temporary), so
-``w_t`` itself never needs a slot of its own; ``step()`` copies ``w_t`` into the
-slot of the version that just expired. A correction that rewrites the backward
-view in place (T2) gets one free slot per affected stage to keep the raw version.
-Plain copies of one phase go to a single ``torch._foreach_copy_`` call.
+The weights live in a :class:`~staleopt.history.History` (``staleopt/history.py``), which alone
+owns the stored versions and moves them: per stage (and per device/dtype within a stage) exactly
+the ``H_i = max_t max(tau_fwd_i, tau_bkwd_i)`` past versions the delays need, loaded into the
+parameters by swaps (``memory="minimal"``) or copies (``memory="fast"``), each phase batched over
+all stages. Corrections work on its :class:`~staleopt.history.StageView` objects. The call order
+within a step and the checkpoint format are in ``docs/engine.md``;
+:class:`staleopt.reference.ReferencePipelineOptimizer` is the same engine on a history that keeps
+every version, tested against this one after every step.
 
 Limits (documented, not checked):
 
