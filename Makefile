@@ -26,6 +26,7 @@ demo: install
 
 bench: install
 	$(BIN)/python experiments/bench_overhead.py --out runs/bench
+	$(BIN)/python experiments/bench_data.py --out runs/bench_data
 
 clean:
 	rm -rf $(VENV) runs *.egg-info

@@ -28,12 +28,14 @@ import math
 from dataclasses import dataclass
 from typing import Callable, List, NamedTuple, Optional, Sequence, Tuple, Union
 
+import pandas as pd
 import torch
 from torch import nn
 
-from . import theory
+from . import methods, theory
 from .errors import ConfigError
 from .partition import Partition, partition_model
+from .validate import check_int
 
 __all__ = ["Advice", "Curvature", "advise", "hessian_top_eigenvalue", "stage_curvatures"]
 
@@ -184,23 +186,6 @@ class Advice:
         return f"<pre>{self.__str__()}</pre>"
 
 
-def _delays_and_factors(method, stages: int, microbatches: int, step: int,
-                        method_args: Optional[dict]) -> Tuple[List[int], List[int], List[float]]:
-    """The asynchronous phase's delays (after the method's corrections) and the per-stage lr factors at step ``k``."""
-    from . import methods
-
-    schedule, corrections = methods.resolve(method, **(method_args or {}))
-    tf, tb = schedule.delays(stages, microbatches)
-    for c in corrections:
-        tf, tb = c.delays(list(tf), list(tb), None)
-    factors = [1.0] * stages
-    for c in corrections:
-        f = c.lr_factors((list(tf), list(tb)), step)
-        if f is not None:
-            factors = [a * float(b) for a, b in zip(factors, f)]
-    return list(tf), list(tb), factors
-
-
 def advise(model: nn.Module, loss_fn: Callable, batch, method: Union[str, object], stages: Union[int, Partition],
            microbatches: int = 1, lr: float = 0.1, momentum: float = 0.0, *, step: int = 0,
            partition: str = "ops", method_args: Optional[dict] = None, iters: int = 30, tol: float = 1e-4,
@@ -210,7 +195,8 @@ def advise(model: nn.Module, loss_fn: Callable, batch, method: Union[str, object
     Args:
         model, loss_fn, batch: the loss is ``loss_fn(model(inputs), targets)`` with
             ``batch = (inputs, targets)``; its Hessian is taken at the model's current weights.
-        method: a method or schedule name (``"pipemare"``, ``"1f1b"``, ...) or a Schedule.
+        method: a method or schedule name (``"pipemare"``, ``"1f1b"``, ...), a Schedule, or a
+            :class:`~staleopt.methods.Pipeline` built for the partition's stage count.
         stages: a stage count or a :class:`~staleopt.partition.Partition`.
         microbatches: ``N``, enters the delay formulas.
         lr: the base step size (what the lr scheduler sets); ``momentum``: heavy-ball ``beta``.
@@ -224,17 +210,16 @@ def advise(model: nn.Module, loss_fn: Callable, batch, method: Union[str, object
         print(advice)            # table + verdict
         advice.max_lr            # largest base lr every stage tolerates
     """
-    import pandas as pd
-
     if not float(lr) > 0.0:
         raise ConfigError(f"lr must be > 0, got {lr!r}")
     if not 0.0 <= float(momentum) <= 1.0:
         raise ConfigError(f"momentum must lie in [0, 1] (heavy-ball beta), got {momentum!r}")
-    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
-        raise ConfigError(f"step must be an int >= 0 (T1's step counter k), got {step!r}")
+    check_int("step", step, minimum=0, why="T1's step counter k")
     part = stages if isinstance(stages, Partition) else partition_model(model, stages, partition)
     P = part.num_stages
-    tf, tb, factors = _delays_and_factors(method, P, microbatches, step, method_args)
+    pipeline = methods.build(method, P, microbatches, **(method_args or {}))
+    tf, tb = pipeline.delays                    # the asynchronous phase's, after the method's corrections
+    factors = pipeline.lr_factors(step)
     # Measure on a copy: the model's buffers (BatchNorm statistics) stay untouched, and a
     # PipelineOptimizer's hooks, inert in copies, do not swap stale views in (curvature at w_t).
     probe = copy.deepcopy(model)
@@ -252,5 +237,4 @@ def advise(model: nn.Module, loss_fn: Callable, batch, method: Union[str, object
         rows.append({"stage": i, "params": stage.numel, "tau_fwd": tf[i], "tau_bkwd": tb[i], "curvature": lam,
                      "max_stable_lr": bound, "lr_factor": factors[i], "effective_lr": eff,
                      "headroom": bound / eff, "exceeds": eff >= bound, "converged": curv[i].converged})
-    name = method if isinstance(method, str) else getattr(method, "name", type(method).__name__)
-    return Advice(pd.DataFrame(rows), name, float(lr), float(momentum), step)
+    return Advice(pd.DataFrame(rows), pipeline.name, float(lr), float(momentum), step)

@@ -19,7 +19,11 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Union
 
+import torch
+
+from . import data, methods, models, schedules
 from .errors import ConfigError
+from .validate import check_int
 
 __all__ = ["RunConfig", "CHOICES", "CORRECTION_FIELDS", "field_names", "validate_field"]
 
@@ -91,13 +95,10 @@ class RunConfig:
         if self.batch_size % self.microbatches:
             _fail("microbatches", self.microbatches, f"must divide batch_size = {self.batch_size} "
                   "(each microbatch holds batch_size / microbatches samples)")
-        if isinstance(self.stages, int) and self.stages > 1 and self.microbatches < self.stages:
-            from . import methods
-            if methods.resolve(self.method)[0].name == "2bw":
-                _fail("microbatches", self.microbatches, f"must be >= stages = {self.stages} for {self.method!r} "
-                      "(2BW paper §3.1: m >= d)")
+        if isinstance(self.stages, int):
+            self.pipeline()                         # the schedule's rules, e.g. 2BW's N >= P
         _check_kwargs("model_kwargs", self.model_kwargs, _model_options(self.model))
-        _check_kwargs("data_kwargs", self.data_kwargs, _data_options(self.data))
+        _check_kwargs("data_kwargs", self.data_kwargs, data.options(self.data))
 
     @classmethod
     def from_dict(cls, d: Dict[str, Any]) -> "RunConfig":
@@ -124,16 +125,25 @@ class RunConfig:
         return RunConfig.from_dict({**self.to_dict(), **changes})
 
     def method_overrides(self) -> Dict[str, Any]:
-        """The correction hyperparameters set here that the method takes, for ``methods.resolve(method, **these)``.
+        """The correction hyperparameters set here that the method takes, for ``methods.build(method, **these)``.
 
         Fields the method has no use for (e.g. ``decay`` for ``gpipe``) are left
         out, so one sweep can set them for all methods.
         """
-        from . import methods
-        if self.method not in methods.names():
-            return {}
-        accepted = methods.get(self.method).defaults
+        accepted = methods.hyperparameters(self.method)
         return {k: getattr(self, k) for k in CORRECTION_FIELDS if k in accepted and getattr(self, k) is not None}
+
+    def pipeline(self, **method_args) -> methods.Pipeline:
+        """The method on this run's stages and microbatches (:func:`staleopt.methods.build`).
+
+        ``method_args``: hyperparameters (default: :meth:`method_overrides`;
+        :func:`staleopt.train.method_args` adds defaults scaled to the run).
+        Needs an int ``stages`` (:meth:`resolve` replaces ``"max"``).
+        """
+        if not isinstance(self.stages, int):
+            _fail("stages", self.stages, "must be resolved to an int first (RunConfig.resolve())")
+        return methods.build(self.method, self.stages, self.microbatches,
+                             **(method_args or self.method_overrides()))
 
     def resolve(self) -> "RunConfig":
         """Replace ``stages="max"`` by the model's unit count and check ``stages`` against it."""
@@ -151,14 +161,6 @@ def field_names() -> List[str]:
 
 def _fail(name, value, why):
     raise ConfigError(f"{name} = {value!r} {why}")
-
-
-def _int(name, v, lo=None, optional=False):
-    if v is None and optional:
-        return None
-    if isinstance(v, bool) or not isinstance(v, int) or (lo is not None and v < lo):
-        _fail(name, v, f"must be an int >= {lo}" + (" or None" if optional else ""))
-    return int(v)
 
 
 def _float(name, v, lo=None, hi=None, optional=False, open_lo=False, open_hi=False):
@@ -189,28 +191,11 @@ def _kwargs(name, v):
 
 
 def _method_names() -> List[str]:
-    from . import methods, schedules
     return list(dict.fromkeys(list(methods.names()) + [s for s in schedules.names() if s != "custom"]))
 
 
-def _model_names():
-    from . import models
-    return models.names()
-
-
-def _data_names():
-    from . import data
-    return data.names()
-
-
 def _model_options(name):
-    from . import models
     return [k for k in models.info(name).kwargs() if k not in ("num_classes", "input_shape")]
-
-
-def _data_options(name):
-    from . import data
-    return data.options(name)
 
 
 def _check_kwargs(name, given, allowed):
@@ -220,7 +205,6 @@ def _check_kwargs(name, given, allowed):
 
 
 def _device(name, v):
-    import torch
     try:
         torch.device(v)
     except (RuntimeError, TypeError):
@@ -229,26 +213,26 @@ def _device(name, v):
 
 
 def _stages(name, v):
-    return v if v == "max" else _int(name, v, lo=1)
+    return v if v == "max" else check_int(name, v, minimum=1)
 
 
 def _milestones(name, v):
     if not isinstance(v, (list, tuple)):
         _fail(name, v, "must be a list of epochs")
-    out = [_int(name, e, lo=1) for e in v]
+    out = [check_int(name, e, minimum=1) for e in v]
     if out != sorted(set(out)):
         _fail(name, v, "must be strictly increasing")
     return out
 
 
 _VALIDATORS = {
-    "model": lambda n, v: _choice(n, v, _model_names()),
+    "model": lambda n, v: _choice(n, v, models.names()),
     "model_kwargs": _kwargs,
-    "data": lambda n, v: _choice(n, v, _data_names()),
+    "data": lambda n, v: _choice(n, v, data.names()),
     "data_kwargs": _kwargs,
     "method": lambda n, v: _choice(n, v, _method_names()),
     "stages": _stages,
-    "microbatches": lambda n, v: _int(n, v, lo=1),
+    "microbatches": lambda n, v: check_int(n, v, minimum=1),
     "partition": lambda n, v: _choice(n, v, CHOICES["partition"]),
     "optimizer": lambda n, v: _choice(n, v, CHOICES["optimizer"]),
     "lr": lambda n, v: _float(n, v, lo=0.0, open_lo=True),
@@ -257,15 +241,15 @@ _VALIDATORS = {
     "lr_schedule": lambda n, v: _choice(n, v, CHOICES["lr_schedule"]),
     "lr_milestones": _milestones,
     "lr_gamma": lambda n, v: _float(n, v, lo=0.0, open_lo=True),
-    "epochs": lambda n, v: _int(n, v, lo=1),
-    "batch_size": lambda n, v: _int(n, v, lo=1),
-    "seed": lambda n, v: _int(n, v, lo=0),
-    "anneal_steps": lambda n, v: _int(n, v, lo=1, optional=True),
+    "epochs": lambda n, v: check_int(n, v, minimum=1),
+    "batch_size": lambda n, v: check_int(n, v, minimum=1),
+    "seed": lambda n, v: check_int(n, v, minimum=0),
+    "anneal_steps": lambda n, v: check_int(n, v, minimum=1, optional=True),
     "decay": lambda n, v: _float(n, v, lo=0.0, hi=1.0, optional=True, open_lo=True, open_hi=True),
-    "warmup_steps": lambda n, v: _int(n, v, lo=0, optional=True),
-    "pipelined_steps": lambda n, v: _int(n, v, lo=0, optional=True),
+    "warmup_steps": lambda n, v: check_int(n, v, minimum=0, optional=True),
+    "pipelined_steps": lambda n, v: check_int(n, v, minimum=0, optional=True),
     "divergence_loss": lambda n, v: _float(n, v, lo=0.0, open_lo=True, optional=True),
-    "max_steps": lambda n, v: _int(n, v, lo=1, optional=True),
+    "max_steps": lambda n, v: check_int(n, v, minimum=1, optional=True),
     "device": _device,
 }
 
@@ -279,5 +263,4 @@ def validate_field(name: str, value: Any) -> Any:
 
 @functools.lru_cache(maxsize=None)
 def _units(model: str, model_kwargs_json: str) -> int:
-    from . import models
     return models.num_units(model, **json.loads(model_kwargs_json))

@@ -13,9 +13,11 @@ synthetic   any (1, 40)     any (10)     Gaussian classes or a noisy linear regr
 
 Everything is a deterministic function of the arguments (MNIST-1D and
 synthetic data are generated from their own ``seed``; neither touches the
-global RNGs). CIFAR's random augmentation draws from torch's global RNG in
-the process that indexes the dataset, so a training loop that seeds torch and
-loads in-process (:func:`batches`) is deterministic.
+global RNGs). CIFAR images stay uint8 tensors (:class:`ImageTensors`, moved to
+the training GPU by :meth:`Data.to`); :func:`batches` crops, flips and
+normalizes a whole minibatch at once with tensor operations, drawing the
+augmentation from the same generator as the data order, so a training loop is
+deterministic given that generator.
 
 CIFAR files are looked up in ``root`` (default ``$STALEOPT_DATA`` or
 ``<cache>/data``, ``<cache>`` = ``$XDG_CACHE_HOME/staleopt`` or
@@ -26,6 +28,7 @@ md5s, which loads a re-packed or subsampled copy (the tests write one).
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -40,7 +43,7 @@ from torch.utils.data import Dataset, TensorDataset
 
 from .errors import ConfigError, DataError
 
-__all__ = ["Data", "load", "names", "options", "batches", "cache_dir", "data_dir", "CIFAR_FOLDERS"]
+__all__ = ["Data", "ImageTensors", "load", "names", "options", "batches", "cache_dir", "data_dir", "CIFAR_FOLDERS"]
 
 #: torchvision's folder name for each CIFAR dataset, under ``root``.
 CIFAR_FOLDERS = {"cifar10": "cifar-10-batches-py", "cifar100": "cifar-100-python"}
@@ -63,6 +66,22 @@ class Data:
     input_shape: Tuple[int, ...]
     task: str
     info: Dict[str, Any] = field(default_factory=dict)
+
+    def to(self, device) -> "Data":
+        """The same data with its tensors on ``device`` when that is not the CPU (a GPU then reads, augments
+        and normalizes batches without a copy from the host); unchanged on the CPU."""
+        device = torch.device(device)
+        if device.type == "cpu":
+            return self
+        return dataclasses.replace(self, train=_to(self.train, device), test=_to(self.test, device))
+
+
+def _to(dataset: Dataset, device: torch.device) -> Dataset:
+    if isinstance(dataset, ImageTensors):
+        return dataset.to(device)
+    if isinstance(dataset, TensorDataset):
+        return TensorDataset(*(t.to(device) for t in dataset.tensors))
+    return dataset
 
 
 def cache_dir() -> Path:
@@ -177,15 +196,102 @@ def _channel_stats(images: np.ndarray) -> Tuple[Tuple[float, ...], Tuple[float, 
     return tuple(means), tuple(stds)
 
 
-def _cifar(name: str, root=None, download=False, augment=True, verify=True) -> Data:
-    """CIFAR-10/100 with per-channel normalization by the training set's own mean and std.
+class ImageTensors(Dataset):
+    """Images kept as one uint8 tensor ``N x C x H x W``; each batch is augmented and normalized at once.
 
-    Train transform: ``RandomCrop(32, padding=4)``, ``RandomHorizontalFlip()``,
-    ``ToTensor()``, ``Normalize(mean, std)`` (the standard ResNet recipe, He
-    et al. 2016 §4.2); test transform: ``ToTensor()``, ``Normalize``.
+    A batch of indices ``idx`` becomes ``(x, y)`` with
+    ``x = (A(images[idx]) / 255 - mean) / std`` in float32 (``ToTensor`` then
+    ``Normalize``, operation for operation) and ``y = targets[idx]``. With
+    ``augment``, ``A`` is the standard ResNet recipe (He et al. 2016 §4.2):
+    zero-pad ``padding`` pixels on each side, crop ``H x W`` at offsets
+    ``(dy, dx)`` drawn uniformly from ``{0, ..., 2 padding}^2``, then flip
+    left-right with probability 1/2: torchvision's ``RandomCrop(H,
+    padding=padding)`` followed by ``RandomHorizontalFlip()``, each sample drawn
+    independently. Crop and flip are one gather of the padded batch; the random
+    draws come from the generator :func:`batches` is given (:meth:`draw`).
+
+    :meth:`to` moves the images to a device (a GPU: augmentation runs there);
+    indexing one sample (``dataset[i]``) augments it with torch's global RNG.
     """
-    from torchvision import transforms
 
+    def __init__(self, images: torch.Tensor, targets: torch.Tensor, mean, std, augment: bool = False,
+                 padding: int = 4):
+        if images.dtype != torch.uint8 or images.dim() != 4:
+            raise DataError(f"images must be a uint8 tensor N x C x H x W, got {images.dtype} of shape "
+                            f"{tuple(images.shape)}")
+        if len(targets) != len(images):
+            raise DataError(f"{len(images)} images but {len(targets)} targets")
+        if not isinstance(padding, int) or padding < 0:
+            raise ConfigError(f"padding must be an int >= 0 (pixels), got {padding!r}")
+        self.images, self.targets = images, targets
+        self.mean, self.std = tuple(float(m) for m in mean), tuple(float(s) for s in std)
+        self.augment, self.padding = bool(augment), padding
+        c = images.shape[1]
+        if len(self.mean) != c or len(self.std) != c:
+            raise DataError(f"mean and std need one value per channel ({c}), got {self.mean} and {self.std}")
+        self._mean = torch.tensor(self.mean, device=images.device).view(1, c, 1, 1)
+        self._std = torch.tensor(self.std, device=images.device).view(1, c, 1, 1)
+
+    def __len__(self) -> int:
+        return len(self.images)
+
+    def __repr__(self) -> str:
+        return (f"ImageTensors({len(self)} x {tuple(self.images.shape[1:])} uint8 on {self.images.device}, "
+                f"augment={self.augment})")
+
+    def __getitem__(self, i: int):
+        x, y = self.take(torch.tensor([int(i)]), self.draw(1))
+        return x[0], int(y[0])
+
+    def to(self, device) -> "ImageTensors":
+        """The same dataset with its images and targets on ``device``."""
+        return ImageTensors(self.images.to(device), self.targets.to(device), self.mean, self.std,
+                            self.augment, self.padding)
+
+    def draw(self, n: int, generator: Optional[torch.Generator] = None) -> Optional[torch.Tensor]:
+        """The augmentation of ``n`` samples, ``n x 3`` int64 rows ``(dy, dx, flip)``; ``None`` without augment.
+
+        Draws ``randint(0, 2 padding + 1, (n, 2))`` for the crop offsets, then
+        ``rand(n) < 0.5`` for the flips, from ``generator`` (torch's global RNG
+        when ``None``), on the CPU whatever the images' device.
+        """
+        if not self.augment:
+            return None
+        offsets = torch.randint(0, 2 * self.padding + 1, (n, 2), generator=generator)
+        flips = torch.rand(n, generator=generator) < 0.5
+        return torch.cat([offsets, flips.long()[:, None]], dim=1)
+
+    def take(self, idx: torch.Tensor, params: Optional[torch.Tensor] = None):
+        """``(x, y)`` of samples ``idx``, augmented by ``params`` (rows of :meth:`draw`, one per index)."""
+        dev = self.images.device
+        idx = idx.to(dev)
+        images = self.images[idx]
+        if params is not None:
+            images = self._crop_flip(images, params.to(dev))
+        x = images.float().div_(255).sub_(self._mean).div_(self._std)
+        return x, self.targets[idx]
+
+    def _crop_flip(self, images: torch.Tensor, params: torch.Tensor) -> torch.Tensor:
+        """Pad by ``padding`` zeros, crop at ``(dy, dx)`` and flip where asked, as one gather.
+
+        Output pixel ``(r, c)`` of sample ``b`` is padded pixel
+        ``(dy_b + r, dx_b + c)``, or ``(dy_b + r, dx_b + W - 1 - c)`` when flipped.
+        """
+        b, ch, h, w = images.shape
+        p = self.padding
+        padded = torch.nn.functional.pad(images, (p, p, p, p))
+        pw = w + 2 * p
+        r = torch.arange(h, device=images.device)
+        c = torch.arange(w, device=images.device)
+        cols = torch.where(params[:, 2:3].bool(), (w - 1 - c)[None], c[None]) + params[:, 1:2]  # b x w
+        rows = r[None] + params[:, 0:1]  # b x h
+        flat = (rows[:, :, None] * pw + cols[:, None, :]).view(b, 1, h * w).expand(b, ch, h * w)
+        return padded.view(b, ch, -1).gather(2, flat).view(b, ch, h, w)
+
+
+def _cifar(name: str, root=None, download=False, augment=True, verify=True) -> Data:
+    """CIFAR-10/100 read by torchvision, kept as uint8 :class:`ImageTensors` normalized by the training set's own
+    per-channel mean and std; the training set augmented by random crop (pad 4) and flip."""
     root = Path(root) if root is not None else data_dir()
     cls = _cifar_class(name, verify)
     folder = root / CIFAR_FOLDERS[name]
@@ -206,11 +312,12 @@ def _cifar(name: str, root=None, download=False, augment=True, verify=True) -> D
         raise DataError(f"{name} could not be downloaded to {root} ({e}); download "
                         f"{cls.url} by hand and extract it into {root}.") from e
     mean, std = _channel_stats(train.data)
-    norm = [transforms.ToTensor(), transforms.Normalize(mean, std)]
-    aug = [transforms.RandomCrop(32, padding=4), transforms.RandomHorizontalFlip()] if augment else []
-    train.transform = transforms.Compose(aug + norm)
-    test.transform = transforms.Compose(norm)
-    return Data(name, train, test, num_classes=100 if name == "cifar100" else 10,
+
+    def tensors(split, aug):  # torchvision keeps N x H x W x C uint8 and a list of labels
+        images = torch.from_numpy(split.data).permute(0, 3, 1, 2).contiguous()
+        return ImageTensors(images, torch.as_tensor(split.targets, dtype=torch.int64), mean, std, augment=aug)
+
+    return Data(name, tensors(train, augment), tensors(test, False), num_classes=100 if name == "cifar100" else 10,
                 input_shape=(3, 32, 32), task="classification",
                 info={"root": str(root), "mean": mean, "std": std, "augment": augment, "verify": verify})
 
@@ -297,11 +404,17 @@ def batches(dataset: Dataset, batch_size: int, *, shuffle: bool = False,
             generator: Optional[torch.Generator] = None, drop_last: bool = False, start: int = 0) -> Iterator:
     """Yield ``(x, y)`` minibatches in-process, deterministic given ``generator``.
 
-    A :class:`TensorDataset` is sliced directly (no per-sample collate); any
-    other dataset goes through a ``DataLoader`` with ``num_workers=0``, so its
-    random transforms draw from this process's torch RNG. ``start`` skips the
-    first ``start`` minibatches of the pass without loading them (the order is
-    drawn as usual), which is how a run resumes in the middle of an epoch.
+    One pass draws, from ``generator`` (torch's global RNG when ``None``), the
+    order (``randperm(n)`` when ``shuffle``) and then, for an augmenting
+    :class:`ImageTensors`, the augmentation of every position of the pass
+    (:meth:`ImageTensors.draw`), so the generator's state after a pass does not
+    depend on how much of it was read. A :class:`TensorDataset` is sliced and an
+    :class:`ImageTensors` augmented a whole batch at once, on the tensors'
+    device; any other dataset goes through a ``DataLoader`` with
+    ``num_workers=0``, so its random transforms draw from this process's torch
+    RNG. ``start`` skips the first ``start`` minibatches of the pass without
+    loading them (the draws are the same), which is how a run resumes in the
+    middle of an epoch.
     """
     if batch_size < 1:
         raise ConfigError(f"batch_size must be >= 1, got {batch_size}")
@@ -311,7 +424,15 @@ def batches(dataset: Dataset, batch_size: int, *, shuffle: bool = False,
     order = torch.randperm(n, generator=generator) if shuffle else torch.arange(n)
     stop = n - n % batch_size if drop_last else n
     first = min(start * batch_size, stop)
+    if isinstance(dataset, ImageTensors):
+        params = dataset.draw(n, generator)
+        device = dataset.images.device  # one copy of the pass's indices and draws, not one per batch
+        order, params = order.to(device), None if params is None else params.to(device)
+        for s in range(first, stop, batch_size):
+            yield dataset.take(order[s:s + batch_size], None if params is None else params[s:s + batch_size])
+        return
     if isinstance(dataset, TensorDataset):
+        order = order.to(dataset.tensors[0].device)
         for s in range(first, stop, batch_size):
             idx = order[s:s + batch_size]
             yield tuple(t[idx] for t in dataset.tensors)

@@ -29,7 +29,8 @@ from typing import Callable, Dict, Iterable, List, NamedTuple, Optional, Sequenc
 
 from . import cli, methods, models
 
-__all__ = ["GENERATORS", "markdown_table", "methods_table", "models_table", "hardware_table", "fill", "block_names", "doc_files",
+__all__ = ["GENERATORS", "markdown_table", "methods_table", "models_table", "hardware_table", "fill", "block_names",
+           "doc_files",
            "CodeBlock", "code_blocks", "links", "anchors", "main"]
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -146,7 +147,8 @@ def links(text: str) -> List[str]:
 
 
 def anchors(text: str) -> List[str]:
-    """GitHub's anchors for the headings of ``text``: lower case, punctuation dropped, spaces to dashes, -N on repeats."""
+    """GitHub's anchors for the headings of ``text``: lower case, punctuation dropped, spaces to dashes,
+    ``-N`` on repeats."""
     seen: Dict[str, int] = {}
     out = []
     for line in _outside_fences(text):

@@ -15,6 +15,12 @@ optimizer it reports
   PipeOptim Table I), and, given a microbatch size and an example input, the
   activation memory with and without recompute (PipeMare App. A.2–A.3, Table 4).
 
+Each method's facts (delays, steady-state utilization and phases, in-flight
+microbatches, extra weight copies) come from its
+:class:`~staleopt.methods.Pipeline` (:func:`staleopt.methods.build`; every
+function here takes a method or schedule name, a Schedule or a Pipeline);
+this module adds the bytes.
+
 Units: bytes (``*_bytes``), fractions in [0, 1] (``utilization``), optimizer
 steps or epochs (phase lengths; only their ratios matter).
 """
@@ -26,8 +32,11 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import torch
 from torch import nn
 
-from .errors import ConfigError, ScheduleError
+from . import methods
+from .errors import ConfigError
+from .methods import amortized_utilization, hybrid_speedup
 from .partition import Partition, partition_model
+from .validate import check_int
 
 __all__ = ["OPTIMIZER_SLOTS", "MemoryReport", "pipeline_utilization", "amortized_utilization",
            "hybrid_speedup", "time_to_accuracy", "effective_delays", "in_flight_counts",
@@ -35,53 +44,6 @@ __all__ = ["OPTIMIZER_SLOTS", "MemoryReport", "pipeline_utilization", "amortized
 
 #: Weight-sized state buffers per optimizer (SGD: none; SGD momentum: the velocity; Adam, AdamW: m and v).
 OPTIMIZER_SLOTS = {"sgd": 0, "sgd-momentum": 1, "adam": 2, "adamw": 2}
-
-
-def _resolve(method, stages: Optional[int] = None, microbatches: Optional[int] = None):
-    from . import methods
-    schedule, corrections = methods.resolve(method)
-    name = method if isinstance(method, str) else schedule.name
-    if schedule.name == "2bw" and stages is not None and 1 < stages and microbatches < stages:
-        raise ScheduleError(f"2BW needs at least as many microbatches per minibatch as stages (2BW paper §3.1, "
-                            f"m >= d) to keep 2 weight versions: got N={microbatches} < P={stages}; "
-                            "raise microbatches")
-    return name, schedule, corrections
-
-
-def _check_pn(stages, microbatches):
-    for what, v in (("stages", stages), ("microbatches", microbatches)):
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise ConfigError(f"{what} must be an int >= 1, got {v!r}")
-
-
-def _sync_utilization(stages: int, microbatches: int) -> float:
-    """GPipe / PipeDream-Flush: ``N / (N + P - 1)`` (PipeMare App. A.1; fill and drain every minibatch)."""
-    return microbatches / (microbatches + stages - 1)
-
-
-def amortized_utilization(phases: Sequence[Tuple[float, float]]) -> float:
-    """Run-average utilization of phases ``(length, utilization)``: ``sum n_k / sum (n_k / U_k)``.
-
-    A phase of ``n_k`` steps at utilization ``U_k`` takes ``n_k / U_k`` units of
-    fully-utilized time (PipeMare §4 "Warmup Epochs":
-    ``Util_PipeMareW = (E_PM + E_Sync) / (E_PM / 1 + E_Sync / Util_Sync)``).
-    """
-    total = sum(n for n, _ in phases)
-    if total <= 0:
-        raise ConfigError("phases must have a positive total length")
-    return total / sum(n / u for n, u in phases if n > 0)
-
-
-def hybrid_speedup(total_steps: float, pipelined_steps: float, stages: int) -> float:
-    """Speedup of hybrid training over non-pipelined training on ``2K + 1`` accelerators (stale-weights §4).
-
-    ``n / (n_p / (2K + 1) + (n - n_p))`` with ``n`` steps in all, the first
-    ``n_p`` pipelined, and ``K = P - 1`` register pairs between ``P`` stages.
-    """
-    if not 0 <= pipelined_steps <= total_steps:
-        raise ConfigError(f"need 0 <= pipelined_steps <= total_steps, got {pipelined_steps} and {total_steps}")
-    k = stages - 1
-    return total_steps / (pipelined_steps / (2 * k + 1) + (total_steps - pipelined_steps))
 
 
 def pipeline_utilization(method, stages: int, microbatches: int = 1, total_steps: Optional[float] = None,
@@ -99,35 +61,9 @@ def pipeline_utilization(method, stages: int, microbatches: int = 1, total_steps
 
     Phase lengths default to the method's correction (``Warmup.steps``,
     ``Hybrid.pipelined_steps``); ``total_steps`` (or epochs, in the same unit)
-    is needed for phased methods.
+    is needed for phased methods. See :meth:`staleopt.methods.Pipeline.utilization`.
     """
-    from .corrections import Hybrid, Warmup
-    _check_pn(stages, microbatches)
-    name, schedule, corrections = _resolve(method, stages, microbatches)
-    if schedule.name == "custom":
-        raise ScheduleError("custom delays have no pipeline schedule to price; use a named schedule or method")
-    steady = _sync_utilization(stages, microbatches) if schedule.name == "sync" else 1.0
-    for c in corrections:
-        if isinstance(c, Warmup):
-            n_w = c.steps if warmup_steps is None else warmup_steps
-            if n_w == 0:
-                continue
-            if total_steps is None:
-                raise ConfigError(f"{name}'s utilization is averaged over its synchronous warmup and the rest of "
-                                  f"the run: pass total_steps= (and warmup_steps=, default {c.steps}; on the command line "
-                                  "--total-steps and --warmup-steps)")
-            if not 0 <= n_w <= total_steps:
-                raise ConfigError(f"need 0 <= warmup_steps <= total_steps, got {n_w} and {total_steps}")
-            return amortized_utilization([(n_w, _sync_utilization(stages, microbatches)),
-                                          (total_steps - n_w, steady)])
-        if isinstance(c, Hybrid):
-            n_p = c.pipelined_steps if pipelined_steps is None else pipelined_steps
-            if total_steps is None:
-                raise ConfigError(f"{name}'s utilization is averaged over its pipelined and non-pipelined "
-                                  f"phases: pass total_steps= (and pipelined_steps=, default {c.pipelined_steps}; "
-                                  "on the command line --total-steps and --pipelined-steps)")
-            return hybrid_speedup(total_steps, n_p, stages) / (2 * stages - 1)
-    return steady
+    return methods.build(method, stages, microbatches).utilization(total_steps, warmup_steps, pipelined_steps)
 
 
 def time_to_accuracy(steps_to_target: float, method, stages: int, microbatches: int = 1, **phase_args) -> float:
@@ -144,12 +80,7 @@ def time_to_accuracy(steps_to_target: float, method, stages: int, microbatches: 
 
 def effective_delays(method, stages: int, microbatches: int = 1) -> Tuple[List[int], List[int]]:
     """Largest per-stage ``(tau_fwd, tau_bkwd)`` of ``method``: the schedule's, then each correction's in order."""
-    _check_pn(stages, microbatches)
-    _, schedule, corrections = _resolve(method)
-    tf, tb = schedule.delays(stages, microbatches)
-    for c in corrections:
-        tf, tb = c.delays(list(tf), list(tb), None)
-    return list(tf), list(tb)
+    return methods.build(method, stages, microbatches).delays
 
 
 def in_flight_counts(method, stages: int, microbatches: int = 1) -> List[int]:
@@ -161,21 +92,7 @@ def in_flight_counts(method, stages: int, microbatches: int = 1) -> List[int]:
     (stale-weights §3, the degree of staleness). Equal to
     :attr:`staleopt.timeline.Timeline.peak_in_flight` of a long run (tested).
     """
-    _check_pn(stages, microbatches)
-    P, N = stages, microbatches
-    name, schedule, _ = _resolve(method)
-    key = "pipedream-flush" if name in ("pipedream-flush", "1f1b-flush") else schedule.name
-    per_stage = {
-        "sync": lambda i: N,
-        "pipedream-flush": lambda i: min(P - i, N),
-        "1f1b": lambda i: P - i, "2bw": lambda i: P - i,
-        "dataflow": lambda i: 2 * (P - 1 - i) + 1,
-        "pb": lambda i: 2 * (P - 1 - i),
-    }.get(key)
-    if per_stage is None:
-        raise ScheduleError(f"schedule {schedule.name!r} has no fixed pipeline, so no activation count; "
-                            "use a named pipeline schedule")
-    return [per_stage(i) for i in range(P)]
+    return methods.build(method, stages, microbatches).in_flight()
 
 
 def activation_sizes(model: nn.Module, partition: Partition, example_input, microbatch_size: int):
@@ -188,8 +105,7 @@ def activation_sizes(model: nn.Module, partition: Partition, example_input, micr
     Measured with forward pre-hooks on ``example_input`` (a batch of any size,
     first dimension the batch) and scaled to ``microbatch_size``.
     """
-    if isinstance(microbatch_size, bool) or not isinstance(microbatch_size, int) or microbatch_size < 1:
-        raise ConfigError(f"microbatch_size must be an int >= 1, got {microbatch_size!r}")
+    check_int("microbatch_size", microbatch_size, minimum=1)
     if not isinstance(example_input, torch.Tensor) or example_input.dim() < 1 or example_input.shape[0] < 1:
         raise ConfigError("example_input must be a tensor batch (first dimension = batch size >= 1), "
                           "e.g. torch.zeros(1, 3, 32, 32)")
@@ -252,8 +168,7 @@ def activation_memory(sizes: Sequence[Tuple[int, int]], counts: Sequence[int],
     if segment is None:
         best = min(range(1, P + 1), key=lambda S: (with_segments(S), S))
         return plain, with_segments(best), best
-    if isinstance(segment, bool) or not isinstance(segment, int) or not 1 <= segment <= P:
-        raise ConfigError(f"recompute segment must be an int in 1..{P} (stages per segment), got {segment!r}")
+    check_int("recompute segment", segment, minimum=1, maximum=P, why="stages per segment")
     return plain, with_segments(segment), segment
 
 
@@ -337,41 +252,29 @@ def memory_report(model: nn.Module, method, stages: int, microbatches: int = 1, 
     ``microbatch_size`` and ``example_input``; ``sizes`` may pass their
     :func:`activation_sizes` when pricing several methods on one partition.
     """
-    from .corrections import DiscrepancyCorrection, Stashing, WeightPrediction
-    _check_pn(stages, microbatches)
+    pipeline = methods.build(method, stages, microbatches)
     if optimizer not in OPTIMIZER_SLOTS:
         raise ConfigError(f"optimizer must be one of {sorted(OPTIMIZER_SLOTS)}, got {optimizer!r}")
     if partition is None:
         partition = partition_model(model, stages)
     elif partition.num_stages != stages:
         raise ConfigError(f"partition has {partition.num_stages} stages but stages={stages}: make them agree")
-    name, schedule, corrections = _resolve(method, stages, microbatches)
-    tf, tb = effective_delays(method, stages, microbatches)
+    tf, tb = pipeline.delays
     w = [s.nbytes for s in partition]
     W = sum(w)
     slots = OPTIMIZER_SLOTS[optimizer]
     gpipe = (2 + slots) * W
-
-    stash = sum(wi * t for wi, t in zip(w, tf)) if any(isinstance(c, Stashing) for c in corrections) else 0
-    second = W if schedule.name == "2bw" and max(tf) > 0 else 0
-    prediction = 0
-    for c in corrections:
-        if isinstance(c, WeightPrediction):
-            gapped = sum(wi for wi, f, b in zip(w, tf, tb) if f > b)
-            own = {"sgdm": 0 if optimizer == "sgd-momentum" else 1, "adam": 0 if optimizer == "adam" else 2}
-            prediction += gapped * (1 + own.get(c.rule, 0))
-    t2 = sum(sum(wi for wi, f, b in zip(w, tf, tb) if f > b)
-             for c in corrections if isinstance(c, DiscrepancyCorrection))
-    report = dict(method=name, stages=stages, microbatches=microbatches, optimizer=optimizer,
-                  stage_weight_bytes=tuple(w), tau_fwd=tuple(tf), tau_bkwd=tuple(tb),
-                  weights_bytes=W, gradients_bytes=W, optimizer_bytes=slots * W, stash_bytes=stash,
-                  second_version_bytes=second, prediction_bytes=prediction, t2_bytes=t2,
-                  weight_optimizer_bytes=gpipe + stash + second + prediction + t2,
+    copies = pipeline.weight_copies(w, optimizer)
+    report = dict(method=pipeline.name, stages=pipeline.stages, microbatches=pipeline.microbatches,
+                  optimizer=optimizer, stage_weight_bytes=tuple(w), tau_fwd=tuple(tf), tau_bkwd=tuple(tb),
+                  weights_bytes=W, gradients_bytes=W, optimizer_bytes=slots * W, **copies,
+                  weight_optimizer_bytes=gpipe + copies["stash_bytes"] + copies["second_version_bytes"]
+                  + copies["prediction_bytes"] + copies["t2_bytes"],
                   gpipe_weight_optimizer_bytes=gpipe)
     if (microbatch_size is None) != (example_input is None):
         raise ConfigError("activation memory needs both microbatch_size and example_input (a batch tensor)")
     if microbatch_size is not None:
-        counts = in_flight_counts(method, stages, microbatches)
+        counts = pipeline.in_flight()
         if sizes is None:
             sizes = activation_sizes(model, partition, example_input, microbatch_size)
         plain, recompute, S = activation_memory(sizes, counts, recompute_segment)

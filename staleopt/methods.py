@@ -1,27 +1,36 @@
 """Named methods: the papers' recipes, each a schedule plus corrections (DESIGN §2).
 
-A method name is accepted wherever a schedule name is; :func:`resolve` turns
-either into ``(Schedule, [Correction, ...])``. Schedule names resolve to the
-schedule with no corrections, and schedule and method names never disagree
-(``1f1b`` is both).
+A method name is accepted wherever a schedule name is; :func:`build` turns
+either, for ``P`` stages and ``N`` microbatches, into a :class:`Pipeline`: the
+object that answers what the method does there (its effective delays, step
+size factors, utilization, activation and weight copies) once, for the
+timeline, the hardware model, the advisor and the training loop.
+:func:`resolve` gives the bare ``(Schedule, [Correction, ...])``. Schedule
+names resolve to the schedule with no corrections, and schedule and method
+names never disagree (``1f1b`` is both).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Tuple, Union
+from functools import cached_property
+from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 from . import schedules
 from .corrections import (Correction, DiscrepancyCorrection, Hybrid, LRReschedule, Stashing, VerticalSync,
                           Warmup, WeightPrediction)
-from .errors import ScheduleError
-from .schedules import Schedule
+from .errors import ConfigError, ScheduleError
+from .schedules import Delays, Program, Schedule, Sync
 
-__all__ = ["Method", "get", "names", "resolve", "register", "table"]
+__all__ = ["Method", "Pipeline", "build", "get", "names", "resolve", "register", "table", "hyperparameters",
+           "amortized_utilization", "hybrid_speedup"]
 
 
 @dataclass
 class Method:
-    """A schedule and a list of corrections built by ``factory(**overrides)``."""
+    """A schedule (registered name and arguments) and a list of corrections built by ``factory(**overrides)``.
+
+    ``aliases``: other names that resolve to this method (e.g. a timeline's name for it).
+    """
 
     name: str
     schedule: str
@@ -29,6 +38,8 @@ class Method:
     paper: str
     factory: Callable[..., List[Correction]] = field(default=lambda: [], repr=False)
     defaults: Dict = field(default_factory=dict)
+    schedule_args: Dict = field(default_factory=dict)
+    aliases: Tuple[str, ...] = ()
 
     def build(self, **overrides) -> Tuple[Schedule, List[Correction]]:
         unknown = set(overrides) - set(self.defaults)
@@ -36,7 +47,8 @@ class Method:
             allowed = ", ".join(sorted(self.defaults)) or "none"
             raise ScheduleError(f"method {self.name!r} has no hyperparameter(s) {sorted(unknown)}; "
                                 f"it accepts: {allowed}")
-        return schedules.get(self.schedule), self.factory(**{**self.defaults, **overrides})
+        return (schedules.get(self.schedule, **self.schedule_args),
+                self.factory(**{**self.defaults, **overrides}))
 
     @property
     def corrections(self) -> List[Correction]:
@@ -44,10 +56,13 @@ class Method:
 
 
 _METHODS: Dict[str, Method] = {}
+_ALIASES: Dict[str, str] = {}       # alias -> method name, filled from Method.aliases by register()
 
 
 def register(method: Method) -> None:
     _METHODS[method.name] = method
+    for alias in method.aliases:
+        _ALIASES[alias] = method.name
 
 
 def names() -> List[str]:
@@ -55,9 +70,16 @@ def names() -> List[str]:
 
 
 def get(name: str) -> Method:
+    if name in _ALIASES:
+        return _METHODS[_ALIASES[name]]
     if name not in _METHODS:
         raise ScheduleError(f"unknown method {name!r}; valid methods: {', '.join(names())}")
     return _METHODS[name]
+
+
+def hyperparameters(name: str) -> Dict:
+    """The hyperparameters ``name`` takes, with their defaults; ``{}`` for schedule names."""
+    return dict(get(name).defaults) if name in _METHODS or name in _ALIASES else {}
 
 
 def resolve(spec: Union[str, Schedule, Method], **overrides) -> Tuple[Schedule, List[Correction]]:
@@ -70,8 +92,8 @@ def resolve(spec: Union[str, Schedule, Method], **overrides) -> Tuple[Schedule, 
         return spec.build(**overrides)
     if not isinstance(spec, str):
         raise ScheduleError(f"schedule must be a name or a Schedule, got {type(spec).__name__}")
-    if spec in _METHODS:
-        return _METHODS[spec].build(**overrides)
+    if spec in _METHODS or spec in _ALIASES:
+        return get(spec).build(**overrides)
     if spec in schedules.names():
         if overrides:
             return schedules.get(spec, **overrides), []
@@ -87,6 +109,201 @@ def table() -> List[Dict[str, str]]:
              "paper": m.paper, "description": m.description} for m in (_METHODS[n] for n in names())]
 
 
+def amortized_utilization(phases: Sequence[Tuple[float, float]]) -> float:
+    """Run-average utilization of phases ``(length, utilization)``: ``sum n_k / sum (n_k / U_k)``.
+
+    A phase of ``n_k`` steps at utilization ``U_k`` takes ``n_k / U_k`` units of
+    fully-utilized time (PipeMare §4 "Warmup Epochs":
+    ``Util_PipeMareW = (E_PM + E_Sync) / (E_PM / 1 + E_Sync / Util_Sync)``).
+    """
+    total = sum(n for n, _ in phases)
+    if total <= 0:
+        raise ConfigError("phases must have a positive total length")
+    return total / sum(n / u for n, u in phases if n > 0)
+
+
+def hybrid_speedup(total_steps: float, pipelined_steps: float, stages: int) -> float:
+    """Speedup of hybrid training over non-pipelined training on ``2K + 1`` accelerators (stale-weights §4).
+
+    ``n / (n_p / (2K + 1) + (n - n_p))`` with ``n`` steps in all, the first
+    ``n_p`` pipelined, and ``K = P - 1`` register pairs between ``P`` stages.
+    """
+    if not 0 <= pipelined_steps <= total_steps:
+        raise ConfigError(f"need 0 <= pipelined_steps <= total_steps, got {pipelined_steps} and {total_steps}")
+    k = stages - 1
+    return total_steps / (pipelined_steps / (2 * k + 1) + (total_steps - pipelined_steps))
+
+
+class Pipeline:
+    """A method on ``stages`` stages with ``microbatches`` per minibatch: its schedule, its corrections, and
+    everything that follows from them (built by :func:`build`, which checks the schedule's rules).
+
+    Units: delays in optimizer steps, utilization a fraction in [0, 1], memory in bytes.
+    """
+
+    def __init__(self, name: str, schedule: Schedule, corrections: Sequence[Correction], stages: int,
+                 microbatches: int = 1):
+        schedule.check(stages, microbatches)
+        self.name, self.schedule, self.corrections = name, schedule, list(corrections)
+        self.stages, self.microbatches = int(stages), int(microbatches)     # NumPy ints pass check() too
+
+    def __repr__(self) -> str:
+        return (f"Pipeline({self.name!r}, schedule={self.schedule!r}, corrections={self.corrections}, "
+                f"stages={self.stages}, microbatches={self.microbatches})")
+
+    # -- delays and step sizes -----------------------------------------------------------
+    @cached_property
+    def _delays(self) -> Tuple[Tuple[int, ...], Tuple[int, ...]]:
+        tf, tb = self.schedule.delays(self.stages, self.microbatches)
+        for c in self.corrections:
+            tf, tb = c.delays(list(tf), list(tb), None)
+        return tuple(tf), tuple(tb)
+
+    @property
+    def delays(self) -> Delays:
+        """Largest per-stage ``(tau_fwd, tau_bkwd)``: the schedule's, then each correction's in order
+        (the asynchronous phase of phased methods)."""
+        return list(self._delays[0]), list(self._delays[1])
+
+    def lr_factors(self, step: int) -> List[float]:
+        """Per-stage multipliers of the scheduler's lr at step ``step`` (T1's ``1/tau_i^{p_k}``, PipeMare eq. 4)."""
+        tf, tb = self.delays
+        factors = [1.0] * self.stages
+        for c in self.corrections:
+            f = c.lr_factors((list(tf), list(tb)), step)
+            if f is not None:
+                factors = [a * float(b) for a, b in zip(factors, f)]
+        return factors
+
+    @property
+    def stashes(self) -> bool:
+        """Whether a backward reads the version its forward read (weight stashing, PipeDream §3.3)."""
+        return any(isinstance(c, Stashing) for c in self.corrections)
+
+    # -- the executed timeline -----------------------------------------------------------
+    @property
+    def version_policy(self) -> str:
+        """How a pass of the timeline picks its version: the schedule's ``"minibatch"`` (2BW),
+        else ``"stash"`` with weight stashing, else ``"current"`` (:class:`staleopt.schedules.Schedule`).
+
+        Corrections that only change views or step sizes (T1, T2, prediction,
+        the phases' asynchronous part) change no read.
+        """
+        if any(isinstance(c, VerticalSync) for c in self.corrections):
+            raise ScheduleError("no timeline models vertical sync yet; simulate 'pipedream' instead")
+        if self.schedule.version_policy == "minibatch":
+            return "minibatch"
+        return "stash" if self.stashes else "current"
+
+    @property
+    def timeline_name(self) -> str:
+        """The executed pipeline's name (``pipemare`` runs ``dataflow``, ``pipedream`` is ``1f1b`` with stashing)."""
+        return self.schedule.timeline_name(self.stashes)
+
+    def program(self, minibatches: int) -> Program:
+        """The schedule's program for ``minibatches`` minibatches (see :attr:`version_policy`)."""
+        self.version_policy                          # raises for reads no timeline models
+        return self.schedule.program(self.stages, self.microbatches, minibatches)
+
+    # -- the hardware model --------------------------------------------------------------
+    def utilization(self, total_steps: Optional[float] = None, warmup_steps: Optional[float] = None,
+                    pipelined_steps: Optional[float] = None) -> float:
+        """Fraction of busy pipeline workers, averaged over the run (PipeMare §2, App. A.1, §4; stale-weights §4).
+
+        The schedule's steady state (:meth:`Schedule.utilization`); with
+        :class:`~staleopt.corrections.Warmup`, ``warmup_steps`` synchronous
+        (``N / (N + P - 1)``) and the rest at the steady state, averaged by
+        :func:`amortized_utilization` over ``total_steps``; with
+        :class:`~staleopt.corrections.Hybrid`, ``pipelined_steps`` at the steady
+        state and the rest non-pipelined on the ``2P - 1`` accelerators (one busy):
+        :func:`hybrid_speedup` ``/ (2P - 1)``. Phase lengths default to the
+        correction's; ``total_steps`` (or epochs, in the same unit) is needed for phased methods.
+        """
+        P, N = self.stages, self.microbatches
+        steady = self.schedule.utilization(P, N)
+        for c in self.corrections:
+            if isinstance(c, Warmup):
+                n_w = c.steps if warmup_steps is None else warmup_steps
+                if n_w == 0:
+                    continue
+                if total_steps is None:
+                    raise ConfigError(f"{self.name}'s utilization is averaged over its synchronous warmup and the "
+                                      f"rest of the run: pass total_steps= (and warmup_steps=, default {c.steps}; on "
+                                      "the command line --total-steps and --warmup-steps)")
+                if not 0 <= n_w <= total_steps:
+                    raise ConfigError(f"need 0 <= warmup_steps <= total_steps, got {n_w} and {total_steps}")
+                return amortized_utilization([(n_w, Sync().utilization(P, N)), (total_steps - n_w, steady)])
+            if isinstance(c, Hybrid):
+                n_p = c.pipelined_steps if pipelined_steps is None else pipelined_steps
+                if total_steps is None:
+                    raise ConfigError(f"{self.name}'s utilization is averaged over its pipelined and non-pipelined "
+                                      f"phases: pass total_steps= (and pipelined_steps=, default {c.pipelined_steps}; "
+                                      "on the command line --total-steps and --pipelined-steps)")
+                return hybrid_speedup(total_steps, n_p, P) / (2 * P - 1)
+        return steady
+
+    def in_flight(self) -> List[int]:
+        """Microbatches whose activations stage ``i`` holds at once, in steady state (:meth:`Schedule.in_flight`)."""
+        return self.schedule.in_flight(self.stages, self.microbatches)
+
+    def extra_versions(self) -> List[int]:
+        """Per stage, weight versions stored besides the current one: the schedule's (2BW's second buffer)
+        plus, with stashing, ``tau_fwd_i`` (PipeMare App. A.1)."""
+        own = self.schedule.extra_versions(self.stages, self.microbatches)
+        stashed = self.delays[0] if self.stashes else [0] * self.stages
+        return [a + b for a, b in zip(own, stashed)]
+
+    def weight_copies(self, stage_bytes: Sequence[int], optimizer: str) -> Dict[str, int]:
+        """Bytes of the weight-sized copies the method keeps besides weights, gradients and optimizer state.
+
+        ``stage_bytes``: ``|w_i|`` per stage; ``optimizer``: the base optimizer's
+        name (``sgd``, ``sgd-momentum``, ``adam``, ``adamw``). Returns
+        ``stash_bytes`` ``sum_i |w_i| tau_fwd_i`` with stashing (PipeMare App. A.1),
+        ``second_version_bytes`` the schedule's stored versions (2BW §3.1),
+        ``prediction_bytes`` ``|w_i|`` per stage with a version gap, plus the
+        rule's own moments when the base optimizer lacks them (PipeOptim Table I;
+        SpecTrain 1 slot, XPipe 2), and ``t2_bytes`` T2's ``delta``, ``|w_i|`` per
+        stage with ``tau_fwd_i > tau_bkwd_i`` (PipeMare §3.2).
+        """
+        w = list(stage_bytes)
+        tf, tb = self.delays
+        stash = sum(wi * t for wi, t in zip(w, tf)) if self.stashes else 0
+        second = sum(wi * v for wi, v in zip(w, self.schedule.extra_versions(self.stages, self.microbatches)))
+        gapped = sum(wi for wi, f, b in zip(w, tf, tb) if f > b)
+        prediction = 0
+        for c in self.corrections:
+            if isinstance(c, WeightPrediction):
+                own = {"sgdm": 0 if optimizer == "sgd-momentum" else 1, "adam": 0 if optimizer == "adam" else 2}
+                prediction += gapped * (1 + own.get(c.rule, 0))
+        t2 = sum(gapped for c in self.corrections if isinstance(c, DiscrepancyCorrection))
+        return {"stash_bytes": stash, "second_version_bytes": second, "prediction_bytes": prediction,
+                "t2_bytes": t2}
+
+
+def build(spec: Union[str, Schedule, Method, Pipeline], stages: int, microbatches: int = 1,
+          **overrides) -> Pipeline:
+    """The :class:`Pipeline` of a method or schedule name (or object) on ``stages`` stages.
+
+    ``overrides``: the method's hyperparameters (``anneal_steps=500``). A
+    :class:`Pipeline` is returned as it is when its stages and microbatches match.
+    Raises :class:`~staleopt.errors.ScheduleError` for unknown names and broken
+    schedule rules (2BW's ``N >= P``), :class:`~staleopt.errors.ConfigError` for bad counts.
+
+    >>> p = build("pipemare", stages=4, microbatches=1)
+    >>> p.delays, p.utilization(), p.in_flight()
+    (([7, 5, 3, 1], [0, 0, 0, 0]), 1.0, [7, 5, 3, 1])
+    """
+    if isinstance(spec, Pipeline):
+        if overrides or (spec.stages, spec.microbatches) != (stages, microbatches):
+            raise ScheduleError(f"{spec!r} was built for stages={spec.stages}, microbatches={spec.microbatches}; "
+                                f"build it again for stages={stages}, microbatches={microbatches}"
+                                + (" with these overrides" if overrides else ""))
+        return spec
+    schedule, corrections = resolve(spec, **overrides)
+    name = spec if isinstance(spec, str) else spec.name
+    return Pipeline(name, schedule, corrections, stages, microbatches)
+
+
 # Paper defaults. PipeMare: K is a quarter of the first lr phase (§3.1) and D is swept over
 # {0.01, ..., 0.9} with 0.1 in both grids (Table 8); step counts are in optimizer steps and
 # staleopt.train rescales them to the run's length when they are not given.
@@ -94,7 +311,8 @@ ANNEAL_STEPS, DECAY, WARMUP_STEPS, PIPELINED_STEPS = 1000, 0.1, 1000, 1000
 
 for _m in [
     Method("gpipe", "sync", "synchronous, flush every minibatch", "GPipe; PipeMare Table 1"),
-    Method("pipedream-flush", "sync", "1F1B with a flush every minibatch (synchronous)", "PipeDream-2BW §2"),
+    Method("pipedream-flush", "sync", "1F1B with a flush every minibatch (synchronous)", "PipeDream-2BW §2",
+           schedule_args={"order": "1f1b"}, aliases=("1f1b-flush",)),
     Method("1f1b", "1f1b", "1F1B without stashing: stale forward, current backward", "PipeOptim §II"),
     Method("pipedream", "1f1b", "1F1B with weight stashing", "PipeDream §3.3", lambda: [Stashing()]),
     Method("pipedream-vs", "1f1b", "PipeDream with vertical sync: one version per minibatch across stages",
@@ -104,7 +322,7 @@ for _m in [
     Method("pb-hybrid", "pb", "pipelined backpropagation first, then synchronous", "Stale-weights paper §4",
            lambda pipelined_steps: [Hybrid(pipelined_steps)], {"pipelined_steps": PIPELINED_STEPS}),
     Method("pipemare-stash", "dataflow", "dataflow delays with weight stashing (PipeMare's PipeDream baseline)",
-           "PipeMare §4, Table 1", lambda: [Stashing()]),
+           "PipeMare §4, Table 1", lambda: [Stashing()], aliases=("dataflow-stash",)),
     Method("pipemare-t1", "dataflow", "PipeMare with learning-rate rescheduling only", "PipeMare §3.1",
            lambda anneal_steps: [LRReschedule(anneal_steps)], {"anneal_steps": ANNEAL_STEPS}),
     Method("pipemare", "dataflow", "PipeMare: T1 learning-rate rescheduling + T2 discrepancy correction",

@@ -37,6 +37,7 @@ from torch import nn
 
 from .errors import ConfigError
 from .partition import units_of
+from .validate import check_int
 
 __all__ = ["get", "names", "info", "num_units", "table", "ModelInfo",
            "ResNet1d", "CNN1d", "MLP", "TransformerClassifier", "LeNet5", "CifarResNet", "resnet50_cifar"]
@@ -92,8 +93,7 @@ class _ResNet(nn.Module):
         super().__init__()
         if (depth - 2) % 6 or depth < 8:
             raise ConfigError(f"ResNet depth must be 6n+2 with n >= 1 (8, 14, 20, 32, 44, 56, ...), got {depth}")
-        if width < 1:
-            raise ConfigError(f"width must be >= 1, got {width}")
+        check_int("width", width, 1)
         n = (depth - 2) // 6
         Conv, BN = (nn.Conv1d, nn.BatchNorm1d) if dims == 1 else (nn.Conv2d, nn.BatchNorm2d)
         self.conv = Conv(in_channels, width, 3, 1, 1, bias=False)

@@ -37,6 +37,7 @@ from torch import nn
 
 from ._torch_compat import flatten, sequence_nr
 from .errors import StageError, StageOrderError
+from .validate import check_int
 
 __all__ = ["Unit", "Stage", "Partition", "Dataflow", "units_of", "dataflow", "execution_order", "partition_model"]
 
@@ -308,8 +309,8 @@ def partition_model(model: nn.Module, stages: Union[int, Sequence[int]], strateg
                              "or pass a list of cut points as stages")
     else:
         cuts = list(stages)
-        if any(isinstance(c, bool) or not isinstance(c, int) for c in cuts):
-            raise StageError(f"cut points must be ints, got {cuts!r}")
+        for c in cuts:
+            check_int("cut point", c, why=f"cut points {cuts!r}", error=StageError)
         if any(b <= a for a, b in zip([0] + cuts, cuts + [n])):
             raise StageError(f"cut points {cuts} must be strictly increasing within 1..{n - 1} "
                              f"(this model has {n} parametrized operators)")

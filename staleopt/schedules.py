@@ -32,10 +32,23 @@ For example ``P=4, N=1``::
     1f1b       [3, 2, 1, 0]   [0, 0, 0, 0]
     pb         [6, 4, 2, 0]   [0, 0, 0, 0]
 
+A schedule object owns every fact about its pipeline, so the other modules
+ask it instead of keeping tables of their own: the delays above
+(:meth:`Schedule.delays`, :meth:`Schedule.microbatch_delays`), its rules
+(:meth:`Schedule.check`, e.g. 2BW's ``N >= P``), the program that
+:mod:`staleopt.timeline` executes and the version a pass reads there
+(:meth:`Schedule.program`, :attr:`Schedule.version_policy`), and what
+:mod:`staleopt.hardware` prices: the steady-state utilization, the
+microbatches in flight per stage and the weight versions it stores besides
+the current one (:meth:`Schedule.utilization`, :meth:`Schedule.in_flight`,
+:meth:`Schedule.extra_versions`). ``sync`` flushes in one of two orders, GPipe's
+(all forwards, then all backwards) or PipeDream-Flush's (1F1B inside the
+minibatch): same delays and utilization, fewer microbatches in flight.
+
 Weight stashing, vertical sync and the phases (warmup, hybrid) are
 corrections, not schedules (``staleopt.corrections``); named methods bundle a
 schedule with corrections (``staleopt.methods``). A method name is accepted
-wherever a schedule name is: :func:`staleopt.methods.resolve` does the lookup.
+wherever a schedule name is: :func:`staleopt.methods.build` does the lookup.
 """
 from __future__ import annotations
 
@@ -44,29 +57,38 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from .errors import ConfigError, DelayError, ScheduleError
+from .errors import DelayError, ScheduleError
+from .validate import check_int
 
 __all__ = ["Schedule", "Sync", "Dataflow", "OneFOneB", "PipelinedBackprop", "TwoBW", "Hogwild",
-           "Custom", "get", "names", "register"]
+           "Custom", "get", "names", "register", "Delays", "Item", "Op", "Program"]
 
 Delays = Tuple[List[int], List[int]]
-
-
-def _check_pn(stages: int, microbatches: int) -> None:
-    if isinstance(stages, bool) or not isinstance(stages, int) or stages < 1:
-        raise ConfigError(f"stages must be an int >= 1, got {stages!r}")
-    if isinstance(microbatches, bool) or not isinstance(microbatches, int) or microbatches < 1:
-        raise ConfigError(f"microbatches must be an int >= 1 (microbatches per minibatch), got {microbatches!r}")
+Item = Tuple[int, str, int]          # (stage, "F" | "B", microbatch)
+Op = Tuple[Item, ...]                # one cell: usually one pass, two for pipelined backprop's last stage
+#: Row labels and each row's cells in order; a row is a worker: a stage, a stage's forward or backward
+#: unit, or an accelerator.
+Program = Tuple[List[str], List[List[Op]]]
 
 
 class Schedule:
-    """Base class. Subclasses implement :meth:`delays`; random schedules also :meth:`sample`."""
+    """Base class. Subclasses implement :meth:`delays`; random schedules also :meth:`sample`;
+    pipelines that a timeline executes also :meth:`program` and :meth:`in_flight`."""
 
     name: str = "schedule"
     description: str = ""
     paper: str = ""
     #: True when delays change from step to step (then :meth:`sample` draws them).
     random: bool = False
+    #: Which version a pass reads in the executed timeline: ``"current"``, the stage's newest at the
+    #: start of the slot (or, with stashing, the backward reads its forward's); ``"minibatch"``, one
+    #: version for every pass of a minibatch, fixed when its first forward enters stage 0 (2BW).
+    version_policy: str = "current"
+
+    def check(self, stages: int, microbatches: int = 1) -> None:
+        """Raise a typed error unless the schedule runs ``stages`` stages with ``microbatches`` per minibatch."""
+        check_int("stages", stages, minimum=1)
+        check_int("microbatches", microbatches, minimum=1, why="microbatches per minibatch")
 
     def delays(self, stages: int, microbatches: int = 1) -> Delays:
         """Per-stage ``(tau_fwd, tau_bkwd)``; for random schedules, the largest possible delays."""
@@ -85,6 +107,30 @@ class Schedule:
         """
         tf, tb = self.delays(stages, microbatches)
         return [[t] * microbatches for t in tf], [[t] * microbatches for t in tb]
+
+    def utilization(self, stages: int, microbatches: int = 1) -> float:
+        """Steady-state fraction of busy pipeline workers (PipeMare §2): 1 for the asynchronous pipelines."""
+        self.check(stages, microbatches)
+        return 1.0
+
+    def in_flight(self, stages: int, microbatches: int = 1) -> List[int]:
+        """Per stage, the microbatches whose activations it holds at once in steady state."""
+        raise ScheduleError(f"schedule {self.name!r} has no fixed pipeline, so no activation count; "
+                            f"use a pipeline schedule ({', '.join(pipelines())}) or a method built on one")
+
+    def extra_versions(self, stages: int, microbatches: int = 1) -> List[int]:
+        """Per stage, the weight versions the schedule itself stores besides the current one (stashing adds its own)."""
+        self.check(stages, microbatches)
+        return [0] * stages
+
+    def program(self, stages: int, microbatches: int, minibatches: int) -> Program:
+        """What each worker runs, in order, for ``minibatches`` minibatches (:func:`staleopt.timeline.simulate`)."""
+        raise ScheduleError(f"schedule {self.name!r} has no timeline (its delays are not produced by a fixed "
+                            f"pipeline); pipeline schedules: {', '.join(pipelines())}")
+
+    def timeline_name(self, stash: bool = False) -> str:
+        """The name of the executed pipeline, with or without weight stashing (``1f1b`` and ``pipedream``)."""
+        return f"{self.name}-stash" if stash else self.name
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
@@ -107,17 +153,212 @@ class _DepthSchedule(Schedule):
         return [row[0] for row in tf], [row[0] for row in tb]
 
     def microbatch_delays(self, stages, microbatches):
-        _check_pn(stages, microbatches)
+        self.check(stages, microbatches)
         return _depth_delays(self.depths(stages), microbatches), [[0] * microbatches for _ in range(stages)]
 
 
+# ----------------------------------------------------------------------------- programs
+# Each program's docstring draws it for a few minibatches; a cell is ``F``/``B`` and the
+# global microbatch id, ``.`` a bubble (tests/test_timeline.py renders and compares them).
+
+def _gpipe(P: int, N: int, K: int) -> Program:
+    """GPipe: all forwards of a minibatch, then its backwards in reverse order; flush every minibatch.
+
+    Utilization ``N / (N + P - 1)`` (PipeMare App. A.1). ``P = 4, N = 2``::
+
+        slot       0   1   2   3   4   5   6   7   8   9  10  11  12  13  14  15  16  17  18  19
+        stage 0   F0  F1   .   .   .   .   .   .  B1  B0  F2  F3   .   .   .   .   .   .  B3  B2
+        stage 1    .  F0  F1   .   .   .   .  B1  B0   .   .  F2  F3   .   .   .   .  B3  B2   .
+        stage 2    .   .  F0  F1   .   .  B1  B0   .   .   .   .  F2  F3   .   .  B3  B2   .   .
+        stage 3    .   .   .  F0  F1  B1  B0   .   .   .   .   .   .  F2  F3  B3  B2   .   .   .
+    """
+    programs = []
+    for i in range(P):
+        prog = []
+        for t in range(K):
+            mbs = range(t * N, (t + 1) * N)
+            prog += [((i, "F", m),) for m in mbs] + [((i, "B", m),) for m in reversed(mbs)]
+        programs.append(prog)
+    return [f"stage {i}" for i in range(P)], programs
+
+
+def _one_f_one_b_flush(P: int, N: int, K: int) -> Program:
+    """PipeDream-Flush (2BW paper §3.2): 1F1B inside each minibatch, then a flush.
+
+    Stage ``i`` runs ``min(P-1-i, N)`` warm-up forwards, alternates forward and
+    backward, and drains; at most ``min(P-i, N)`` microbatches are in flight.
+    Same utilization as GPipe, ``N / (N + P - 1)``. ``P = 4, N = 2``::
+
+        slot       0   1   2   3   4   5   6   7   8   9  10  11  12  13  14  15  16  17  18  19
+        stage 0   F0  F1   .   .   .   .   .  B0   .  B1  F2  F3   .   .   .   .   .  B2   .  B3
+        stage 1    .  F0  F1   .   .   .  B0   .  B1   .   .  F2  F3   .   .   .  B2   .  B3   .
+        stage 2    .   .  F0  F1   .  B0   .  B1   .   .   .   .  F2  F3   .  B2   .  B3   .   .
+        stage 3    .   .   .  F0  B0  F1  B1   .   .   .   .   .   .  F2  B2  F3  B3   .   .   .
+    """
+    programs = []
+    for i in range(P):
+        prog = []
+        for t in range(K):
+            mbs = list(range(t * N, (t + 1) * N))
+            w = min(P - 1 - i, N)
+            prog += [((i, "F", m),) for m in mbs[:w]]
+            for k in range(N - w):
+                prog += [((i, "F", mbs[w + k]),), ((i, "B", mbs[k]),)]
+            prog += [((i, "B", m),) for m in mbs[N - w:]]
+        programs.append(prog)
+    return [f"stage {i}" for i in range(P)], programs
+
+
+def _one_f_one_b(P: int, N: int, K: int) -> Program:
+    """1F1B without flush (PipeDream §3.2; PipeOptim §II "Vanilla-1F1B").
+
+    Stage ``i`` admits ``P - i`` microbatches, then alternates one backward and
+    one forward forever: no bubbles in steady state (utilization 1). The
+    forward of microbatch ``j`` of minibatch ``t`` at stage ``i`` reads
+    ``w_{t - ceil((P-1-i-j)/N)}``; the backward reads the current weights
+    (delay 0), or with stashing the forward's version. ``P = 4, N = 2``, 3 minibatches::
+
+        slot       0   1   2   3   4   5   6   7   8   9  10  11  12  13  14  15  16  17
+        stage 0   F0  F1  F2  F3   .   .   .  B0  F4  B1  F5  B2   .  B3   .  B4   .  B5
+        stage 1    .  F0  F1  F2   .   .  B0  F3  B1  F4  B2  F5  B3   .  B4   .  B5   .
+        stage 2    .   .  F0  F1   .  B0  F2  B1  F3  B2  F4  B3  F5  B4   .  B5   .   .
+        stage 3    .   .   .  F0  B0  F1  B1  F2  B2  F3  B3  F4  B4  F5  B5   .   .   .
+    """
+    M = N * K
+    programs = []
+    for i in range(P):
+        w = min(P - i, M)
+        prog = [((i, "F", m),) for m in range(w)]
+        for k in range(M - w):
+            prog += [((i, "B", k),), ((i, "F", w + k),)]
+        prog += [((i, "B", m),) for m in range(M - w, M)]
+        programs.append(prog)
+    return [f"stage {i}" for i in range(P)], programs
+
+
+def _two_bw(P: int, N: int, K: int) -> Program:
+    """PipeDream-2BW (2BW paper §3.1): the 1F1B program with double-buffered weights.
+
+    Every microbatch of minibatch ``t`` reads, at every stage and in both
+    passes, the newest version that *all* stages had generated when the
+    minibatch's first forward entered stage 0. With ``N >= P`` that is
+    ``w_{t-1}`` (the paper's ``max(floor((k-1)/m) - 1, 0)``; ``w_t`` when
+    ``P = 1``), and each stage keeps at most 2 versions. The program is
+    :func:`_one_f_one_b`'s; ``N >= P`` is required (2BW paper §3.1: ``m >= d``).
+    ``P = 2, N = 2``, 3 minibatches, ``@v`` the version read::
+
+        slot         0     1     2     3     4     5     6     7     8     9    10    11    12    13
+        stage 0   F0@0  F1@0     .  B0@0  F2@0  B1@0  F3@0  B2@0  F4@1  B3@0  F5@1  B4@1     .  B5@1
+        stage 1      .  F0@0  B0@0  F1@0  B1@0  F2@0  B2@0  F3@0  B3@0  F4@1  B4@1  F5@1  B5@1     .
+    """
+    return _one_f_one_b(P, N, K)
+
+
+def _dataflow(P: int, N: int, K: int) -> Program:
+    """Dataflow pipeline (PipeMare Fig. 1(c), App. A.1): each stage has a forward and a backward unit.
+
+    Both units run every slot, so ``F`` of microbatch ``m`` at stage ``i`` runs
+    in slot ``m + i`` and its ``B`` in slot ``m + 2P - 1 - i``: ``2(P-1-i) + 1``
+    slots apart, hence ``tau_fwd = ceil((2(P-1-i) + 1 - j)/N)`` for microbatch
+    ``j`` of a minibatch (``j = 0`` gives PipeMare's ``ceil((2(P-i)+1)/N)``,
+    1-based ``i``) and ``tau_bkwd = 0``. Utilization 1. ``P = 4, N = 2``::
+
+        slot         0   1   2   3   4   5   6   7   8   9  10
+        stage 0 F   F0  F1  F2  F3   .   .   .   .   .   .   .
+        stage 0 B    .   .   .   .   .   .   .  B0  B1  B2  B3
+        stage 1 F    .  F0  F1  F2  F3   .   .   .   .   .   .
+        stage 1 B    .   .   .   .   .   .  B0  B1  B2  B3   .
+        stage 2 F    .   .  F0  F1  F2  F3   .   .   .   .   .
+        stage 2 B    .   .   .   .   .  B0  B1  B2  B3   .   .
+        stage 3 F    .   .   .  F0  F1  F2  F3   .   .   .   .
+        stage 3 B    .   .   .   .  B0  B1  B2  B3   .   .   .
+    """
+    M = N * K
+    labels, programs = [], []
+    for i in range(P):
+        labels += [f"stage {i} F", f"stage {i} B"]
+        programs += [[((i, "F", m),) for m in range(M)], [((i, "B", m),) for m in range(M)]]
+    return labels, programs
+
+
+def _pipelined_backprop(P: int, N: int, K: int) -> Program:
+    """Pipelined backpropagation on ``2P - 1`` accelerators (stale-weights paper §3, Fig. 4).
+
+    Accelerator ``a < P-1`` runs the forward of stage ``a``; accelerator
+    ``P-1`` runs the last stage's forward and backward in the same cycle
+    (cell ``X``); accelerator ``P-1+k`` runs the backward of stage ``P-1-k``.
+    The forward and backward of stage ``i`` are ``2(P-1-i)`` cycles apart (the
+    paper's "degree of staleness" ``2(K-i+1)``, 1-based ``i``, ``K = P-1``), hence
+    ``tau_fwd = ceil((2(P-1-i) - j)/N)`` for microbatch ``j``, ``tau_bkwd = 0``;
+    utilization 1. ``P = 3, N = 1``, 4 minibatches::
+
+        slot               0   1   2   3   4   5   6   7
+        accel 0 (F0)      F0  F1  F2  F3   .   .   .   .
+        accel 1 (F1)       .  F0  F1  F2  F3   .   .   .
+        accel 2 (F2+B2)    .   .  X0  X1  X2  X3   .   .
+        accel 3 (B1)       .   .   .  B0  B1  B2  B3   .
+        accel 4 (B0)       .   .   .   .  B0  B1  B2  B3
+    """
+    M = N * K
+    labels, programs = [], []
+    for a in range(P - 1):
+        labels.append(f"accel {a} (F{a})")
+        programs.append([((a, "F", m),) for m in range(M)])
+    labels.append(f"accel {P - 1} (F{P - 1}+B{P - 1})")
+    programs.append([((P - 1, "F", m), (P - 1, "B", m)) for m in range(M)])
+    for k in range(1, P):
+        labels.append(f"accel {P - 1 + k} (B{P - 1 - k})")
+        programs.append([((P - 1 - k, "B", m),) for m in range(M)])
+    return labels, programs
+
+
+# ----------------------------------------------------------------------------- schedules
+
 class Sync(Schedule):
+    """Flush every minibatch: no staleness; ``order`` is how the passes of a minibatch run.
+
+    ``"gpipe"``: all forwards, then all backwards (GPipe), ``N`` microbatches in
+    flight per stage; ``"1f1b"``: one-forward-one-backward inside the minibatch
+    (PipeDream-Flush, 2BW paper §2), ``min(P - i, N)`` in flight. Both idle
+    ``P - 1`` of ``N + P - 1`` slots per minibatch: utilization ``N / (N + P - 1)``
+    (PipeMare App. A.1).
+    """
+
     name, paper = "sync", "GPipe; PipeDream-2BW §2 (PipeDream-Flush)"
     description = "synchronous: the pipeline is flushed every minibatch, no staleness"
+    _ORDERS = {"gpipe": ("gpipe", _gpipe), "1f1b": ("pipedream-flush", _one_f_one_b_flush)}
+
+    def __init__(self, order: str = "gpipe"):
+        if order not in self._ORDERS:
+            raise ScheduleError(f"sync order must be one of {', '.join(map(repr, self._ORDERS))} (GPipe or "
+                                f"PipeDream-Flush), got {order!r}")
+        self.order = order
 
     def delays(self, stages, microbatches=1):
-        _check_pn(stages, microbatches)
+        self.check(stages, microbatches)
         return [0] * stages, [0] * stages
+
+    def utilization(self, stages, microbatches=1):
+        self.check(stages, microbatches)
+        return microbatches / (microbatches + stages - 1)
+
+    def in_flight(self, stages, microbatches=1):
+        self.check(stages, microbatches)
+        if self.order == "gpipe":
+            return [microbatches] * stages
+        return [min(stages - i, microbatches) for i in range(stages)]
+
+    def program(self, stages, microbatches, minibatches):
+        self.check(stages, microbatches)
+        return self._ORDERS[self.order][1](stages, microbatches, minibatches)
+
+    def timeline_name(self, stash=False):
+        return self._ORDERS[self.order][0]          # every delay is 0: stashing changes no read
+
+    def __repr__(self):
+        # The order is left out: both orders give every pass delay 0, so an optimizer steps the same under
+        # either, and the repr (a checkpoint's signature records it) stays what it always was.
+        return "Sync()"
 
 
 class Dataflow(_DepthSchedule):
@@ -127,6 +368,15 @@ class Dataflow(_DepthSchedule):
     def depths(self, stages):
         return [2 * (stages - 1 - i) + 1 for i in range(stages)]
 
+    def in_flight(self, stages, microbatches=1):
+        """``2(P-1-i) + 1`` (PipeMare App. A.2, 0-based ``i``)."""
+        self.check(stages, microbatches)
+        return [2 * (stages - 1 - i) + 1 for i in range(stages)]
+
+    def program(self, stages, microbatches, minibatches):
+        self.check(stages, microbatches)
+        return _dataflow(stages, microbatches, minibatches)
+
 
 class OneFOneB(_DepthSchedule):
     name, paper = "1f1b", "PipeOptim §II (Vanilla-1F1B); PipeDream §3.2 without stashing"
@@ -134,6 +384,18 @@ class OneFOneB(_DepthSchedule):
 
     def depths(self, stages):
         return [stages - 1 - i for i in range(stages)]
+
+    def in_flight(self, stages, microbatches=1):
+        """``P - i``: stage ``i`` admits ``P - i`` microbatches before its first backward."""
+        self.check(stages, microbatches)
+        return [stages - i for i in range(stages)]
+
+    def program(self, stages, microbatches, minibatches):
+        self.check(stages, microbatches)
+        return _one_f_one_b(stages, microbatches, minibatches)
+
+    def timeline_name(self, stash=False):
+        return "pipedream" if stash else "1f1b"
 
 
 class PipelinedBackprop(_DepthSchedule):
@@ -151,22 +413,56 @@ class PipelinedBackprop(_DepthSchedule):
     def depths(self, stages):
         return [2 * (stages - 1 - i) for i in range(stages)]
 
+    def in_flight(self, stages, microbatches=1):
+        """``2(P-1-i)``: the paper's degree of staleness (stale-weights §3)."""
+        self.check(stages, microbatches)
+        return [2 * (stages - 1 - i) for i in range(stages)]
+
+    def program(self, stages, microbatches, minibatches):
+        self.check(stages, microbatches)
+        return _pipelined_backprop(stages, microbatches, minibatches)
+
 
 class TwoBW(Schedule):
+    """PipeDream-2BW (2BW paper §3.1): every pass of minibatch ``t`` reads ``w_{t-1}``; needs ``N >= P``.
+
+    The 1F1B program with double-buffered weights: ``P - i`` microbatches in
+    flight at stage ``i`` (at most the pipeline depth) and one stored version
+    besides the current one. With one stage there is no pipeline and so no
+    second buffer in use: delay 0.
+    """
+
     name, paper = "2bw", "PipeDream-2BW §3.1"
     description = "double-buffered weights: every stage reads the previous version, forward = backward"
+    version_policy = "minibatch"
 
-    # With one stage there is no pipeline and so no second buffer in use: delay 0.
-
-    def delays(self, stages, microbatches=1):
-        _check_pn(stages, microbatches)
-        if stages == 1:
-            return [0], [0]
-        if microbatches < stages:
+    def check(self, stages, microbatches=1):
+        super().check(stages, microbatches)
+        if stages > 1 and microbatches < stages:
             raise ScheduleError(f"2BW keeps two weight versions only with at least as many microbatches per "
                                 f"minibatch as stages (2BW paper §3.1, m >= d): got N={microbatches} < "
                                 f"P={stages}; pass microbatches >= {stages}")
+
+    def delays(self, stages, microbatches=1):
+        self.check(stages, microbatches)
+        if stages == 1:
+            return [0], [0]
         return [1] * stages, [1] * stages
+
+    def in_flight(self, stages, microbatches=1):
+        self.check(stages, microbatches)
+        return [stages - i for i in range(stages)]
+
+    def extra_versions(self, stages, microbatches=1):
+        self.check(stages, microbatches)
+        return [1 if stages > 1 else 0] * stages
+
+    def program(self, stages, microbatches, minibatches):
+        self.check(stages, microbatches)
+        return _two_bw(stages, microbatches, minibatches)
+
+    def timeline_name(self, stash=False):
+        return "2bw"                                # both passes read the minibatch's version already
 
 
 class Hogwild(Schedule):
@@ -179,7 +475,8 @@ class Hogwild(Schedule):
     ``tau_max / 2``). Defaults: the dataflow delays as means — on average as stale
     as PipeMare's pipeline — and ``tau_max`` twice the largest of them. Forward and
     backward read the same version. Draws come from the optimizer's seeded
-    generator, so runs are reproducible.
+    generator, so runs are reproducible. No fixed pipeline produces these
+    delays: fully utilized, but without a timeline or activation count.
 
     PipeMare's eq. (16) takes stage ``i``'s gradient with the whole model at
     ``w_{t - tau_i}``; here, as in a pipeline, each stage runs on its own version
@@ -190,15 +487,16 @@ class Hogwild(Schedule):
     description = "random per-stage delays, truncated exponential with given means, forward = backward"
 
     def __init__(self, tau_max: Optional[int] = None, means: Optional[Sequence[float]] = None):
-        if tau_max is not None and (isinstance(tau_max, bool) or not isinstance(tau_max, int) or tau_max < 0):
-            raise ScheduleError(f"hogwild tau_max must be an int >= 0, got {tau_max!r}")
+        check_int("hogwild tau_max", tau_max, minimum=0, optional=True, error=ScheduleError)
         if means is not None and any(float(m) <= 0 for m in means):
             raise ScheduleError(f"hogwild means must be > 0, got {list(means)!r}")
         self.tau_max, self.means = tau_max, None if means is None else [float(m) for m in means]
         self._cdf = {}
 
+    def check(self, stages, microbatches=1):
+        self._params(stages, microbatches)
+
     def _params(self, stages, microbatches):
-        _check_pn(stages, microbatches)
         dataflow = Dataflow().delays(stages, microbatches)[0]
         means = self.means or [float(t) for t in dataflow]
         if len(means) != stages:
@@ -240,7 +538,7 @@ class Hogwild(Schedule):
 
 
 class Custom(Schedule):
-    """User-given delays; ``tau_bkwd`` defaults to zeros."""
+    """User-given delays; ``tau_bkwd`` defaults to zeros. No pipeline: nothing to execute or price."""
 
     name, paper = "custom", "DESIGN §2"
     description = "user-given per-stage delays"
@@ -267,12 +565,18 @@ class Custom(Schedule):
             out.append(int(v))
         return out
 
-    def delays(self, stages, microbatches=1):
-        _check_pn(stages, microbatches)
+    def check(self, stages, microbatches=1):
+        super().check(stages, microbatches)
         if len(self.tau_fwd) != stages:
             raise DelayError(f"custom delays have {len(self.tau_fwd)} entries but the model is split into "
                              f"{stages} stages: give exactly one delay per stage")
+
+    def delays(self, stages, microbatches=1):
+        self.check(stages, microbatches)
         return list(self.tau_fwd), list(self.tau_bkwd)
+
+    def utilization(self, stages, microbatches=1):
+        raise ScheduleError("custom delays have no pipeline schedule to price; use a named schedule or method")
 
     def __repr__(self):
         return f"Custom(tau_fwd={self.tau_fwd}, tau_bkwd={self.tau_bkwd})"
@@ -292,6 +596,11 @@ for _cls in (Sync, Dataflow, OneFOneB, PipelinedBackprop, TwoBW, Hogwild, Custom
 
 def names() -> List[str]:
     return sorted(_REGISTRY)
+
+
+def pipelines() -> List[str]:
+    """The registered schedules that a timeline executes (classes overriding :meth:`Schedule.program`)."""
+    return [n for n in names() if isinstance(_REGISTRY[n], type) and _REGISTRY[n].program is not Schedule.program]
 
 
 def get(name: str, **kwargs) -> Schedule:

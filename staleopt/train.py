@@ -36,11 +36,13 @@ Choices (each documented because it changes numbers):
 * **Evaluation** at the end of each epoch: ``model.eval()`` under
   ``torch.no_grad()``, so the model holds ``w_t`` (DESIGN §1) and BatchNorm
   uses its running statistics.
-* **Determinism.** Initialization draws from ``seed``, the data order from a
-  ``torch.Generator`` seeded with ``seed``, and anything else random in the
-  loop (augmentation, dropout) from torch's global RNG seeded with ``seed``
-  inside a forked RNG state (the caller's RNG is left as it was). On CPU the
-  same config gives identical records except ``wall_time``.
+* **Determinism.** Initialization draws from ``seed``, the data order and
+  the augmentation (:func:`staleopt.data.batches`) from a ``torch.Generator``
+  seeded with ``seed``, and anything else random in the loop (dropout) from
+  torch's global RNG seeded with ``seed`` inside a forked RNG state (the
+  caller's RNG is left as it was). On CPU the same config gives identical
+  records except ``wall_time``. On a GPU the datasets' tensors live on the
+  GPU (:meth:`staleopt.data.Data.to`).
 
 Record columns (one row per epoch; config keys are not repeated, a sweep adds
 them): ``epoch``, ``step`` (optimizer steps so far), ``train_loss`` (mean over
@@ -57,17 +59,20 @@ from __future__ import annotations
 
 import math
 import time
-from typing import TYPE_CHECKING, Any, Dict, Mapping, Optional, Union
+from typing import Any, Dict, Mapping, Optional, Union
 
 import pandas as pd
 import torch
 import torch.nn.functional as F
+from tqdm.auto import tqdm
 
+from . import checkpoint as ckpt
+from . import data as datasets
+from . import hardware, methods, models
 from .config import RunConfig
 from .errors import ConfigError
-
-if TYPE_CHECKING:
-    from .checkpoint import Checkpoint
+from .methods import Pipeline
+from .optimizer import PipelineOptimizer
 
 __all__ = ["run", "method_args", "steps_per_epoch", "total_steps", "build_optimizer", "lr_lambda",
            "RECORD_COLUMNS"]
@@ -103,10 +108,9 @@ def method_args(config: RunConfig, n_train: int) -> Dict[str, Any]:
     otherwise); ``warmup_steps = anneal_steps``; ``pipelined_steps = total // 2``
     (module docstring gives the papers' reasons).
     """
-    from . import methods
-    if config.method not in methods.names():
+    accepted = methods.hyperparameters(config.method)
+    if not accepted:
         return {}
-    accepted = methods.get(config.method).defaults
     total = total_steps(config, n_train)
     first = total
     if config.lr_schedule == "step" and config.lr_milestones:
@@ -139,23 +143,21 @@ def lr_lambda(config: RunConfig, steps_per_epoch: int, total: int):
     return lambda k: 1.0
 
 
-def _hardware(config: RunConfig, model, opt, total: int, args: Dict[str, Any]) -> Dict[str, float]:
-    from . import hardware
-    P, N = opt.partition.num_stages, config.microbatches
+def _hardware(config: RunConfig, model, pipeline: Pipeline, partition, total: int,
+              args: Dict[str, Any]) -> Dict[str, float]:
+    """The record's analytic columns: largest forward delay, run-average utilization, weight+optimizer memory."""
     phase = {k: min(args[k], total) for k in ("warmup_steps", "pipelined_steps") if args.get(k) is not None}
-    util = hardware.pipeline_utilization(config.method, P, N, total_steps=total, **phase)
-    mem = hardware.memory_report(model, config.method, P, N, optimizer=config.optimizer,
-                                 partition=opt.partition)
-    return {"tau_max": max(opt.max_delays[0]), "utilization": float(util),
+    mem = hardware.memory_report(model, pipeline, pipeline.stages, pipeline.microbatches,
+                                 optimizer=config.optimizer, partition=partition)
+    return {"tau_max": max(pipeline.delays[0]), "utilization": float(pipeline.utilization(total, **phase)),
             "memory_bytes": int(mem.weight_optimizer_bytes), "memory_ratio_gpipe": float(mem.ratio_to_gpipe)}
 
 
 @torch.no_grad()
 def _evaluate(model, dataset, task: str, device) -> Dict[str, float]:
-    from .data import batches
     model.eval()
     loss_sum, correct, n = 0.0, 0, 0
-    for x, y in batches(dataset, _EVAL_BATCH):
+    for x, y in datasets.batches(dataset, _EVAL_BATCH):
         x, y = x.to(device), y.to(device)
         out = model(x)
         if task == "classification":
@@ -175,7 +177,7 @@ def _rng_devices(device: torch.device):
 
 
 def run(config: Union[RunConfig, Mapping[str, Any]], progress: bool = False,
-        checkpoint: Optional["Checkpoint"] = None) -> pd.DataFrame:
+        checkpoint: Optional[ckpt.Checkpoint] = None) -> pd.DataFrame:
     """Train ``config`` and return one record per epoch (columns :data:`RECORD_COLUMNS`).
 
     With a :class:`~staleopt.checkpoint.Checkpoint` the run saves itself at every
@@ -195,24 +197,18 @@ def run(config: Union[RunConfig, Mapping[str, Any]], progress: bool = False,
 
 
 def _train(config: RunConfig, device: torch.device, progress: bool, checkpoint) -> pd.DataFrame:
-    from tqdm.auto import tqdm
-
-    from . import checkpoint as ckpt
-    from . import data as datasets
-    from . import models
-    from .optimizer import PipelineOptimizer
-
-    data = datasets.load(config.data, **config.data_kwargs)
+    data = datasets.load(config.data, **config.data_kwargs).to(device)
     model = models.get(config.model, seed=config.seed, num_classes=data.num_classes,
                        input_shape=data.input_shape, **config.model_kwargs).to(device)
     spe = steps_per_epoch(config, len(data.train))
     total = total_steps(config, len(data.train))
     args = method_args(config, len(data.train))
+    pipeline = config.pipeline(**args)
     opt = PipelineOptimizer(model, build_optimizer(config, model.parameters()), stages=config.stages,
-                            schedule=config.method, microbatches=config.microbatches, seed=config.seed,
-                            partition=config.partition, method_args=args)
+                            schedule=pipeline.schedule, corrections=pipeline.corrections,
+                            microbatches=config.microbatches, seed=config.seed, partition=config.partition)
     scheduler = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(config, spe, total))
-    hardware = _hardware(config, model, opt, total, args)
+    analytic = _hardware(config, model, pipeline, opt.partition, total, args)
     criterion = F.cross_entropy if data.task == "classification" else F.mse_loss
     order = torch.Generator().manual_seed(config.seed)
     bound = config.divergence_loss
@@ -237,8 +233,8 @@ def _train(config: RunConfig, device: torch.device, progress: bool, checkpoint) 
 
     model.train()
     start = time.perf_counter() - elapsed
-    bar = tqdm(total=total, initial=resumed_at, desc=f"{config.method} P={config.stages}", unit="step",
-               disable=not progress)
+    bar = tqdm(total=total, initial=resumed_at, desc=f"{config.run_id()} {config.method} P={config.stages}",
+               unit="step", disable=not progress)
     try:
         for epoch in range(first_epoch, config.epochs + 1):
             epoch_order, status = order.get_state(), "ok"  # a resumed epoch redraws its order from here
@@ -265,7 +261,7 @@ def _train(config: RunConfig, device: torch.device, progress: bool, checkpoint) 
                             "train_loss": sum(losses) / len(losses) if losses else math.nan,
                             **_evaluate(model, data.test, data.task, device),
                             "lr_base": opt.param_groups[0]["lr"], "wall_time": time.perf_counter() - start,
-                            "status": status, **hardware})
+                            "status": status, **analytic})
             losses, done_batches = [], 0
             bar.set_postfix(epoch=f"{epoch}/{config.epochs}", loss=f"{records[-1]['train_loss']:.3g}",
                             acc=f"{records[-1]['test_acc']:.3f}")

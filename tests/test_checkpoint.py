@@ -73,6 +73,22 @@ def test_a_resumed_run_has_the_uninterrupted_records(tmp_path, kw, every, saves)
     assert not path.exists()  # deleted once the run is done
 
 
+def test_a_resumed_cifar_run_redraws_the_augmentation_of_its_epoch(tmp_path, monkeypatch):
+    """Mid-epoch resume with augmented CIFAR batches: the crops and flips come from the data-order generator,
+    drawn for the whole pass, so the steps after the checkpoint see the same images as without interruption."""
+    from test_data import write_cifar
+    write_cifar(tmp_path / "data", "cifar10", n_per_file=16)  # 80 training images: 5 steps per epoch
+    monkeypatch.setenv("STALEOPT_DATA", str(tmp_path / "data"))
+    c = RunConfig(model="mlp", model_kwargs={"depth": 2, "hidden": 16}, data="cifar10",
+                  data_kwargs={"verify": False}, batch_size=16, epochs=2, lr=0.05, method="pipemare", stages=3)
+    plain = train.run(c)
+    no_aug = train.run(RunConfig(**{**c.to_dict(), "data_kwargs": {"verify": False, "augment": False}}))
+    assert not plain["train_loss"].equals(no_aug["train_loss"])  # the augmentation is in use
+    state = interrupted_run(c, tmp_path / "run.ckpt", 3, 4)  # saves at steps 3, 5 (epoch end), 6, 9
+    assert (state["epoch"], state["batch"], state["optimizer"]["staleopt"]["step"]) == (2, 4, 9)
+    same_records(train.run(c, checkpoint=Checkpoint(tmp_path / "run.ckpt", every=3)), plain)
+
+
 def test_checkpoint_holds_the_state_and_is_kept_on_request(tmp_path):
     c = cfg(method="pipemare", stages=3)
     records = tmp_path / "rec.csv"

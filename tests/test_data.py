@@ -61,75 +61,208 @@ def test_mnist1d_bad_arguments():
 
 # --------------------------------------------------------------------------------- CIFAR
 
-def _write_cifar(root, name, n_per_file=4, seed=0):
-    """Files in torchvision's on-disk layout, with random pixels: pickled dicts of uint8 rows."""
+def write_cifar(root, name, n_per_file=4, seed=0, images=None):
+    """Files as in the official python archive (Python 2 pickles, protocol 2): a dict per batch with
+    ``data`` (N x 3072 uint8 rows, channel-major), labels, ``batch_label`` and ``filenames``.
+
+    ``images`` (N x 3 x 32 x 32 uint8) fill the training batches in order instead of random pixels.
+    """
     rng = np.random.default_rng(seed)
     folder = root / data.CIFAR_FOLDERS[name]
     folder.mkdir(parents=True)
     label_key, classes = ("labels", 10) if name == "cifar10" else ("fine_labels", 100)
-    files = ([f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"] if name == "cifar10"
-             else ["train", "test"])
+    train_files = [f"data_batch_{i}" for i in range(1, 6)] if name == "cifar10" else ["train"]
+    files = train_files + (["test_batch"] if name == "cifar10" else ["test"])
     written = {}
     for f in files:
         n = n_per_file * (5 if name == "cifar100" and f == "train" else 1)
-        batch = {"data": rng.integers(0, 256, (n, 3072), dtype=np.uint8),
-                 label_key: rng.integers(0, classes, n).tolist()}
+        rows = rng.integers(0, 256, (n, 3072), dtype=np.uint8)
+        if images is not None and f in train_files:
+            k = train_files.index(f) * n
+            rows = np.asarray(images[k:k + n], dtype=np.uint8).reshape(n, 3072)
+        batch = {"batch_label": f"{f} of {len(files)}", "data": rows,
+                 label_key: rng.integers(0, classes, n).tolist(), "filenames": [f"img_{f}_{i}.png" for i in range(n)]}
         written[f] = batch
         with open(folder / f, "wb") as fh:
-            pickle.dump(batch, fh)
+            pickle.dump(batch, fh, protocol=2)
     meta = ("batches.meta", "label_names") if name == "cifar10" else ("meta", "fine_label_names")
     with open(folder / meta[0], "wb") as fh:
-        pickle.dump({meta[1]: [f"class{i}" for i in range(classes)]}, fh)
+        pickle.dump({meta[1]: [f"class{i}" for i in range(classes)]}, fh, protocol=2)
     return written
 
 
-def test_cifar10_loads_written_files_through_torchvision(tmp_path):
-    import torchvision
-    written = _write_cifar(tmp_path, "cifar10")
-    d = data.load("cifar10", root=tmp_path, verify=False, augment=False)
-    assert isinstance(d.train, torchvision.datasets.CIFAR10)
-    assert (len(d.train), len(d.test), d.num_classes, d.input_shape) == (20, 4, 10, (3, 32, 32))
+def _train_rows(written):
     rows = np.concatenate([written[f"data_batch_{i}"]["data"] for i in range(1, 6)])  # N x 3072, CHW rows
-    labels = sum((written[f"data_batch_{i}"]["labels"] for i in range(1, 6)), [])
+    return rows, sum((written[f"data_batch_{i}"]["labels"] for i in range(1, 6)), [])
+
+
+def test_cifar10_keeps_the_files_as_uint8_tensors_and_normalizes_batches(tmp_path):
+    written = write_cifar(tmp_path, "cifar10")
+    d = data.load("cifar10", root=tmp_path, verify=False, augment=False)
+    assert isinstance(d.train, data.ImageTensors) and isinstance(d.test, data.ImageTensors)
+    assert (len(d.train), len(d.test), d.num_classes, d.input_shape) == (20, 4, 10, (3, 32, 32))
+    rows, labels = _train_rows(written)
+    assert d.train.images.dtype == torch.uint8 and d.train.images.shape == (20, 3, 32, 32)
+    assert torch.equal(d.train.images, torch.from_numpy(rows).view(20, 3, 32, 32))
+    assert d.train.targets.tolist() == labels and d.train.targets.dtype == torch.int64
     chw = rows.reshape(-1, 3, 32, 32).astype(np.float64) / 255
-    mean = chw.mean(axis=(0, 2, 3))
-    std = chw.std(axis=(0, 2, 3))
-    for i in (0, 7, 19):
-        x, y = d.train[i]
-        want = (chw[i] - mean[:, None, None]) / std[:, None, None]
-        assert y == labels[i]
-        assert np.allclose(x.numpy(), want, atol=1e-5)
+    mean, std = chw.mean(axis=(0, 2, 3)), chw.std(axis=(0, 2, 3))
+    assert np.allclose(d.info["mean"], mean, rtol=1e-12) and np.allclose(d.info["std"], std, rtol=1e-12)
+    x, y = next(data.batches(d.train, 20))
+    assert x.dtype == torch.float32 and x.shape == (20, 3, 32, 32) and y.tolist() == labels
+    assert np.allclose(x.numpy(), (chw - mean[:, None, None]) / std[:, None, None], atol=1e-5)
     x0, y0 = d.test[0]
     assert y0 == written["test_batch"]["labels"][0]
     assert np.allclose(x0.numpy(), (written["test_batch"]["data"][0].reshape(3, 32, 32) / 255
                                     - mean[:, None, None]) / std[:, None, None], atol=1e-5)
 
 
-def test_cifar_augmentation_is_crop_and_flip_and_seeded(tmp_path):
-    _write_cifar(tmp_path, "cifar10")
-    plain = data.load("cifar10", root=tmp_path, verify=False, augment=False)
-    aug = data.load("cifar10", root=tmp_path, verify=False)
-    base = plain.train[3][0]
-    zero = (0 - torch.tensor(aug.info["mean"])) / torch.tensor(aug.info["std"])  # a padded pixel
-    padded = torch.where(torch.ones(3, 40, 40, dtype=torch.bool), zero[:, None, None], 0.0).clone()
-    padded[:, 4:36, 4:36] = base
-    crops = {(dy, dx, f): (padded[:, dy:dy + 32, dx:dx + 32].flip(-1) if f else padded[:, dy:dy + 32, dx:dx + 32])
-             for dy in range(9) for dx in range(9) for f in (0, 1)}
+def _reference(dataset, i, params):
+    """Sample ``i`` through the per-sample PIL path the tensors replace: torchvision's RandomCrop(32, padding=4)
+    and RandomHorizontalFlip with their random draws fixed to ``params = (dy, dx, flip)``, ToTensor, Normalize."""
+    from PIL import Image
+    from torchvision.transforms import functional as TF
+    img = Image.fromarray(dataset.images[i].permute(1, 2, 0).numpy())
+    dy, dx, flip = params.tolist()
+    img = TF.crop(TF.pad(img, 4), dy, dx, 32, 32)
+    if flip:
+        img = TF.hflip(img)
+    return TF.normalize(TF.to_tensor(img), dataset.mean, dataset.std)
+
+
+def test_batched_crop_and_flip_equal_torchvisions_per_sample_transforms(tmp_path):
+    write_cifar(tmp_path, "cifar10")
+    d = data.load("cifar10", root=tmp_path, verify=False)
+    params = torch.tensor([[dy, dx, f] for dy in (0, 3, 4, 8) for dx in (0, 5, 8) for f in (0, 1)])
+    idx = torch.arange(len(params)) % len(d.train)
+    x, y = d.train.take(idx, params)
+    assert x.shape == (len(params), 3, 32, 32) and torch.equal(y, d.train.targets[idx])
+    for k in range(len(params)):
+        assert torch.equal(x[k], _reference(d.train, int(idx[k]), params[k])), params[k].tolist()
+
+
+def test_augmented_batches_follow_the_generator_and_vary(tmp_path):
+    write_cifar(tmp_path, "cifar10")
+    d = data.load("cifar10", root=tmp_path, verify=False)
+
+    def epoch(seed, **kw):
+        return list(data.batches(d.train, 8, shuffle=True, generator=torch.Generator().manual_seed(seed), **kw))
+
+    a, b, c = epoch(3), epoch(3), epoch(4)
+    assert all(torch.equal(p[0], q[0]) and torch.equal(p[1], q[1]) for p, q in zip(a, b))
+    assert not torch.equal(a[0][0], c[0][0])
+    # the order is drawn first, then one augmentation per position of the pass
+    g = torch.Generator().manual_seed(3)
+    order = torch.randperm(20, generator=g)
+    params = d.train.draw(20, g)
+    assert params.shape == (20, 3) and set(params[:, 2].tolist()) <= {0, 1}
+    assert torch.equal(torch.cat([x for x, _ in a]), d.train.take(order, params)[0])
+    # a pass resumed at batch 1 yields the rest of the same pass and leaves the generator where a full pass does
+    g_full, g_part = torch.Generator().manual_seed(3), torch.Generator().manual_seed(3)
+    full = list(data.batches(d.train, 8, shuffle=True, generator=g_full))
+    part = list(data.batches(d.train, 8, shuffle=True, generator=g_part, start=1))
+    assert all(torch.equal(p[0], q[0]) for p, q in zip(full[1:], part)) and len(part) == 2
+    assert torch.equal(g_full.get_state(), g_part.get_state())
+    # the same image is augmented differently from one pass to the next (the generator moves on)
+    g = torch.Generator().manual_seed(0)
+    views = [next(data.batches(d.train, 20, generator=g))[0][5] for _ in range(6)]
+    assert len({tuple(v.flatten().tolist()) for v in views}) > 1
+    assert not d.test.augment and d.test.draw(4, g) is None
+
+
+def test_value_ranges_and_padding(tmp_path):
+    write_cifar(tmp_path, "cifar10")
+    d = data.load("cifar10", root=tmp_path, verify=False)
+    mean, std = torch.tensor(d.info["mean"])[:, None, None], torch.tensor(d.info["std"])[:, None, None]
+    x, _ = next(data.batches(d.train, 20, generator=torch.Generator().manual_seed(1)))
+    pixels = (x * std + mean) * 255  # back to the uint8 scale
+    assert torch.allclose(pixels, pixels.round(), atol=1e-3) and pixels.min() > -1e-3 and pixels.max() < 255 + 1e-3
+    # a crop at the corner (0, 0) shows 4 rows and 4 columns of zero padding
+    x, _ = d.train.take(torch.tensor([2]), torch.tensor([[0, 0, 0]]))
+    zero = (0 - mean) / std
+    assert torch.allclose(x[0, :, :4, :], zero.expand(3, 4, 32))
+    assert torch.allclose(x[0, :, :, :4], zero.expand(3, 32, 4))
+    assert torch.equal(x[0, :, 4:, 4:], d.train.take(torch.tensor([2]))[0][0, :, :28, :28])  # the rest: the image
+
+
+def test_crop_offsets_and_flips_are_uniform_and_independent(tmp_path):
+    """Each pixel of the written images encodes its position (row + 1, column + 1): every augmented output tells
+    which crop and flip made it. Over 12,000 draws, each of the 9 offsets per axis and each flip turn up with
+    their probabilities (1/9, 1/2) within 5 standard deviations, also jointly (81 offset pairs)."""
+    r, c = np.meshgrid(np.arange(32), np.arange(32), indexing="ij")
+    image = np.stack([r + 1, c + 1, np.zeros_like(r)]).astype(np.uint8)
+    write_cifar(tmp_path, "cifar10", n_per_file=40, images=np.repeat(image[None], 200, axis=0))
+    d = data.load("cifar10", root=tmp_path, verify=False)
+    mean, std = torch.tensor(d.info["mean"])[:, None, None], torch.tensor(d.info["std"])[:, None, None]
+    g = torch.Generator().manual_seed(0)
+    found = []
+    for _ in range(60):
+        for x, _ in data.batches(d.train, 50, shuffle=True, generator=g):
+            px = ((x * std + mean) * 255).round().long()
+            rows, cols = px[:, 0, 16, 16], px[:, 1, 16, 16]  # the centre always shows the image
+            flip = px[:, 1, 16, 17] < cols
+            dy = rows - 1 + 4 - 16
+            dx = torch.where(flip, cols - 32 + 4 + 16, cols - 1 + 4 - 16)
+            found.append(torch.stack([dy, dx, flip.long()], 1))
+    found = torch.cat(found)
+    n = len(found)
+    assert n == 12000 and found[:, :2].min() >= 0 and found[:, :2].max() <= 8
+
+    def within(counts, p):
+        sigma = (n * p * (1 - p)) ** 0.5
+        assert (counts.double() - n * p).abs().max() < 5 * sigma, (counts.tolist(), n * p)
+
+    within(torch.bincount(found[:, 0], minlength=9), 1 / 9)
+    within(torch.bincount(found[:, 1], minlength=9), 1 / 9)
+    within(torch.bincount(found[:, 2], minlength=2), 1 / 2)
+    within(torch.bincount(found[:, 0] * 9 + found[:, 1], minlength=81), 1 / 81)
+    within(torch.bincount(found[:, 0] * 2 + found[:, 2], minlength=18), 1 / 18)
+
+
+def test_a_sample_by_index_is_augmented_with_the_global_rng(tmp_path):
+    write_cifar(tmp_path, "cifar10")
+    d = data.load("cifar10", root=tmp_path, verify=False)
     torch.manual_seed(5)
-    first = [aug.train[3][0] for _ in range(6)]
+    first = [d.train[3] for _ in range(6)]
     torch.manual_seed(5)
-    second = [aug.train[3][0] for _ in range(6)]
-    assert all(torch.equal(a, b) for a, b in zip(first, second))
-    for x in first:  # every augmented sample is one of the 162 crops/flips of the padded image
-        assert any(torch.allclose(x, c, atol=1e-5) for c in crops.values())
-    assert len({tuple(x.flatten()[:50].tolist()) for x in first}) > 1
+    params = [d.train.draw(1)[0] for _ in range(6)]
+    for k, (x, y) in enumerate(first):
+        assert y == int(d.train.targets[3]) and torch.equal(x, _reference(d.train, 3, params[k]))
+    assert len({tuple(p.tolist()) for p in params}) > 1
+
+
+def test_data_moves_to_a_device_and_batches_stay_there(tmp_path):
+    write_cifar(tmp_path, "cifar10")
+    d = data.load("cifar10", root=tmp_path, verify=False)
+    assert d.to("cpu") is d
+    moved = d.to("meta")  # a device without data: only where the tensors live and their shapes are checked
+    assert moved.train.images.device.type == "meta" and moved.test.targets.device.type == "meta"
+    assert moved.train.augment and not moved.test.augment and d.train.images.device.type == "cpu"
+    x, y = next(data.batches(moved.train, 8, shuffle=True, generator=torch.Generator().manual_seed(0)))
+    assert x.device.type == "meta" and x.shape == (8, 3, 32, 32) and x.dtype == torch.float32 and y.shape == (8,)
+    syn = data.load("synthetic", num_samples=20).to("meta")
+    assert all(t.device.type == "meta" for t in syn.train.tensors)
+    x, _ = next(data.batches(syn.train, 4, shuffle=True, generator=torch.Generator().manual_seed(0)))
+    assert x.device.type == "meta"
+
+
+def test_image_tensors_reject_bad_inputs():
+    good = torch.zeros(4, 3, 8, 8, dtype=torch.uint8)
+    with pytest.raises(DataError, match="uint8 tensor N x C x H x W.*float32"):
+        data.ImageTensors(good.float(), torch.zeros(4), (0.5,) * 3, (0.2,) * 3)
+    with pytest.raises(DataError, match="4 images but 3 targets"):
+        data.ImageTensors(good, torch.zeros(3), (0.5,) * 3, (0.2,) * 3)
+    with pytest.raises(DataError, match="one value per channel \\(3\\)"):
+        data.ImageTensors(good, torch.zeros(4), (0.5,), (0.2,))
+    with pytest.raises(ConfigError, match="padding must be an int >= 0"):
+        data.ImageTensors(good, torch.zeros(4), (0.5,) * 3, (0.2,) * 3, padding=-1)
 
 
 def test_cifar100_layout(tmp_path):
-    written = _write_cifar(tmp_path, "cifar100")
+    written = write_cifar(tmp_path, "cifar100")
     d = data.load("cifar100", root=tmp_path, verify=False)
     assert (len(d.train), len(d.test), d.num_classes) == (20, 4, 100)
-    assert d.test[2][1] == written["test"]["fine_labels"][2]
+    assert int(d.test.targets[2]) == written["test"]["fine_labels"][2] and d.test[2][1] == int(d.test.targets[2])
 
 
 def test_cifar_missing_files_say_where_and_how(tmp_path, monkeypatch):
@@ -141,7 +274,7 @@ def test_cifar_missing_files_say_where_and_how(tmp_path, monkeypatch):
 
 
 def test_cifar_verification_rejects_foreign_files(tmp_path):
-    _write_cifar(tmp_path, "cifar10")
+    write_cifar(tmp_path, "cifar10")
     with pytest.raises(DataError, match="verify=False"):
         data.load("cifar10", root=tmp_path)  # md5s differ from the official archive's
 

@@ -11,7 +11,7 @@ from staleopt import hardware, methods
 from staleopt.cli import main
 from staleopt.errors import ConfigError, ScheduleError
 from staleopt.partition import partition_model
-from staleopt.timeline import kind_of, simulate
+from staleopt.timeline import simulate
 
 MIB = 2 ** 20
 
@@ -63,6 +63,13 @@ def test_asynchronous_methods_are_fully_utilized():
     assert hardware.pipeline_utilization("pipedream-2bw", 107, 107) == 1.0
     with pytest.raises(ScheduleError, match="m >= d"):      # 2BW paper §3.1 needs N >= P
         hardware.pipeline_utilization("pipedream-2bw", 107, 8)
+
+
+def kind_of(name):
+    """The name of the timeline that executes ``name`` (ScheduleError when none does)."""
+    pipeline = methods.build(name, 1)
+    pipeline.program(1)
+    return pipeline.timeline_name
 
 
 def covered_methods():

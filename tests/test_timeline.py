@@ -4,8 +4,9 @@ import re
 
 import pytest
 
-from staleopt import schedules, timeline
+from staleopt import schedules
 from staleopt.errors import ConfigError, ScheduleError
+from staleopt.plot import plot_timeline
 from staleopt.timeline import simulate
 
 PS, NS = range(1, 9), range(1, 5)
@@ -152,12 +153,12 @@ stage 1      .  F0@0  B0@0  F1@1  B1@1  F2@2  B2@2     ."""
 
 
 @pytest.mark.parametrize("fn,args", [
-    (timeline._gpipe, ("gpipe", 4, 2, 2, False)),
-    (timeline._one_f_one_b_flush, ("pipedream-flush", 4, 2, 2, False)),
-    (timeline._one_f_one_b, ("1f1b", 4, 2, 3, False)),
-    (timeline._two_bw, ("2bw", 2, 2, 3, True)),
-    (timeline._dataflow, ("dataflow", 4, 2, 2, False)),
-    (timeline._pipelined_backprop, ("pb", 3, 1, 4, False)),
+    (schedules._gpipe, ("gpipe", 4, 2, 2, False)),
+    (schedules._one_f_one_b_flush, ("pipedream-flush", 4, 2, 2, False)),
+    (schedules._one_f_one_b, ("1f1b", 4, 2, 3, False)),
+    (schedules._two_bw, ("2bw", 2, 2, 3, True)),
+    (schedules._dataflow, ("dataflow", 4, 2, 2, False)),
+    (schedules._pipelined_backprop, ("pb", 3, 1, 4, False)),
 ])
 def test_docstring_diagrams_are_the_rendered_timelines(fn, args):
     kind, P, N, K, versions = args
@@ -167,10 +168,10 @@ def test_docstring_diagrams_are_the_rendered_timelines(fn, args):
 
 
 def test_names_methods_and_errors():
-    assert timeline.kind_of("sync") == "gpipe"
-    assert timeline.kind_of("pipedream-2bw") == "2bw"
-    assert timeline.kind_of("pipedream") == "pipedream"
-    assert timeline.kind_of(schedules.get("dataflow")) == "dataflow"
+    assert simulate("sync", 2, 1, 1).kind == "gpipe"
+    assert simulate("pipedream-2bw", 2, 2, 1).kind == "2bw"
+    assert simulate("pipedream", 2, 1, 1).kind == "pipedream"
+    assert simulate(schedules.get("dataflow"), 2, 1, 1).kind == "dataflow"
     with pytest.raises(ScheduleError, match="N >= P|m >= d"):
         simulate("2bw", 4, 2, 2)
     with pytest.raises(ScheduleError, match="no timeline"):
@@ -188,7 +189,7 @@ def test_plot_draws_every_cell(tmp_path):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     tl = simulate("pb", 3, 1, 4)
-    ax = tl.plot()
+    ax = plot_timeline(tl)
     assert len(ax.patches) == len(tl.cells)
     labels = sorted(t.get_text() for t in ax.texts)
     assert labels == sorted(str(evs[0].microbatch) for evs in tl.cells.values())

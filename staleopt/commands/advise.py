@@ -3,7 +3,14 @@ from __future__ import annotations
 
 import argparse
 
+import torch
+import torch.nn.functional as F
+
+from .. import data as datasets
+from .. import models
+from ..advisor import advise
 from ..errors import ConfigError
+from ..validate import check_int
 
 __all__ = ["register", "run"]
 
@@ -49,15 +56,7 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
-    import torch
-    import torch.nn.functional as F
-
-    from .. import data as datasets
-    from .. import models
-    from ..advisor import advise
-
-    if args.warmup_steps < 0:
-        raise ConfigError(f"--warmup-steps must be >= 0, got {args.warmup_steps}")
+    check_int("--warmup-steps", args.warmup_steps, minimum=0)
     d = datasets.load(args.data)
     model = models.get(args.model, num_classes=d.num_classes, input_shape=d.input_shape, seed=args.seed)
     gen = torch.Generator().manual_seed(args.seed)
@@ -76,10 +75,6 @@ def run(args) -> int:
 
 def _warmup(model, loss_fn, train, args) -> None:
     """``args.warmup_steps`` steps of synchronous SGD over shuffled training batches (seeded ``seed + 1``)."""
-    import torch
-
-    from .. import data as datasets
-
     if args.warmup_steps <= 0:
         return
     if len(train) < args.batch_size:

@@ -5,6 +5,16 @@ import argparse
 import csv
 import os
 
+import torch
+
+from .. import models
+from ..errors import ConfigError
+from ..hardware import activation_sizes, memory_report
+from ..methods import build
+from ..partition import partition_model
+from ..plot import plot_hardware_sweep
+from ..validate import check_int
+
 __all__ = ["register", "run"]
 
 DESCRIPTION = """\
@@ -48,21 +58,19 @@ def register(subparsers) -> None:
 
 
 def _stages(text: str):
-    from ..errors import ConfigError
     try:
         values = [int(s) for s in text.split(",") if s.strip()]
     except ValueError:
         raise ConfigError(f"--stages must be an int or comma-separated ints (e.g. 1,2,4,8), got {text!r}") from None
-    if not values or min(values) < 1:
+    if not values:
         raise ConfigError(f"--stages needs ints >= 1, got {text!r}")
+    for value in values:
+        check_int("--stages", value, minimum=1)
     return values
 
 
 def rows_for(model, methods, stages_list, args, example_input=None):
     """One dict per (method, P): utilization and every memory field (bytes)."""
-    from ..hardware import activation_sizes, memory_report, pipeline_utilization
-    from ..partition import partition_model
-
     phase = {k: v for k, v in (("total_steps", args.total_steps), ("warmup_steps", args.warmup_steps),
                                ("pipelined_steps", args.pipelined_steps)) if v is not None}
     rows = []
@@ -71,8 +79,9 @@ def rows_for(model, methods, stages_list, args, example_input=None):
         sizes = None if example_input is None else activation_sizes(model, partition, example_input,
                                                                     args.microbatch_size)
         for method in methods:
-            util = pipeline_utilization(method, P, args.microbatches, **phase)
-            rep = memory_report(model, method, P, args.microbatches, optimizer=args.optimizer, partition=partition,
+            pipeline = build(method, P, args.microbatches)
+            util = pipeline.utilization(**phase)
+            rep = memory_report(model, pipeline, P, args.microbatches, optimizer=args.optimizer, partition=partition,
                                 microbatch_size=args.microbatch_size if example_input is not None else None,
                                 example_input=example_input, sizes=sizes)
             row = {"method": method, "stages": P, "microbatches": args.microbatches, "optimizer": args.optimizer,
@@ -135,11 +144,6 @@ def format_table(rows, model_name: str = "model") -> str:
 
 
 def run(args) -> int:
-    import torch
-
-    from .. import models
-    from ..errors import ConfigError
-
     if not args.method and not args.compare:
         raise ConfigError("give --method NAME or --compare NAME,NAME,...")
     methods = [m.strip() for m in (args.compare or args.method).split(",") if m.strip()]
@@ -160,17 +164,11 @@ def run(args) -> int:
             writer.writerows(rows)
         print(f"wrote {path}")
         if len(stages_list) > 1:
-            import matplotlib
-            matplotlib.use("Agg")
-            import matplotlib.pyplot as plt
-
-            from ..plot.timeline import plot_hardware_sweep
             axes = plot_hardware_sweep(rows)
             fig = axes[0].figure
             fig.suptitle(f"{args.model}, N={args.microbatches}, {args.optimizer}", fontsize=10)
             fig.tight_layout()
             png = os.path.join(args.out, "hardware.png")
             fig.savefig(png, dpi=120)
-            plt.close(fig)
             print(f"wrote {png}")
     return 0

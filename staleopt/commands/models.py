@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import argparse
 
+from .. import models
+
 __all__ = ["register", "run"]
 
 EXAMPLES = """\
@@ -24,8 +26,6 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
-    from .. import models
-
     rows = [[r["name"], f"{r['params']:,}", str(r["units"]), "x".join(map(str, r["input_shape"])),
              r["description"]] for r in models.table()]
     head = ["model", "parameters", "units (max stages)", "input", "description"]
@@ -37,5 +37,6 @@ def run(args) -> int:
         return 0
     widths = [max(len(r[i]) for r in rows + [head]) for i in range(len(head))]
     for row in [head] + rows:
-        print("  ".join(c.ljust(w) if i in (0, 4) else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths))).rstrip())
+        cells = (c.ljust(w) if i in (0, 4) else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths)))
+        print("  ".join(cells).rstrip())
     return 0

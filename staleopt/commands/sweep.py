@@ -96,17 +96,19 @@ def register(subparsers) -> None:
 
 
 def _describe(run_dir: Path, state: str, epochs: int, timeout: float) -> str:
-    """What --dry-run says about a run beyond its state: its owner, or how far it got."""
+    """What --dry-run says about a run beyond its state: its owner (if it has one), and how far it got."""
     from .. import lease
-    if state == "running":
-        owner, age = lease.holder(run_dir, timeout)
-        return f"claimed by {owner}, heartbeat {age:.0f} s ago"
+    parts = []
+    held = lease.holder(run_dir, timeout) if state == "running" else None
+    if held is not None:  # (the owner may have let go since the state was read)
+        parts.append(f"claimed by {held[0]}, heartbeat {held[1]:.0f} s ago")
     records = run_dir / "records.csv"
-    if state in ("incomplete", "failed") and records.is_file():
+    if state in ("running", "incomplete", "failed") and records.is_file():
         import pandas as pd
         done = len(pd.read_csv(records))
-        return f"{done}/{epochs} epochs recorded" + (", checkpoint" if (run_dir / "checkpoint.pt").is_file() else "")
-    return ""
+        parts.append(f"{done}/{epochs} epochs recorded"
+                     + (", checkpoint" if (run_dir / "checkpoint.pt").is_file() else ""))
+    return "; ".join(parts)
 
 
 def run_sweep_command(args) -> int:

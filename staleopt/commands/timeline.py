@@ -3,6 +3,9 @@ from __future__ import annotations
 
 import argparse
 
+from ..plot import plot_timeline
+from ..timeline import simulate
+
 __all__ = ["register", "run"]
 
 DESCRIPTION = """\
@@ -11,9 +14,9 @@ space-time diagram (rows: stages or workers, columns: slots; F/B and the
 microbatch id; '.' is a bubble), the delays derived from it, the utilization
 and the in-flight microbatches per stage.
 
-Timelines: gpipe (sync), pipedream-flush, 1f1b, pipedream (1f1b + stashing),
-2bw (pipedream-2bw), dataflow, pipemare-stash, pb; any method name whose
-schedule has a timeline also works (pipemare -> dataflow, pipeoptim -> 1f1b).
+Timelines: the pipeline schedules sync (gpipe), 1f1b, 2bw, dataflow, pb and
+every method built on them: pipedream-flush, pipedream (1f1b + stashing),
+pipedream-2bw, pipemare-stash, pipemare (-> dataflow), pipeoptim (-> 1f1b), ...
 
 examples:
   staleopt timeline --method 1f1b --stages 4 --microbatches 4 --minibatches 3
@@ -35,18 +38,12 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
-    from ..timeline import simulate
-
     tl = simulate(args.method, args.stages, args.microbatches, args.minibatches)
     print(tl.ascii(versions=args.versions))
     print()
     print(tl.summary())
     if args.out:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-        ax = tl.plot(versions=args.versions)
+        ax = plot_timeline(tl, versions=args.versions)
         ax.figure.savefig(args.out, dpi=130, bbox_inches="tight")
-        plt.close(ax.figure)
         print(f"wrote {args.out}")
     return 0

@@ -4,7 +4,13 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import tomllib
 from pathlib import Path
+
+from .. import data, train
+from ..checkpoint import Checkpoint
+from ..config import CHOICES, RunConfig, field_names
+from ..errors import ConfigError
 
 __all__ = ["register", "run", "config_from_args", "checkpoint_of"]
 
@@ -37,7 +43,6 @@ def _stages(text):
 
 
 def _json(text):
-    from ..errors import ConfigError
     try:
         return json.loads(text)
     except ValueError as e:
@@ -60,14 +65,11 @@ _TYPES = {"stages": _stages, "model_kwargs": _json, "data_kwargs": _json, "lr_mi
 
 
 def _help(name, default):
-    from ..config import CHOICES
     extra = f"; one of {', '.join(CHOICES[name])}" if name in CHOICES else ""
     return f"RunConfig.{name} (default {default!r}{extra})"
 
 
 def register(subparsers) -> None:
-    from ..config import RunConfig
-
     p = subparsers.add_parser("train", help="train one configuration and print its per-epoch records",
                               description="Train one configuration (model, data, method, stages, optimizer, "
                                           "...) and print its per-epoch records.\n\n" + EXAMPLES,
@@ -99,15 +101,12 @@ def register(subparsers) -> None:
 
 def config_from_args(args):
     """The :class:`RunConfig` of ``--config`` (if any) updated by every flag that was given."""
-    from ..config import RunConfig, field_names
-    from ..errors import ConfigError
     given = {}
     if args.config:
         path = Path(args.config)
         if not path.is_file():
             raise ConfigError(f"--config {path} does not exist")
         if path.suffix == ".toml":
-            import tomllib
             given = tomllib.loads(path.read_text())
         else:
             given = _json(path.read_text())
@@ -118,14 +117,10 @@ def config_from_args(args):
 
 def checkpoint_of(out: Path, every=None, keep: bool = False):
     """The :class:`~staleopt.checkpoint.Checkpoint` of ``staleopt train --out OUT``: ``OUT.ckpt``."""
-    from ..checkpoint import Checkpoint
     return Checkpoint(out.with_name(out.name + ".ckpt"), every=every, keep=keep, records=out)
 
 
 def run(args) -> int:
-    from .. import data, train
-    from ..errors import ConfigError
-
     config = config_from_args(args)
     if not args.out and (args.checkpoint_every is not None or args.keep_checkpoint):
         raise ConfigError("--checkpoint-every and --keep-checkpoint need --out (the checkpoint is OUT.ckpt)")

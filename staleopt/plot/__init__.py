@@ -1,6 +1,7 @@
 """Figures: one module per family (theory, timeline/hardware, sweeps); each function takes an optional ``ax``.
 
-Matplotlib's non-interactive Agg backend is used unless a backend was chosen before import.
+No function uses pyplot: each draws on the ``ax`` it is given or on a new ``matplotlib.figure.Figure``
+(no GUI backend; ``savefig`` renders with Agg; in a notebook ``display(ax.figure)`` shows it).
 """
 from .sweep import plot_accuracy_vs_epoch, plot_accuracy_vs_stages
 from .theory import *  # noqa: F401,F403

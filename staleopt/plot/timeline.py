@@ -12,6 +12,9 @@ from __future__ import annotations
 
 from typing import Dict, List, Optional, Sequence
 
+from matplotlib.figure import Figure
+from matplotlib.patches import Patch, Rectangle
+
 __all__ = ["plot_timeline", "plot_hardware_sweep"]
 
 _COLORS = {"F": ("#4c72b0", "#8fb0dd"), "B": ("#55a868", "#98d0a6"), "X": ("#2a9d8f", "#7fcdc3")}
@@ -21,13 +24,12 @@ def plot_timeline(timeline, ax=None, versions: bool = False, title: Optional[str
     """Draw ``timeline`` (a :class:`staleopt.timeline.Timeline`) on ``ax`` and return ``ax``.
 
     A cell's label is the microbatch id, with ``versions=True`` also the weight
-    version read (``3@1``: microbatch 3 read ``w_1``).
+    version read (``3@1``: microbatch 3 read ``w_1``). Without ``ax``, on a new
+    figure outside pyplot (``ax.figure.savefig(path)`` writes it).
     """
-    import matplotlib.pyplot as plt
-    from matplotlib.patches import Patch, Rectangle
-
     if ax is None:
-        _, ax = plt.subplots(figsize=(max(4.0, 0.32 * timeline.slots + 1.5), 0.42 * len(timeline.workers) + 1.0))
+        fig = Figure(figsize=(max(4.0, 0.32 * timeline.slots + 1.5), 0.42 * len(timeline.workers) + 1.0))
+        ax = fig.subplots()
     for (w, slot), evs in timeline.cells.items():
         kind = evs[0].kind if len(evs) == 1 else "X"
         color = _COLORS[kind][evs[0].minibatch % 2]
@@ -65,12 +67,10 @@ def plot_hardware_sweep(rows: Sequence[Dict], axes=None):
 
     ``rows``: dicts with keys ``method``, ``stages``, ``utilization`` and
     ``weight_optimizer_bytes`` (as written by ``staleopt hardware --stages ...``).
-    Returns the two axes.
+    Returns the two axes (without ``axes``, on a new figure outside pyplot).
     """
-    import matplotlib.pyplot as plt
-
     if axes is None:
-        _, axes = plt.subplots(1, 2, figsize=(9, 3.4))
+        axes = Figure(figsize=(9, 3.4)).subplots(1, 2)
     methods: List[str] = []
     for r in rows:
         if r["method"] not in methods:
