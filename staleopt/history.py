@@ -19,14 +19,17 @@ contiguous buffer of ``S_i`` slots per stage chunk. How a raw version reaches th
 the parameters hold the only copy of another is the memory strategy's choice:
 
 * :class:`SwapMoves` (``memory="minimal"``, the default): ``S_i = H_i``; the parameters trade
-  places with the slot (three copies through a temporary buffer of the moved weights, freed at
-  once), so the current weights ``w_t`` never need a slot of their own;
+  places with the slot (three copies through a temporary buffer of at most
+  :data:`SWAP_BLOCK_BYTES` at a time, freed at once), so the current weights ``w_t`` never need a
+  slot of their own;
 * :class:`CopyMoves` (``memory="fast"``): ``S_i = H_i + 1``; the parameters' content is saved to
-  the spare slot and the wanted version copied in (two copies, and ``push`` is then free).
+  the slot of the version that just expired and the wanted version copied in (two copies, and
+  ``push`` is then free).
 
 Either way a stage whose backward view a correction rewrites in place (T2) keeps one free slot for
-the raw version it rewrites. Every move of one phase is batched over all stages: one
-``torch.cat`` and ``torch._foreach_copy_`` calls over flat lists, whatever the number of tensors.
+the raw version it rewrites. Every move of one phase is batched over all stages: a few
+``torch.cat``/``torch._foreach_copy_``/``torch.split_with_sizes_copy`` calls over lists built once,
+whatever the number of tensors.
 :class:`staleopt.reference.ReferenceHistory` is the readable version (every version kept, views
 copied) that this one is tested against step by step.
 """
@@ -43,6 +46,8 @@ from .errors import CheckpointError, CorrectionError
 __all__ = ["StageView", "History", "SlotHistory", "MoveStrategy", "SwapMoves", "CopyMoves", "STRATEGIES"]
 
 Target = Tuple[int, bool]  # (version, rewritten in place)
+#: A swap goes through a temporary buffer of at most this many bytes at a time (or one larger view).
+SWAP_BLOCK_BYTES = 1 << 24
 
 
 class StageView:
@@ -351,7 +356,7 @@ class SlotHistory(History):
         n = len(self.views)
         self._loaded, self._rewritten, self._saved = [0] * n, [False] * n, [False] * n
         self._rest = True  # every view holds w_t, raw
-        self._swap_lists: Dict[tuple, tuple] = {}  # views swapped together -> their parameter lists
+        self._swap_blocks: Dict[tuple, List[tuple]] = {}  # views swapped together -> their blocks
 
     # ------------------------------------------------------------------ API
     def load(self, targets):
@@ -379,39 +384,50 @@ class SlotHistory(History):
                 _copy(dst, src, self._foreach)
 
     def _swap(self, swaps: List[Tuple[int, int]]) -> None:
-        """Exchange the parameters of view ``i`` with its row ``r`` for every ``(i, r)`` in ``swaps``:
-        gather the parameters into one temporary flat buffer per device and dtype (``torch.cat``),
-        copy the rows into the parameters, then the buffer into the rows. The lists that do not
-        depend on the rows are built once per set of views."""
+        """Exchange the parameters of view ``i`` with its row ``r`` for every ``(i, r)`` in ``swaps``.
+
+        Block by block (views of one device and dtype, together at most :data:`SWAP_BLOCK_BYTES`,
+        or one larger view): gather the parameters into a temporary flat buffer (``torch.cat``),
+        copy the rows into the parameters (``torch._foreach_copy_``), then the buffer into the
+        rows (``torch.split_with_sizes_copy``). Small blocks keep the temporary in cache and bound
+        the extra memory. The lists that do not depend on the rows are built once per set of views.
+        """
         key = tuple(i for i, _ in swaps)
-        fixed = self._swap_lists.get(key)
-        if fixed is None:
-            by: Dict[tuple, Tuple[List[int], List[int]]] = {}
-            for k, i in enumerate(key):
-                v = self.views[i]
-                pos, sizes = by.setdefault((v.params[0].device, v.params[0].dtype), ([], []))
-                pos.append(k)
-                sizes.append(v.numel)
-            params = [d for i in key for d in self.views[i].data]
-            groups = []
-            for pos, sizes in by.values():
-                idx = [key[k] for k in pos]
-                flat = None if any(self._flat[i] is None for i in idx) else [f for i in idx for f in self._flat[i]]
-                groups.append((pos, sizes, idx, flat))
-            fixed = self._swap_lists[key] = (params, groups)
-        params, groups = fixed
-        gathered = []
-        for pos, sizes, idx, flat in groups:  # (non-contiguous parameters are flattened by a copy)
-            gathered.append(torch.cat(flat if flat is not None else
-                                      [d.reshape(-1) for i in idx for d in self.views[i].data]))
-        _copy(params, list(chain.from_iterable(self._slot_views[i][r] for i, r in swaps)), self._foreach)
-        for temp, (pos, sizes, _, _) in zip(gathered, groups):
+        blocks = self._swap_blocks.get(key)
+        if blocks is None:
+            if len(self._swap_blocks) >= 64:  # random delays (Hogwild) swap ever new sets of views
+                self._swap_blocks.clear()
+            blocks = self._swap_blocks[key] = self._blocks(key)
+        for pos, sizes, idx, params, flat in blocks:
+            temp = torch.cat(flat if flat is not None else  # (non-contiguous parameters: flattened by a copy)
+                             [d.reshape(-1) for i in idx for d in self.views[i].data])
+            _copy(params, list(chain.from_iterable(self._slot_views[swaps[k][0]][swaps[k][1]] for k in pos)),
+                  self._foreach)
             rows = [self._rows[swaps[k][0]][swaps[k][1]] for k in pos]
             if self._foreach:
                 torch.split_with_sizes_copy(temp, sizes, out=rows)
             else:
                 for row, piece in zip(rows, temp.split(sizes)):
                     row.copy_(piece)
+
+    def _blocks(self, key: Tuple[int, ...]) -> List[tuple]:
+        """The swap blocks of the views ``key``: ``(positions in key, sizes, views, parameters, flat aliases)``."""
+        by: Dict[tuple, List[List[int]]] = {}
+        for k, i in enumerate(key):
+            p0 = self.views[i].params[0]
+            blocks = by.setdefault((p0.device, p0.dtype), [[]])
+            size = sum(self.views[key[j]].numel for j in blocks[-1]) * p0.element_size()
+            if blocks[-1] and size + self.views[i].numel * p0.element_size() > SWAP_BLOCK_BYTES:
+                blocks.append([])
+            blocks[-1].append(k)
+        out = []
+        for blocks in by.values():
+            for pos in blocks:
+                idx = [key[k] for k in pos]
+                flat = None if any(self._flat[i] is None for i in idx) else [f for i in idx for f in self._flat[i]]
+                out.append((pos, [self.views[i].numel for i in idx], idx,
+                            [d for i in idx for d in self.views[i].data], flat))
+        return out
 
     def restore(self):
         if not self._rest:

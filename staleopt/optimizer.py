@@ -88,7 +88,8 @@ class _Callback:
     def __init__(self, method):
         self._method = weakref.WeakMethod(method)
 
-    def __call__(self, *args):
+    @disable_dynamo
+    def __call__(self, *args):  # (the engine's Python never enters a torch.compile graph)
         method = self._method()
         if method is None or method.__self__._detached is not None:
             return None

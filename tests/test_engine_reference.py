@@ -147,3 +147,24 @@ def test_non_contiguous_and_0d_parameters_swap_exactly(memory):
             opt.step()
         runs.append([p.detach().clone() for p in model.parameters()])
     assert all(torch.equal(a, b) for a, b in zip(*runs))
+
+
+def test_swaps_in_small_blocks_equal_the_reference(monkeypatch):
+    """A swap goes through its temporary buffer block by block (bounded extra memory): tiny blocks
+    give the same weights as one block and as the reference."""
+    from staleopt import history
+    monkeypatch.setattr(history, "SWAP_BLOCK_BYTES", 64)
+    runs = []
+    for cls in (ReferencePipelineOptimizer, staleopt.PipelineOptimizer):
+        model = mlp(SIZES, seed=4)
+        opt = cls(model, torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9), stages=4,
+                  schedule=schedules.get("custom", tau_fwd=[4, 3, 2, 0], tau_bkwd=[2, 2, 0, 0]),
+                  corrections=[DiscrepancyCorrection(0.4)])
+        for x, y in batches(STEPS, in_dim=SIZES[0], batch=12, seed=5):
+            opt.zero_grad()
+            mse(model(x), y).backward()
+            opt.step()
+        if cls is staleopt.PipelineOptimizer:
+            assert max(len(blocks) for blocks in opt.history._swap_blocks.values()) > 1
+        runs.append([p.detach().clone() for p in model.parameters()])
+    assert all(torch.equal(a, b) for a, b in zip(*runs))
