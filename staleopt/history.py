@@ -43,7 +43,8 @@ from torch import nn
 
 from .errors import CheckpointError, CorrectionError
 
-__all__ = ["StageView", "History", "SlotHistory", "MoveStrategy", "SwapMoves", "CopyMoves", "STRATEGIES"]
+__all__ = ["StageView", "make_views", "History", "SlotHistory", "MoveStrategy", "SwapMoves", "CopyMoves",
+           "STRATEGIES", "SWAP_BLOCK_BYTES"]
 
 Target = Tuple[int, bool]  # (version, rewritten in place)
 #: A swap goes through a temporary buffer of at most this many bytes at a time (or one larger view).
@@ -133,6 +134,7 @@ class History:
         raise NotImplementedError
 
     def stored(self, view: StageView, version: int) -> List[torch.Tensor]:
+        """Per-parameter tensors of ``view``'s stored ``version`` (writable)."""
         raise NotImplementedError
 
     @property
@@ -149,8 +151,8 @@ class History:
 class _Moves:
     """The data movements of one round of a phase, collected over all views and run batched.
 
-    ``swaps`` lists ``(view, row)``: the parameters and that row exchange contents (through one
-    temporary buffer per device and dtype, :meth:`SlotHistory._swap`); then ``copies[0]``,
+    ``swaps`` lists ``(view, row)``: the parameters and that row exchange contents (through a
+    temporary buffer, block by block, :meth:`SlotHistory._swap`); then ``copies[0]``,
     ``copies[1]``, ``copies[2]`` run in this order (each a pair of destination and source tensor
     lists). Views touch disjoint memory, so batching over views is exact.
     """
@@ -389,8 +391,8 @@ class SlotHistory(History):
         Block by block (views of one device and dtype, together at most :data:`SWAP_BLOCK_BYTES`,
         or one larger view): gather the parameters into a temporary flat buffer (``torch.cat``),
         copy the rows into the parameters (``torch._foreach_copy_``), then the buffer into the
-        rows (``torch.split_with_sizes_copy``). Small blocks keep the temporary in cache and bound
-        the extra memory. The lists that do not depend on the rows are built once per set of views.
+        rows (``torch.split_with_sizes_copy``). The blocks bound the extra memory (peak, not
+        resident). The lists that do not depend on the rows are built once per set of views.
         """
         key = tuple(i for i, _ in swaps)
         blocks = self._swap_blocks.get(key)
