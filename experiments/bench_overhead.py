@@ -3,7 +3,10 @@
     python experiments/bench_overhead.py --out runs/bench            # `make bench`: a few minutes
     python experiments/bench_overhead.py --out /tmp/bench --quick    # smoke run: seconds, measures nothing
 
-Everything runs in one process and is reported as ratios:
+Everything runs in one process and is reported as ratios. Durations are the
+main thread's CPU time (``time.thread_time``; torch runs on that one thread),
+so other jobs on a shared machine do not count; the load average before and
+after is recorded in ``meta.json``.
 
 1. **Step time.** A whole training step (``zero_grad``, forward, backward, ``step``)
    with the wrapper against the base optimizer alone, same model, batch and
@@ -48,8 +51,23 @@ Everything runs in one process and is reported as ratios:
    grows (1 to the model's unit count) and as the ResNet-20 width grows;
    plotted in ``growth.png``.
 
+5. **Where the time goes.** In the engine-bound setting (ResNet-20, batch 4,
+   ``P`` = 39, dataflow delays, one thread) the engine time of ``dataflow``
+   (both memory modes) and ``pipemare`` is split into the history's data
+   movement (the ``torch.cat``/``_foreach_copy_``/``split_with_sizes_copy``
+   calls of :mod:`staleopt.history`, timed), the extra time of the base
+   step over per-stage groups (T1), and the rest (hooks, planning,
+   bookkeeping, corrections), with the
+   number of such calls per step and the movement in units of one copy of
+   all weights.
+6. **Goals** of issue 11, measured: the overhead ratio against the
+   hand-rolled deque (target >= 10 at ``P`` >= 16, default memory mode) and
+   ``pipemare``'s whole step against the plain step in the engine-bound
+   setting (target <= 1.10).
+
 Outputs in ``--out``: ``step.csv``, ``memory.csv``, ``handrolled.csv``,
-``growth.csv``, ``growth.png``, ``meta.json``; the tables are printed.
+``breakdown.csv``, ``goals.csv``, ``growth.csv``, ``growth.png``,
+``meta.json``; the tables are printed.
 """
 from __future__ import annotations
 
@@ -80,6 +98,10 @@ from staleopt.corrections import DiscrepancyCorrection, WeightPrediction
 __all__ = ["main", "HandRolled", "EngineClock", "new_storage_bytes", "minimum_bytes", "ModelSpec", "MODELS"]
 
 METHODS = ("pipemare", "pipedream", "pipeoptim")
+#: Every duration is this thread's CPU time, not wall time: the machine is shared, and a job waiting
+#: for a core would otherwise count other jobs' work (torch runs on this thread with --threads 1;
+#: with more threads main() switches to wall time, which counts the worker threads' work).
+clock = time.thread_time
 HAND = {"dataflow": ("dataflow", False), "pipedream": ("1f1b", True)}  # hand-rolled name -> (schedule, stashing)
 
 
@@ -104,12 +126,14 @@ class ModelSpec:
 
 
 MODELS = {
+    "resnet20-tiny": ModelSpec("ResNet-20 (CIFAR, batch 4: engine-bound)", "resnet20", 4),
     "resnet20": ModelSpec("ResNet-20 (CIFAR, batch 128)", "resnet20", 128),
     "cnn1d": ModelSpec("MNIST-1D CNN (batch 64)", "cnn1d", 64),
     "transformer": ModelSpec("Transformer, 2 blocks dim 128, 64 tokens (batch 64)", "transformer", 64,
                              {"input_shape": (1, 256), "dim": 128, "heads": 4, "layers": 2, "patch": 4}),
 }
 QUICK = {
+    "resnet20-tiny": ModelSpec("ResNet-20 width 4 (batch 2)", "resnet20", 2, {"width": 4, "input_shape": (3, 8, 8)}),
     "resnet20": ModelSpec("ResNet-20 width 4 (batch 4)", "resnet20", 4, {"width": 4, "input_shape": (3, 8, 8)}),
     "cnn1d": ModelSpec("MNIST-1D CNN width 8 (batch 4)", "cnn1d", 4, {"width": 8}),
     "transformer": ModelSpec("Transformer dim 16 (batch 4)", "transformer", 4, {"dim": 16, "layers": 3}),
@@ -137,19 +161,19 @@ class EngineClock:
         orig = base.step
 
         def timed_step(*args, **kwargs):
-            t = time.perf_counter()
+            t = clock()
             try:
                 return orig(*args, **kwargs)
             finally:
-                self.base_step += time.perf_counter() - t
+                self.base_step += clock() - t
 
         base.step = timed_step
 
     def _start(self, *args):
-        self._t0 = time.perf_counter()
+        self._t0 = clock()
 
     def _stop(self, *args):
-        self.seconds += time.perf_counter() - self._t0
+        self.seconds += clock() - self._t0
 
     def _outputs(self, output):
         return [t for t in torch.utils._pytree.tree_flatten(output)[0]
@@ -158,10 +182,10 @@ class EngineClock:
     def _fwd_start(self, module, args, output):
         for t in self._outputs(output):
             t.register_hook(lambda g: self._start())
-        self._t0 = time.perf_counter()
+        self._t0 = clock()
 
     def _fwd_stop(self, module, args, output):
-        self.seconds += time.perf_counter() - self._t0
+        self.seconds += clock() - self._t0
         for t in self._outputs(output):
             t.register_hook(lambda g: self._stop())
 
@@ -195,23 +219,23 @@ class HandRolled:
             p.data.copy_(h[-1 - min(tau, len(h) - 1)][name])
 
     def train_step(self, x, y, loss_fn) -> torch.Tensor:
-        t0 = time.perf_counter()
+        t0 = clock()
         self.history.append(copy.deepcopy(self.model.state_dict()))
         self._load(1)
-        t1 = time.perf_counter()
+        t1 = clock()
         self.base.zero_grad()
         loss = loss_fn(self.model(x), y)
-        t2 = time.perf_counter()
+        t2 = clock()
         if self.stale_backward:
             self._load(2)
         else:
             self._load(0)
-        t3 = time.perf_counter()
+        t3 = clock()
         loss.backward()
-        t4 = time.perf_counter()
+        t4 = clock()
         if self.stale_backward:
             self._load(0)
-        t5 = time.perf_counter()
+        t5 = clock()
         self.base.step()
         self.seconds += (t1 - t0) + (t3 - t2) + (t5 - t4)
         return loss
@@ -303,9 +327,9 @@ class Variant:
         opt = self.opt or self.base
         opt.zero_grad()
         F.cross_entropy(self.model(self.x), self.y).backward()
-        t = time.perf_counter()
+        t = clock()
         opt.step()
-        self._step_s += time.perf_counter() - t
+        self._step_s += clock() - t
 
     step = _train_step
 
@@ -329,10 +353,10 @@ class Variant:
     def timed_steps(self, n: int) -> float:
         """Mean seconds of ``n`` whole steps; records the engine time per step too."""
         self.reset()
-        t0 = time.perf_counter()
+        t0 = clock()
         for _ in range(n):
             self._train_step()
-        total = (time.perf_counter() - t0) / n
+        total = (clock() - t0) / n
         self.rounds_s.append(total)
         self.engine_s.append(self.engine_seconds() / n)
         self.base_s.append(self.clock.base_step / n if self.clock else 0.0)
@@ -357,9 +381,9 @@ def weights_copy_seconds(model: nn.Module, repeats: int = 20) -> float:
     other = [p.clone() for p in params]
     best = math.inf
     for _ in range(repeats):
-        t = time.perf_counter()
+        t = clock()
         torch._foreach_copy_(params, other)
-        best = min(best, time.perf_counter() - t)
+        best = min(best, clock() - t)
     torch._foreach_copy_(params, other)  # leave the model's weights as they were (other is a copy)
     return best
 
@@ -532,6 +556,100 @@ def plot_growth(df: pd.DataFrame, path: Path) -> None:
     plt.close(fig)
 
 
+class MoveClock:
+    """Wall time of the history's data movement: the tensor ops :mod:`staleopt.history` calls
+    (``torch.cat``, ``torch._foreach_copy_``, ``torch.split_with_sizes_copy``), timed by putting a
+    timing proxy in place of the ``torch`` name inside that module while it is active."""
+
+    OPS = ("cat", "_foreach_copy_", "split_with_sizes_copy")
+
+    def __init__(self):
+        self.seconds, self.calls = 0.0, 0
+
+    def __getattr__(self, name):
+        attr = getattr(torch, name)
+        if name not in self.OPS:
+            return attr
+
+        def timed(*args, **kwargs):
+            t = clock()
+            try:
+                return attr(*args, **kwargs)
+            finally:
+                self.seconds += clock() - t
+                self.calls += 1
+        return timed
+
+    def __enter__(self):
+        from staleopt import history
+        self._module = history
+        history.torch = self
+        return self
+
+    def __exit__(self, *exc):
+        self._module.torch = torch
+
+
+def breakdown(spec: ModelSpec, stages: int, rounds: int, steps: int, log) -> List[dict]:
+    """Where the engine time goes (engine-bound setting, max P): per variant the engine time per step,
+    split into the history's data movement (:class:`MoveClock`) and the rest (hooks, planning,
+    bookkeeping, corrections), with the copy floor for scale. ``base_step_extra_ms``: how much longer
+    the base optimizer's own step takes inside the wrapper than alone (T1 steps it over one group
+    per stage)."""
+    x, y = spec.batch_of()
+    variants = [Variant("plain", spec, stages, x, y, "plain"),
+                Variant("dataflow", spec, stages, x, y, "staleopt", "dataflow"),
+                Variant("dataflow (memory=fast)", spec, stages, x, y, "staleopt", "dataflow", memory="fast"),
+                Variant("pipemare", spec, stages, x, y, "staleopt", "pipemare")]
+    moves: Dict[str, List[float]] = {v.name: [] for v in variants}
+    calls: Dict[str, int] = {}
+    for r in range(rounds):
+        for v in variants:
+            with MoveClock() as clock:
+                v.timed_steps(steps)
+            moves[v.name].append(clock.seconds / steps)
+            calls[v.name] = clock.calls // steps
+    plain = variants[0]
+    copy_s = weights_copy_seconds(plain.model)
+    rows = []
+    for v in variants[1:]:
+        engine, _ = _engine(v, plain)
+        move = statistics.median(moves[v.name])
+        base_extra = statistics.median(v.base_s) - statistics.median(plain.base_s)
+        rows.append({"model": spec.label, "stages": stages, "variant": v.name, "engine_ms": 1e3 * engine,
+                     "moves_ms": 1e3 * move, "base_step_extra_ms": 1e3 * base_extra,
+                     "other_ms": 1e3 * max(engine - move - max(base_extra, 0.0), 0.0),
+                     "move_ops_per_step": calls[v.name], "weights_copy_ms": 1e3 * copy_s,
+                     "moves_in_copies": move / copy_s})
+    for v in variants:
+        v.release()
+    log(f"  breakdown: done")
+    return rows
+
+
+def goals(step: pd.DataFrame, hand: pd.DataFrame, growth: Optional[pd.DataFrame]) -> pd.DataFrame:
+    """The issue-11 goals, measured: overhead >= 10x below the hand-rolled deque at P >= 16 in the
+    default memory mode, and pipemare's whole step within 1.10x of the plain step (engine-bound)."""
+    rows = []
+    for r in hand[(hand.simulation == "dataflow") & (hand.stages >= 16)].itertuples():
+        rows.append({"goal": f"overhead ratio vs hand-rolled, {r.model} P={r.stages} (default memory)",
+                     "target": 10.0, "measured": r.overhead_ratio, "met": r.overhead_ratio >= 10.0})
+        rows.append({"goal": f"overhead ratio vs hand-rolled, {r.model} P={r.stages} (memory=fast)",
+                     "target": 10.0, "measured": r.overhead_ratio_fast, "met": r.overhead_ratio_fast >= 10.0})
+    if growth is not None:
+        for r in growth[(growth.axis == "stages") & (growth.stages >= 16)].itertuples():
+            ratio = r.hand_engine_ms / max(r.dataflow_engine_ms, 1e-9)
+            rows.append({"goal": f"overhead ratio vs hand-rolled, growth P={r.stages} (default memory)",
+                         "target": 10.0, "measured": ratio, "met": ratio >= 10.0})
+    tiny = step[(step.model == "resnet20-tiny") & (step.variant == "pipemare")]
+    for r in tiny.itertuples():
+        rows.append({"goal": f"pipemare whole step / plain step, {r.model} P={r.stages}",
+                     "target": 1.10, "measured": r.ratio, "met": r.ratio <= 1.10})
+        rows.append({"goal": f"pipemare (plain step + engine time) / plain step, {r.model} P={r.stages}",
+                     "target": 1.10, "measured": r.engine_ratio, "met": r.engine_ratio <= 1.10})
+    return pd.DataFrame(rows)
+
+
 def _table(df: pd.DataFrame, cols: Sequence[str]) -> str:
     return df[list(cols)].to_string(index=False, float_format=lambda v: f"{v:.3g}")
 
@@ -548,8 +666,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                          "time does not depend on it, the compute does)")
     ap.add_argument("--no-growth", action="store_true", help="skip the growth section")
     args = ap.parse_args(argv)
+    global clock
     if args.threads:
         torch.set_num_threads(args.threads)
+    clock = time.thread_time if torch.get_num_threads() == 1 else time.perf_counter
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     table = QUICK if args.quick else MODELS
@@ -563,7 +683,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     meta = {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
             "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.processor() or platform.system()}",
             "torch": torch.__version__, "threads": torch.get_num_threads(), "rounds": rounds,
-            "load_before": os.getloadavg()[0], "quick": args.quick}
+            "load_before": os.getloadavg()[0], "quick": args.quick,
+            "clock": "thread CPU time" if clock is time.thread_time else "wall time"}
     torch.manual_seed(0)
     step_rows, mem_rows, hand_rows = [], [], []
     for key in keys:
@@ -577,6 +698,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     step.to_csv(out / "step.csv", index=False)
     mem.to_csv(out / "memory.csv", index=False)
     hand.to_csv(out / "handrolled.csv", index=False)
+    tiny = table["resnet20-tiny"]
+    split = pd.DataFrame(breakdown(tiny, tiny.max_stages, rounds, 5, log=log))
+    split.to_csv(out / "breakdown.csv", index=False)
+    growth = None
     if not args.no_growth:
         spec = table["resnet20"]
         maxP = spec.max_stages
@@ -586,12 +711,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                                            log=log))
         growth.to_csv(out / "growth.csv", index=False)
         plot_growth(growth, out / "growth.png")
+    goal = goals(step, hand, growth)
+    goal.to_csv(out / "goals.csv", index=False)
     meta["load_after"] = os.getloadavg()[0]
     meta["seconds"] = time.perf_counter() - started
     (out / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
 
     print(f"staleopt overhead benchmark — {meta['date']}, {meta['machine']}, torch {meta['torch']}, "
-          f"{meta['threads']} threads, load {meta['load_before']:.2f}->{meta['load_after']:.2f}")
+          f"{meta['threads']} threads, load {meta['load_before']:.2f}->{meta['load_after']:.2f}, times: {meta['clock']}")
     print("\n1. whole training step vs the base optimizer alone (max P; ratio = median over rounds [IQR]);"
           "\n   engine_ms = the simulator's own time per step, timed directly")
     print(_table(step, ["model", "stages", "variant", "plain_ms", "ratio", "ratio_q1", "ratio_q3", "engine_ms",
@@ -608,7 +735,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(_table(growth, ["axis", "value", "stages", "params", "dataflow_engine_ms", "pipemare_engine_ms",
                               "hand_engine_ms", "weights_copy_ms", "dataflow_bytes", "pipemare_bytes",
                               "pipemare_minimum_bytes", "hand_bytes"]))
-    print(f"\nwrote {out}/step.csv, memory.csv, handrolled.csv" + ("" if args.no_growth else ", growth.csv, growth.png")
+    print("\n5. where the engine time goes (engine-bound setting): the history's data movement "
+          "(cat/foreach copies) vs the rest")
+    print(_table(split, ["stages", "variant", "engine_ms", "moves_ms", "base_step_extra_ms", "other_ms",
+                         "move_ops_per_step",
+                         "weights_copy_ms", "moves_in_copies"]))
+    print("\n6. goals (issue 11)")
+    print(_table(goal, ["goal", "target", "measured", "met"]))
+    print(f"\nwrote {out}/step.csv, memory.csv, handrolled.csv, breakdown.csv, goals.csv" + ("" if args.no_growth else ", growth.csv, growth.png")
           + f" in {meta['seconds']:.0f} s")
     return 0
 

@@ -18,12 +18,12 @@ Mechanism
 ---------
 The user's loop stays ``zero_grad(); loss = crit(model(x), y); loss.backward(); step()``.
 
-* A forward pre-hook on the model copies each stage's forward view into the
+* A forward pre-hook on the model loads each stage's forward view into the
   parameters' own storage (through ``p.data`` aliases, so autograd's version
   counters are not bumped) before the forward pass runs.
 * A forward hook registers a tensor hook on every output that requires grad;
   the first one to fire — when the backward pass reaches the model output, before
-  any layer's backward runs — copies the backward views into the same storage.
+  any layer's backward runs — loads the backward views into the same storage.
   Autograd saved the *parameter tensors* for ``W^T delta``, so the backward
   reads ``u_bkwd``; the weight gradients use the saved activations, computed
   with ``u_fwd``.
@@ -32,15 +32,14 @@ The user's loop stays ``zero_grad(); loss = crit(model(x), y); loss.backward(); 
 * Evaluation (``model.eval()`` or grad disabled), ``model.state_dict()`` and the
   :meth:`PipelineOptimizer.current_weights` context see ``w_t``.
 
-History: per stage (and per device/dtype within a stage) one contiguous buffer
-of ``H_i = max_t max(tau_fwd_i, tau_bkwd_i)`` versions — exactly the past
-versions the delays need, ``sum_i H_i |w_i|`` in all; stages with no delay keep
-nothing. Loading a view *swaps* the parameters' contents with the slot holding
-the wanted version (an exact XOR swap on integer views, no temporary), so
-``w_t`` itself never needs a slot of its own; ``step()`` copies ``w_t`` into the
-slot of the version that just expired. A correction that rewrites the backward
-view in place (T2) gets one free slot per affected stage to keep the raw version.
-Plain copies of one phase go to a single ``torch._foreach_copy_`` call.
+The weights live in a :class:`~staleopt.history.History` (``staleopt/history.py``), which alone
+owns the stored versions and moves them: per stage (and per device/dtype within a stage) exactly
+the ``H_i = max_t max(tau_fwd_i, tau_bkwd_i)`` past versions the delays need, loaded into the
+parameters by swaps (``memory="minimal"``) or copies (``memory="fast"``), each phase batched over
+all stages. Corrections work on its :class:`~staleopt.history.StageView` objects. The call order
+within a step and the checkpoint format are in ``docs/engine.md``;
+:class:`staleopt.reference.ReferencePipelineOptimizer` is the same engine on a history that keeps
+every version, tested against this one after every step.
 
 Limits (documented, not checked):
 
@@ -66,33 +65,16 @@ from typing import Dict, Iterable, List, Optional, Sequence, Tuple, Union
 import torch
 from torch import nn
 
-from ._torch_compat import flatten, queue_callback
+from ._torch_compat import (disable_dynamo, flatten, optimizer_load_state_dict_hooks, optimizer_state_dict_hooks,
+                            queue_callback)
 from .corrections.base import Correction
-from .errors import ConfigError, CorrectionError, DetachedError, LoopError, OptimizerMismatchError
+from .errors import CheckpointError, ConfigError, CorrectionError, DetachedError, LoopError, OptimizerMismatchError
+from .history import STRATEGIES, History, SlotHistory, StageView
 from .partition import Partition, dataflow, partition_model
 from .schedules import Schedule
+from .stage_lr import StageGroups
 
 __all__ = ["PipelineOptimizer"]
-
-
-def _copy(dst: List[torch.Tensor], src: List[torch.Tensor], foreach: bool) -> None:
-    if not dst:
-        return
-    if foreach:
-        torch._foreach_copy_(dst, src)
-    else:
-        for d, s in zip(dst, src):
-            d.copy_(s)
-
-
-_INT_OF_SIZE = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
-
-
-def _as_int(t: torch.Tensor) -> torch.Tensor:
-    """The same bytes as an integer tensor (complex numbers as pairs of floats first)."""
-    if t.is_complex():
-        t = torch.view_as_real(t)
-    return t.view(_INT_OF_SIZE[t.element_size()])
 
 
 class _Callback:
@@ -106,7 +88,8 @@ class _Callback:
     def __init__(self, method):
         self._method = weakref.WeakMethod(method)
 
-    def __call__(self, *args):
+    @disable_dynamo
+    def __call__(self, *args):  # (the engine's Python never enters a torch.compile graph)
         method = self._method()
         if method is None or method.__self__._detached is not None:
             return None
@@ -167,186 +150,6 @@ def _remove_handles(handles: List) -> None:
     handles.clear()
 
 
-class _Split:
-    """One base-optimizer group of a stage: ``group`` is stepped, ``own`` are the keys the optimizer wrote."""
-
-    __slots__ = ("user", "stage", "group", "own", "shown")
-
-    def __init__(self, user: dict, stage: int, params: list, shown: dict):
-        self.user, self.stage, self.own, self.shown = user, stage, set(), shown
-        self.group = {**user, "params": params}
-
-
-class _StageGroups:
-    """Per-stage step sizes (T1) that leave the base optimizer's group state intact.
-
-    With per-stage factors the base optimizer steps over one group per (user group, stage): the
-    user's group with ``lr`` times the stage's factor. These groups persist from step to step. A
-    key the optimizer itself writes into a group during its step (schedule-free's ``k`` and
-    ``weight_sum``, Adan's ``step``) becomes that group's *own* and stays as the optimizer left it,
-    exactly as if the user had built one group per stage and scaled each ``lr`` by hand; every
-    other key follows the user's group at each step (schedulers write ``lr``, ``momentum``, ...),
-    and an own key follows it only when the user writes a new value. The user's group shows the
-    own keys of its first stage (the wrapper's ``state_dict`` keeps every stage's). While no group
-    has own keys and every factor is 1, the base optimizer steps over the user's groups directly.
-    ``lr`` is never an own key: the wrapper sets it at every step.
-    """
-
-    def __init__(self, stage_of: Dict[int, int]):
-        self._stage_of = stage_of
-        self._users: List[dict] = []
-        self._splits: List[_Split] = []
-        self._own = False
-
-    def _sync(self, groups: List[dict]) -> List[_Split]:
-        """Splits of ``groups``, reusing those of user groups seen before (same dict object)."""
-        if len(groups) == len(self._users) and all(a is b for a, b in zip(groups, self._users)):
-            return self._splits
-        before: Dict[int, List[_Split]] = {}
-        for sp in self._splits:
-            before.setdefault(id(sp.user), []).append(sp)
-        splits = []
-        for group in groups:
-            kept = before.get(id(group))
-            if kept and kept[0].user is group and self._same(kept, group):
-                splits += kept
-                continue
-            shown: dict = {}
-            splits += [_Split(group, s, ps, shown) for s, ps in self._by_stage(group)]
-        self._users, self._splits = list(groups), splits
-        self._own = any(sp.own for sp in splits)
-        return splits
-
-    def _by_stage(self, group: dict) -> List[Tuple[int, list]]:
-        by: Dict[int, list] = {}
-        for p in group["params"]:
-            by.setdefault(self._stage_of.get(id(p), -1), []).append(p)
-        return sorted(by.items())
-
-    def _same(self, splits: List[_Split], group: dict) -> bool:
-        """Whether ``splits`` still partition ``group``'s parameters (a group's list may be edited in place)."""
-        now = [(s, [id(p) for p in ps]) for s, ps in self._by_stage(group)]
-        return now == [(sp.stage, [id(p) for p in sp.group["params"]]) for sp in splits]
-
-    def step(self, base: torch.optim.Optimizer, factors: List[float]) -> None:
-        """One base-optimizer step with ``lr`` times ``factors[stage]`` in every stage's groups."""
-        groups = base.param_groups
-        splits = self._sync(groups)
-        if not self._own and all(f == 1.0 for f in factors):
-            base.step()
-            return
-        given = []
-        for sp in splits:
-            g = sp.group
-            for k, v in sp.user.items():
-                if k != "params" and (k not in sp.own or v is not sp.shown.get(k)):
-                    g[k] = v
-            g["lr"] = sp.user["lr"] * (factors[sp.stage] if sp.stage >= 0 else 1.0)
-            given.append(dict(g))
-        base.param_groups = [sp.group for sp in splits]
-        try:
-            base.step()
-        finally:
-            base.param_groups = groups
-        shown = set()
-        for sp, before in zip(splits, given):
-            for k, v in sp.group.items():
-                if k != "lr" and (k not in before or before[k] is not v):
-                    sp.own.add(k)
-                    self._own = True
-            if sp.own and id(sp.shown) not in shown:  # the first stage of a user group shows its own keys
-                shown.add(id(sp.shown))
-                for k in sp.own:
-                    sp.user[k] = sp.shown[k] = sp.group[k]
-
-    def state(self, groups: List[dict]) -> List[dict]:
-        """Every stage group's own keys (empty dicts while the optimizer writes no group state)."""
-        return [{k: sp.group[k] for k in sorted(sp.own)} for sp in self._sync(groups)]
-
-    def load_state(self, groups: List[dict], state: List[dict]) -> None:
-        splits = self._sync(groups)
-        if len(state) != len(splits):
-            raise OptimizerMismatchError(f"the checkpoint has {len(state)} per-stage parameter groups but this "
-                                         f"optimizer has {len(splits)}: rebuild it with the same parameter groups")
-        for sp, own in zip(splits, state):
-            sp.own = set(own)
-            sp.group.update(own)
-            for k in own:
-                sp.shown[k] = sp.user.get(k)
-        self._own = any(sp.own for sp in splits)
-
-
-def _swap(a: List[torch.Tensor], b: List[torch.Tensor]) -> None:
-    """Exchange the contents of two tensor lists in place without a temporary (XOR on integer views)."""
-    for x, y in zip(a, b):
-        x.bitwise_xor_(y)
-        y.bitwise_xor_(x)
-        x.bitwise_xor_(y)
-
-
-class _Chunk:
-    """The parameters of one stage that share a device and dtype, and their history.
-
-    ``ring`` holds ``S`` flat versions. ``where`` maps a version number ``v``
-    (the weights after ``v`` steps; ``v < 0`` holds ``w_0``) to its slot. The
-    parameters hold ``key = (version, modified)``; ``unique`` says no slot
-    holds a copy of it. Loads *swap* the parameters with the slot that holds the
-    wanted version, so no version is ever overwritten: ``S = H`` slots suffice,
-    ``H = max_t max(tau_fwd, tau_bkwd)``. A stage whose backward view a correction
-    rewrites in place (T2) gets one free slot to keep the raw version it rewrites.
-    """
-
-    def __init__(self, stage: int, params: List[nn.Parameter], history: int, spare: bool):
-        self.stage, self.params, self.H = stage, params, history
-        self.data = [p.data for p in params]  # aliases: writes skip autograd's version counter
-        self.ptrs = [p.data_ptr() for p in params]
-        self.numel = sum(p.numel() for p in params)
-        self.S = history + (1 if spare and history else 0)
-        self.ring = None
-        self.views: List[List[torch.Tensor]] = []
-        if self.S:
-            p0 = params[0]
-            self.ring = torch.empty((self.S, self.numel), dtype=p0.dtype, device=p0.device)
-            self.views = [self.split(self.ring[s]) for s in range(self.S)]
-            with torch.no_grad():
-                for s in range(self.S):
-                    torch._foreach_copy_(self.views[s], self.data)
-            self.idata = [_as_int(d) for d in self.data]
-            self.iviews = [[_as_int(v) for v in views] for views in self.views]
-        self.where: Dict[int, int] = {-a: a - 1 for a in range(1, history + 1)}  # w_{-a} = w_0
-        self.free: List[int] = list(range(history, self.S))
-        self.key = (0, False)
-        self.unique = True
-
-    def split(self, flat: torch.Tensor) -> List[torch.Tensor]:
-        """Views of a flat buffer of this chunk's size, one per parameter, shaped like it."""
-        views, off = [], 0
-        for p in self.params:
-            views.append(flat[off:off + p.numel()].view_as(p))
-            off += p.numel()
-        return views
-
-    def zeros(self) -> Tuple[torch.Tensor, List[torch.Tensor]]:
-        """A new zero flat buffer of this chunk's size and dtype (a correction's state) and its views."""
-        flat = torch.zeros(self.numel, dtype=self.params[0].dtype, device=self.params[0].device)
-        return flat, self.split(flat)
-
-    def stored(self, version: int) -> List[torch.Tensor]:
-        """Views of the slot holding ``version`` (e.g. ``w_t`` once it entered the history)."""
-        return self.views[self.where[version]]
-
-    @property
-    def nbytes(self) -> int:
-        return 0 if self.ring is None else self.ring.numel() * self.ring.element_size()
-
-    def state(self) -> dict:
-        return {"where": dict(self.where), "free": list(self.free), "key": self.key, "unique": self.unique}
-
-    def load_state(self, state: dict) -> None:
-        self.where = {int(k): int(v) for k, v in state["where"].items()}
-        self.free, self.key, self.unique = list(state["free"]), tuple(state["key"]), bool(state["unique"])
-
-
 class PipelineOptimizer(torch.optim.Optimizer):
     r"""Wrap ``base_optimizer`` so that training ``model`` simulates a pipeline-parallel run.
 
@@ -361,8 +164,8 @@ class PipelineOptimizer(torch.optim.Optimizer):
             after a method's own.
         seed: seeds the generator of random schedules (Hogwild).
         partition: ``"ops"`` or ``"params"`` when ``stages`` is a count.
-        foreach: batch the history copies with ``torch._foreach_copy_`` (default);
-            ``False`` runs the reference per-tensor loop.
+        foreach: batch the history moves with ``torch._foreach_copy_`` (default);
+            ``False`` copies tensor by tensor (the same results).
         method_args: hyperparameters of a named method, e.g. ``{"anneal_steps": 500, "decay": 0.2}``
             for ``"pipemare"`` (:mod:`staleopt.methods` lists each method's).
         microbatch_passes: the loop runs one forward/backward per microbatch (``N`` passes between
@@ -370,22 +173,28 @@ class PipelineOptimizer(torch.optim.Optimizer):
             ``Schedule.microbatch_delays`` — exactly what the executed pipeline does when the
             microbatches of one minibatch straddle an update (1F1B, dataflow, pb with ``N > 1``).
             Default: every pass sees the minibatch's delays (those of microbatch 0, the largest).
-        memory: ``"minimal"`` (default) keeps exactly ``max(tau_i)`` versions per stage and moves
-            views by in-place swaps; ``"fast"`` keeps one more version per delayed stage and moves
-            views by plain copies, each phase one ``torch._foreach_copy_`` over all stages —
-            fewer kernels per step for ``(H_i + 1) / H_i`` the history memory. Same results.
+        memory: the :mod:`~staleopt.history` strategy. ``"minimal"`` (default) keeps exactly
+            ``max(tau_i)`` versions per stage and moves views by swaps (:class:`~staleopt.history.
+            SwapMoves`); ``"fast"`` keeps one more version per delayed stage and moves views by
+            plain copies (:class:`~staleopt.history.CopyMoves`): fewer copies per step for
+            ``(H_i + 1) / H_i`` the history memory. Same results bit for bit.
 
+    Every argument after ``base_optimizer`` is keyword-only.
     The update rule is the base optimizer's, applied to ``w_t`` with the gradient
     ``grad f_t(u_fwd_t, u_bkwd_t)`` (module docstring).
     """
 
-    def __init__(self, model: nn.Module, base_optimizer: torch.optim.Optimizer,
+    def __init__(self, model: nn.Module, base_optimizer: torch.optim.Optimizer, *positional,
                  stages: Union[int, Partition] = 1, schedule: Union[str, Schedule] = "dataflow",
                  microbatches: int = 1, corrections: Iterable[Correction] = (), seed: Optional[int] = None,
-                 partition: str = "ops", foreach: bool = True, method_args: Optional[dict] = None,
+                 partition: Optional[str] = None, foreach: bool = True, method_args: Optional[dict] = None,
                  microbatch_passes: bool = False, memory: str = "minimal"):
         from . import methods  # methods imports the corrections, which import this package
 
+        if positional:
+            raise TypeError(f"PipelineOptimizer takes the model and the base optimizer as its only positional "
+                            f"arguments, got {len(positional)} more ({positional!r}); name the others, e.g. "
+                            "PipelineOptimizer(model, base, stages=4, schedule='dataflow')")
         if not isinstance(model, nn.Module):
             raise ConfigError(f"model must be a torch.nn.Module, got {type(model).__name__}")
         if not isinstance(base_optimizer, torch.optim.Optimizer):
@@ -398,9 +207,12 @@ class PipelineOptimizer(torch.optim.Optimizer):
             raise ConfigError(f"{type(base_optimizer).__name__}.step needs a closure that re-evaluates the loss "
                               "(line search); a pipeline computes one gradient per step, so use an optimizer "
                               "whose step() works without a closure")
-        if memory not in ("minimal", "fast"):
+        if memory not in STRATEGIES:
             raise ConfigError(f"memory must be 'minimal' (exactly max(tau) versions per stage) or 'fast' (one more "
-                              f"per delayed stage, fewer kernels per step), got {memory!r}")
+                              f"per delayed stage, fewer copies per step), got {memory!r}")
+        if isinstance(stages, Partition) and partition is not None:
+            raise ConfigError(f"partition={partition!r} chooses how a stage count is split, but stages is already a "
+                              "Partition: pass stages=staleopt.partition_model(model, P, strategy) alone")
         if isinstance(microbatches, bool) or not isinstance(microbatches, int) or microbatches < 1:
             raise ConfigError(f"microbatches must be an int >= 1 (microbatches per minibatch), got {microbatches!r}")
         corrections = list(corrections)
@@ -416,9 +228,10 @@ class PipelineOptimizer(torch.optim.Optimizer):
 
         self._schedule, method_corrections = methods.resolve(schedule, **(method_args or {}))
         self._corrections: List[Correction] = method_corrections + corrections
-        self._partition = stages if isinstance(stages, Partition) else partition_model(model, stages, partition)
+        self._partition = stages if isinstance(stages, Partition) else \
+            partition_model(model, stages, partition or "ops")
         self._microbatches = microbatches
-        self._fast = memory == "fast"
+        self._memory = memory
         self._microbatch_passes = bool(microbatch_passes)
         self._passes, self._pass = 0, 0  # training forwards since zero_grad/step; index of the latest
         self._foreach = foreach
@@ -426,8 +239,10 @@ class PipelineOptimizer(torch.optim.Optimizer):
         self._generator.manual_seed(0 if seed is None else int(seed))
         self._step = 0
         self._seen = set()  # which hooks fired during the current step
-        self._delays: Optional[List[Tuple[List[int], List[int]]]] = None  # per pass of this step
+        self._plans: Optional[List[_PassPlan]] = None  # per pass of this step: delays and what to load
+        self._plan_cache: Dict[tuple, tuple] = {}  # delays -> the step-independent part of a plan
         self._check_parameters()
+        self._check_declarations()
         for previous in _drivers([p for s in self._partition for p in s.params]):
             previous._restore()  # its w_t, not a view it left loaded, is this wrapper's w_0
 
@@ -436,22 +251,26 @@ class PipelineOptimizer(torch.optim.Optimizer):
         for c in self._corrections:
             tf, tb = c.delays(list(tf), list(tb), None)
         self._max_delays = (list(tf), list(tb))
-        rewrites = any(c.rewrites_backward_view for c in self._corrections)
-        self._chunks: List[_Chunk] = []
-        for stage in self._partition:
-            groups: Dict[tuple, List[nn.Parameter]] = {}
-            for p in stage.params:
-                groups.setdefault((p.device, p.dtype), []).append(p)
-            for ps in groups.values():
-                i = stage.index
-                spare = self._fast or (rewrites and tf[i] != tb[i])
-                self._chunks.append(_Chunk(i, ps, max(tf[i], tb[i]), spare=spare))
-
-        self._device_type = self._chunks[0].params[0].device.type
+        self._schedule_delays = None  # per pass, before corrections (deterministic schedules: fixed)
+        if not self._schedule.random:
+            if self._microbatch_passes:
+                tf_ij, tb_ij = self._schedule.microbatch_delays(P, microbatches)
+                self._schedule_delays = [([row[j] for row in tf_ij], [row[j] for row in tb_ij])
+                                         for j in range(microbatches)]
+            else:
+                self._schedule_delays = [self._schedule.delays(P, microbatches)]
+        rewritten = [any(c.rewrites_backward_view for c in self._corrections) and f != b for f, b in zip(tf, tb)]
+        self._history: History = self._make_history([max(f, b) for f, b in zip(tf, tb)], rewritten)
+        self._views = self._history.views
+        self._stored = [v for v in self._views if v.H]  # the views whose versions the history keeps
+        self._pending: Optional[dict] = None  # the "staleopt" entry between the two load hooks
+        self._ptr_params = [p for v in self._views for p in (v.params[0], v.params[-1])]
+        self._ptrs = [p.data_ptr() for p in self._ptr_params]  # where the parameters' storage was
+        self._device_type = self._views[0].params[0].device.type
         self._autocast_outside = False  # autocast was on when the latest training forward began
         self._stage_of_param = {id(p): s.index for s in self._partition for p in s.params}
         self._per_stage_lr = any(type(c).lr_factors is not Correction.lr_factors for c in self._corrections)
-        self._stage_groups = _StageGroups(self._stage_of_param)
+        self._stage_groups = StageGroups(self._stage_of_param)
         self._lr_factors = [1.0] * self._partition.num_stages
         self._outside = [p for g in self._base.param_groups for p in g["params"] if id(p) not in self._stage_of_param]
         self._warned = set()
@@ -465,6 +284,24 @@ class PipelineOptimizer(torch.optim.Optimizer):
                        model.register_forward_hook(_Callback(self._on_forward_end)),
                        model.register_state_dict_pre_hook(_Callback(self._on_state_dict))]
         weakref.finalize(self, _remove_handles, self._hooks)  # hooks die with their wrapper
+        # the history and the corrections' state travel in state_dict()["staleopt"], added and read by
+        # torch's own optimizer hooks (so hooks a user registers see it too)
+        self.register_state_dict_pre_hook(_Callback(self._before_state_dict))
+        self.register_state_dict_post_hook(_Callback(self._add_state))
+        self.register_load_state_dict_pre_hook(_Callback(self._take_state))
+        self.register_load_state_dict_post_hook(_Callback(self._load_state))
+
+    def _make_history(self, depths: List[int], rewritten: List[bool]) -> History:
+        """The weight history: stage ``i`` keeps ``depths[i]`` versions (``rewritten[i]``: T2 rewrites its view)."""
+        return SlotHistory(self._partition, depths, rewritten, STRATEGIES[self._memory], foreach=self._foreach)
+
+    def _check_declarations(self) -> None:
+        """Corrections that need what another one changes (Correction's declarations) cannot be combined."""
+        raw = [c for c in self._corrections if c.needs_raw_history]
+        rewriting = [c for c in self._corrections if c.rewrites_history]
+        if raw and rewriting:
+            raise CorrectionError(f"{type(raw[0]).__name__} needs the raw weight history, which "
+                                  f"{type(rewriting[0]).__name__} replaces by predicted weights: use one of the two")
 
     # ------------------------------------------------------------------ torch.optim plumbing
     @property
@@ -585,126 +422,79 @@ class PipelineOptimizer(torch.optim.Optimizer):
         return list(self._max_delays[0]), list(self._max_delays[1])
 
     @property
-    def chunks(self) -> Sequence[_Chunk]:
-        """Per-stage storage units (for corrections and memory reports)."""
-        return tuple(self._chunks)
+    def chunks(self) -> Tuple[StageView, ...]:
+        """The :class:`~staleopt.history.StageView` of each (stage, device, dtype): what corrections work on."""
+        return self._views
+
+    @property
+    def history(self) -> History:
+        """The weight history (:mod:`staleopt.history`)."""
+        return self._history
+
+    @property
+    def phase_offset(self) -> int:
+        """Steps before the asynchronous phase begins (declared by corrections: a synchronous warmup)."""
+        return sum(c.synchronous_steps for c in self._corrections)
 
     def history_bytes(self) -> int:
         """Bytes held by the weight history (all stages)."""
-        return sum(c.nbytes for c in self._chunks)
+        return self._history.nbytes
 
     def memory_bytes(self) -> int:
         """Bytes held by the history plus every correction's buffers."""
         return self.history_bytes() + sum(c.extra_bytes() for c in self._corrections)
 
     # ------------------------------------------------------------------ the engine
-    def _step_delays(self) -> List[Tuple[List[int], List[int]]]:
-        """Delays of each pass of the current step: ``N`` with ``microbatch_passes``, else one."""
-        if self._delays is None:
+    def _step_plans(self) -> List["_PassPlan"]:
+        """Delays and views of each pass of the current step: ``N`` with ``microbatch_passes``, else one."""
+        if self._plans is None:
             P, N = self._partition.num_stages, self._microbatches
-            if self._microbatch_passes and not self._schedule.random:
-                tf_ij, tb_ij = self._schedule.microbatch_delays(P, N)
-                raw = [([row[j] for row in tf_ij], [row[j] for row in tb_ij]) for j in range(N)]
-            else:
+            raw = self._schedule_delays
+            if raw is None:  # a random schedule draws every step
                 raw = [self._schedule.sample(P, N, self._generator)]
-            self._delays = []
+            plans = []
             for tf, tb in raw:
                 for c in self._corrections:
                     tf, tb = c.delays(list(tf), list(tb), self._step)
                 for i in range(P):
                     if not (0 <= tf[i] <= self._max_delays[0][i] and 0 <= tb[i] <= self._max_delays[1][i]):
                         raise CorrectionError(f"step {self._step} asked for delays ({tf[i]}, {tb[i]}) at stage {i}, "
-                                            f"outside 0..{self._max_delays[0][i]}/{self._max_delays[1][i]}; a "
-                                            "correction's delays(step=None) must bound its delays")
-                self._delays.append((list(tf), list(tb)))
-        return self._delays
+                                              f"outside 0..{self._max_delays[0][i]}/{self._max_delays[1][i]}; a "
+                                              "correction's delays(step=None) must bound its delays")
+                plans.append(_PassPlan(self._step, (list(tf), list(tb)), self._views, self._corrections,
+                                       self._plan_cache))
+            self._plans = plans
+        return self._plans
+
+    def _plan(self) -> "_PassPlan":
+        """The plan of the current pass (the step's, unless ``microbatch_passes``)."""
+        plans = self._step_plans()
+        return plans[min(self._pass, len(plans) - 1)]
 
     def _current_delays(self) -> Tuple[List[int], List[int]]:
-        """Delays of the current pass (the step's, unless ``microbatch_passes``)."""
-        passes = self._step_delays()
-        return passes[min(self._pass, len(passes) - 1)]
+        return self._plan().delays
 
     def _load(self, backward: bool) -> None:
-        """Put each stage's forward (or backward) view into the parameters."""
-        tf, tb = delays = self._current_delays()
-        targets, rewriters = [], {}  # chunk -> the corrections that rewrite its backward view
-        for c in self._chunks:
-            age = tb[c.stage] if backward else tf[c.stage]
-            ks = [k for k in self._corrections if k.modifies_backward(c.stage, tf[c.stage], tb[c.stage])] \
-                if backward else []
-            if ks:
-                rewriters[id(c)] = ks
-            targets.append((self._step - age, bool(ks)))
-        modified = self._apply(targets)
-        with torch.no_grad():
-            for k in self._corrections:
-                mine = [c for c in modified if k in rewriters[id(c)]]
-                if mine:
-                    k.backward_view(mine, delays)
-
-    def _apply(self, targets) -> List[_Chunk]:
-        """Bring chunk ``i`` to ``targets[i] = (version, modified)``; returns the chunks to modify.
-
-        Raw versions move by swapping with their slot (nothing is overwritten), or in
-        ``memory="fast"`` mode by saving the parameters' content to a free slot and
-        copying; a parameter content that also lives in a slot is simply overwritten;
-        before a view is rewritten in place its raw version is copied to a free slot.
-        """
-        swap_a, swap_b, save_dst, save_src, dst, src, keep_dst, keep_src = [], [], [], [], [], [], [], []
-        modified, plans = [], []
-        for c, (version, mod) in zip(self._chunks, targets):
-            if c.key == (version, mod):
-                continue
-            key, unique, moved, saved, kept = c.key, c.unique, None, None, None
-            if key != (version, False):
-                if version not in c.where:
-                    raise CorrectionError(f"stage {c.stage}: weight version {version} is no longer stored; "
-                                        "this is a bug in a correction's delays (please report it)")
-                slot = c.where[version]
-                if unique and not self._fast:  # the parameters hold the only copy of a raw version: trade places
-                    swap_a += c.idata
-                    swap_b += c.iviews[slot]
-                    moved = (version, key[0], slot)
-                else:  # save the only copy to a free slot (fast mode), or overwrite a duplicate / rewritten view
-                    if unique:
-                        saved = (key[0], c.free[-1])
-                        save_dst += c.views[saved[1]]
-                        save_src += c.data
-                        unique = False
-                    dst += c.data
-                    src += c.views[slot]
-                key = (version, False)
-            if mod:
-                if unique:
-                    kept = (version, c.free[-1])  # (after a save the parameters are never unique)
-                    keep_dst += c.views[kept[1]]
-                    keep_src += c.data
-                unique, key = False, (version, True)
-                modified.append(c)
-            plans.append((c, key, unique, moved, saved, kept))
-        with torch.no_grad():
-            _swap(swap_a, swap_b)
-            _copy(save_dst, save_src, self._foreach)
-            _copy(dst, src, self._foreach)
-            _copy(keep_dst, keep_src, self._foreach)
-        for c, key, unique, moved, saved, kept in plans:  # bookkeeping only once the data has moved
-            if moved is not None:
-                del c.where[moved[0]]
-                c.where[moved[1]] = moved[2]
-            for entry in (saved, kept):
-                if entry is not None:
-                    c.free.remove(entry[1])
-                    c.where[entry[0]] = entry[1]
-            c.key, c.unique = key, unique
-        return modified
+        """Put each stage's forward (or backward) view into the parameters (corrections rewrite the latter)."""
+        plan = self._plan()
+        if not backward:
+            self._history.load(plan.forward)
+            return
+        rewrite = self._history.load(plan.backward)
+        if rewrite:
+            with torch.no_grad():
+                for k, stages in plan.rewriters:
+                    mine = [v for v in rewrite if v.index in stages]
+                    if mine:
+                        k.backward_view(mine, plan.delays)
 
     def _restore(self) -> None:
         """Put ``w_t`` back into the parameters."""
-        self._apply([(self._step, False)] * len(self._chunks))
+        self._history.restore()
 
     def _on_forward_start(self, module, args):
         if module.training and torch.is_grad_enabled():
-            self._seen |= {"forward"}
+            self._seen.add("forward")
             if self._microbatch_passes:
                 if self._passes >= self._microbatches:
                     raise LoopError(f"microbatch_passes=True expects at most N={self._microbatches} training "
@@ -743,14 +533,13 @@ class PipelineOptimizer(torch.optim.Optimizer):
             raise
 
     def _backward_views_differ(self) -> bool:
-        tf, tb = self._current_delays()
-        return tf != tb or any(k.modifies_backward(i, f, b) for k in self._corrections
-                               for i, (f, b) in enumerate(zip(tf, tb)))
+        plan = self._plan()
+        return plan.delays[0] != plan.delays[1] or bool(plan.rewriters)
 
     def _on_backward_start(self, grad):
-        self._seen |= {"backward"}
+        self._seen.add("backward")
         if "backward-pending" not in self._seen:
-            self._seen |= {"backward-pending"}
+            self._seen.add("backward-pending")
             queue_callback(_Callback(self._on_backward_end))
         self._load(backward=True)
 
@@ -801,15 +590,20 @@ class PipelineOptimizer(torch.optim.Optimizer):
                             "the PipelineOptimizer after setting requires_grad")
 
     def _check_storage(self) -> None:
-        for c in self._chunks:
-            if c.params[0].data_ptr() != c.ptrs[0] or c.params[-1].data_ptr() != c.ptrs[-1]:
-                raise LoopError("the model's parameters were moved or replaced after the PipelineOptimizer "
-                                    "was built (e.g. model.to(device) or load_state_dict(assign=True)): build "
-                                    "the optimizer after the model is on its device")
+        if [p.data_ptr() for p in self._ptr_params] != self._ptrs:
+            raise LoopError("the model's parameters were moved or replaced after the PipelineOptimizer "
+                            "was built (e.g. model.to(device) or load_state_dict(assign=True)): build "
+                            "the optimizer after the model is on its device")
 
     @torch.no_grad()
     def step(self, closure=None):
-        """Apply the base optimizer to ``w_t`` with the simulated gradient; advance the history."""
+        """Apply the base optimizer to ``w_t`` with the simulated gradient; advance the history.
+
+        Order within the step (``docs/engine.md``): restore ``w_t``; push it into the history;
+        corrections' ``lr_factors``, then per correction ``transform_stored`` and
+        ``before_update``; the base step (per-stage groups under T1); the history advances to
+        ``w_{t+1}``; corrections' ``after_update``.
+        """
         self._check_attached()
         loss = None
         if closure is not None:
@@ -817,53 +611,76 @@ class PipelineOptimizer(torch.optim.Optimizer):
                 loss = closure()
         self._check_storage()
         self._restore()
-        delays = self._step_delays()[0]  # microbatch 0's: the step's nominal delays
-        self._warn_if_unseen(delays)
         t = self._step
-        stored = [c for c in self._chunks if c.S]
-        dst, src = [], []
-        for c in stored:
-            if t - c.H in c.where:  # w_{t-H} is not needed from step t+1 on
-                c.free.append(c.where.pop(t - c.H))
-            if c.unique:
-                slot = c.free.pop()
-                dst += c.views[slot]
-                src += c.data
-                c.where[t] = slot
-        _copy(dst, src, self._foreach)
+        delays = self._step_plans()[0].delays  # microbatch 0's: the step's nominal delays
+        self._warn_if_unseen(delays)
+        self._history.push(t)
+        stored = self._stored
         factors = [1.0] * self._partition.num_stages
         for k in self._corrections:
-            f = k.lr_factors(delays, self._step)
+            f = k.lr_factors(delays, t)
             if f is not None:
                 factors = [a * b for a, b in zip(factors, f)]
         self._lr_factors = factors
         for k in self._corrections:
-            k.transform_stored(stored, delays, self._step)
-            k.before_update(delays, self._step)
+            k.transform_stored(stored, delays, t)
+            k.before_update(delays, t)
         if self._per_stage_lr:
             self._stage_groups.step(self._base, factors)
         else:
             self._base.step()
-        for c in self._chunks:
-            c.key, c.unique = (t + 1, False), True
+        self._history.advance(t + 1)
         for k in self._corrections:
-            k.after_update(stored, delays, self._step)
-        self._step += 1
-        self._delays = None
+            k.after_update(stored, delays, t)
+        self._step = t + 1
+        self._plans = None
         self._passes, self._pass = 0, 0
         return loss
 
     # ------------------------------------------------------------------ checkpoints
+    #: Version of the ``state_dict()["staleopt"]`` layout. 0: ``chunks``/``history`` lists at the top
+    #: (before the History rewrite); 1: ``format`` and ``history`` = ``History.state_dict()``.
+    FORMAT = 1
+
+    @disable_dynamo
     def state_dict(self) -> dict:
+        """The base optimizer's state dict plus ``"staleopt"`` (history, step, corrections), through
+        torch's optimizer hooks: the wrapper's pre hooks run first (ours puts ``w_t`` back), then
+        ``base_optimizer.state_dict()``, then the post hooks (ours adds the ``"staleopt"`` entry)."""
         self._check_attached()
-        self._restore()
+        pre, post = optimizer_state_dict_hooks(self)
+        for hook in list(pre.values()):
+            hook(self)
         state = self._base.state_dict()
+        for hook in list(post.values()):
+            out = hook(self, state)
+            state = state if out is None else out
+        return state
+
+    @disable_dynamo
+    def load_state_dict(self, state_dict: dict) -> None:
+        """Load a state dict of this or an earlier format (older entries are upgraded, new keys
+        filled from defaults) through torch's load hooks around ``base_optimizer.load_state_dict``."""
+        self._check_attached()
+        pre, post = optimizer_load_state_dict_hooks(self)
+        state = state_dict
+        for hook in list(pre.values()):
+            out = hook(self, state)
+            state = state if out is None else out
+        self._base.load_state_dict(state)
+        for hook in list(post.values()):
+            hook(self)
+
+    def _before_state_dict(self, optimizer) -> None:
+        self._restore()
+
+    def _add_state(self, optimizer, state: dict) -> dict:
         state["staleopt"] = {
+            "format": self.FORMAT,
             "step": self._step,
-            "delays": self._delays,
+            "delays": None if self._plans is None else [plan.delays for plan in self._plans],
             "passes": (self._passes, self._pass),
-            "chunks": [c.state() for c in self._chunks],
-            "history": [c.ring for c in self._chunks],
+            "history": self._history.state_dict(),
             "generator": self._generator.get_state(),
             "corrections": [k.state_dict() for k in self._corrections],
             "stage_groups": self._stage_groups.state(self._base.param_groups) if self._per_stage_lr else [],
@@ -875,29 +692,33 @@ class PipelineOptimizer(torch.optim.Optimizer):
         return {"stages": self._partition.num_stages, "schedule": repr(self._schedule),
                 "microbatches": self._microbatches, "microbatch_passes": self._microbatch_passes,
                 "corrections": [type(k).__name__ for k in self._corrections],
-                "chunks": [(c.stage, c.numel, c.S) for c in self._chunks]}
+                "chunks": [(v.stage, v.numel, 0 if v.ring is None else v.ring.shape[0]) for v in self._views]}
 
-    def load_state_dict(self, state_dict: dict) -> None:
-        self._check_attached()
+    def _take_state(self, optimizer, state_dict: dict) -> dict:
+        """Load pre hook: check and keep the ``"staleopt"`` entry (upgraded); hand the rest to the base."""
         if "staleopt" not in state_dict:
             raise OptimizerMismatchError("this state dict has no 'staleopt' entry: it was saved from a plain "
                                          "optimizer; load it into the base optimizer before wrapping instead")
-        mine = state_dict["staleopt"]
+        mine = _upgrade(state_dict["staleopt"])
         if mine["signature"] != self._signature():
             raise OptimizerMismatchError(f"checkpoint was saved with {mine['signature']} but this optimizer is "
-                                         f"{self._signature()}: rebuild it with the same model, stages, schedule "
-                                         "and corrections")
-        self._base.load_state_dict({k: v for k, v in state_dict.items() if k != "staleopt"})
+                                         f"{self._signature()}: rebuild it with the same model, stages, schedule, "
+                                         "memory mode and corrections")
+        self._pending = mine
+        return {k: v for k, v in state_dict.items() if k != "staleopt"}
+
+    def _load_state(self, optimizer) -> None:
+        """Load post hook: the base optimizer is loaded; now the history, the step and the corrections."""
+        mine, self._pending = self._pending, None
         if self._per_stage_lr:
-            self._stage_groups.load_state(self._base.param_groups, mine.get("stage_groups") or
+            self._stage_groups.load_state(self._base.param_groups, mine["stage_groups"] or
                                           [{} for _ in self._stage_groups.state(self._base.param_groups)])
-        with torch.no_grad():
-            for c, cstate, ring in zip(self._chunks, mine["chunks"], mine["history"]):
-                c.load_state(cstate)
-                if c.ring is not None:
-                    c.ring.copy_(ring)
+        self._history.load_state_dict(mine["history"])
         self._step = mine["step"]
-        self._delays = None if mine["delays"] is None else [(list(f), list(b)) for f, b in mine["delays"]]
+        delays = mine["delays"]
+        self._plans = None if delays is None else \
+            [_PassPlan(self._step, (list(f), list(b)), self._views, self._corrections, self._plan_cache)
+             for f, b in delays]
         self._passes, self._pass = mine["passes"]
         self._generator.set_state(mine["generator"])
         for k, s in zip(self._corrections, mine["corrections"]):
@@ -914,3 +735,45 @@ class PipelineOptimizer(torch.optim.Optimizer):
                 f"schedule={self._schedule!r}, microbatches={self._microbatches}, "
                 f"microbatch_passes={self._microbatch_passes}, "
                 f"corrections={self._corrections}, tau_fwd={tf}, tau_bkwd={tb})")
+
+
+def _upgrade(mine: dict) -> dict:
+    """The ``"staleopt"`` entry of any earlier format in the current one (a copy; missing keys get defaults)."""
+    mine = dict(mine)
+    version = mine.pop("format", 0)
+    if version > PipelineOptimizer.FORMAT:
+        raise CheckpointError(f"this checkpoint's optimizer state has format {version}, newer than this staleopt "
+                              f"reads ({PipelineOptimizer.FORMAT}): upgrade staleopt")
+    if version == 0:  # the ring bookkeeping and buffers were two top-level lists
+        mine["history"] = {"slots": mine.pop("chunks"), "rings": mine["history"]}
+    for key, default in (("delays", None), ("passes", (0, 0)), ("stage_groups", []), ("corrections", [])):
+        mine.setdefault(key, default)
+    mine["format"] = PipelineOptimizer.FORMAT
+    return mine
+
+
+class _PassPlan:
+    """What one pass of step ``t`` loads: ``forward``/``backward`` are the history targets
+    ``(version, rewritten)`` per view; ``rewriters`` pairs each correction that rewrites backward
+    views this pass with the indices of those views (declared by ``modifies_backward``). The part
+    that does not depend on ``t`` is computed once per set of delays (``cache``)."""
+
+    __slots__ = ("delays", "forward", "backward", "rewriters")
+
+    def __init__(self, t: int, delays: Tuple[List[int], List[int]], views: Sequence[StageView],
+                 corrections: Sequence[Correction], cache: Dict[tuple, tuple]):
+        tf, tb = self.delays = delays
+        key = (tuple(tf), tuple(tb))
+        rel = cache.get(key)
+        if rel is None:
+            if len(cache) >= 256:  # random schedules (Hogwild) draw new delays every step
+                cache.clear()
+            by_view = [[k for k in corrections if k.modifies_backward(v.stage, tf[v.stage], tb[v.stage])]
+                       for v in views]
+            rewriters = [(k, {v.index for v, ks in zip(views, by_view) if k in ks}) for k in corrections]
+            rel = cache[key] = ([tf[v.stage] for v in views],
+                                [(tb[v.stage], bool(ks)) for v, ks in zip(views, by_view)],
+                                [(k, idx) for k, idx in rewriters if idx])
+        self.forward = [(t - a, False) for a in rel[0]]
+        self.backward = [(t - a, m) for a, m in rel[1]]
+        self.rewriters = rel[2]

@@ -56,7 +56,7 @@ def _reference(accumulate: int = 1, passes: bool = False, world: int = 2):
             ym = torch.cat([ys[j] for _, ys in per_rank])
             (mse(model(xm), ym) / accumulate).backward()
         opt.step()
-    return _flat(model), opt.state_dict()["staleopt"]["history"]
+    return _flat(model), opt.state_dict()["staleopt"]["history"]["rings"]
 
 
 def _train_rank(rank: int, world: int, wrap: str, accumulate: int, passes: bool = False):
@@ -74,7 +74,7 @@ def _train_rank(rank: int, world: int, wrap: str, accumulate: int, passes: bool 
             else:
                 (mse(model(xm), ym) / accumulate).backward()
         opt.step()
-    return _flat(model), opt.state_dict()["staleopt"]["history"]
+    return _flat(model), opt.state_dict()["staleopt"]["history"]["rings"]
 
 
 def _worker(rank: int, world: int, port: int, out: str):

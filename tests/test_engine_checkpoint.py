@@ -1,8 +1,8 @@
 """Checkpoints written by an earlier release load into this one and continue exactly.
 
 ``fixtures/checkpoints_v0.pt`` was written by ``fixtures/make_checkpoints.py`` with the engine of
-commit 219375b (state-dict format 0, before the History rewrite). The continuation is bit-identical
-on the CPU that wrote the file; another CPU's float64 kernels round a matmul differently (measured:
+commit d8cecb1 (state-dict format 0, before the History rewrite) on the 2-core AMD EPYC test machine.
+The continuation is bit-identical on the CPU that wrote the file (checked there after the rewrite); another CPU's float64 kernels round a matmul differently (measured:
 up to 5.6e-17 apart on an AMD EPYC), so the stored weights are compared to 1e-12, far below what a
 misread field (a wrong version, step or learning rate) changes.
 """

@@ -1,23 +1,30 @@
 """The correction plug-in interface (DESIGN §3).
 
-A correction changes one or more of: the delays of a step, the backward view,
-what is stored in the weight history, the per-stage step size, and state kept
-across steps. The engine (:class:`staleopt.PipelineOptimizer`) calls the hooks
-below in this order for step ``t``:
+A correction changes one or more of: the delays of a step, the backward view, what is stored in
+the weight history, the per-stage step size, and state kept across steps. It works on the
+engine's :class:`~staleopt.history.StageView` objects (``engine.chunks``: per stage and
+device/dtype, the live tensors ``data``, ``stored(version)``, ``zeros()``), never on the
+history's slots. The engine (:class:`staleopt.PipelineOptimizer`, and the reference engine
+:class:`staleopt.reference.ReferencePipelineOptimizer`) calls the hooks in this order:
 
-1. :meth:`delays` — once, when step ``t`` begins (corrections compose in list order);
-2. :meth:`backward_view` — when the backward pass begins, on the stages whose
-   backward view it changes (declared by :meth:`modifies_backward`);
-3. :meth:`lr_factors` — in ``step()``, per stage, multiplied together and onto
-   the lr the user's scheduler set (never written back into ``group["lr"]``);
-4. :meth:`transform_stored` — with a copy of ``w_t`` about to enter the history,
-   which it may rewrite (weight prediction stores predicted views); then
-   :meth:`before_update`, just before the base optimizer step, with ``w_t`` in the
-   parameters;
-5. :meth:`after_update` — after the base step, with ``w_{t+1}`` in the parameters
-   and ``w_t`` in the newest history slot.
+0. :meth:`bind` — once, when the engine is built (its views exist; allocate state here);
+1. :meth:`delays` — once per pass when step ``t`` begins (corrections compose in list order;
+   ``step=None`` once at construction for the largest delays, which size the history);
+2. :meth:`modifies_backward` — when step ``t``'s plan is made, per stage: does
+   :meth:`backward_view` rewrite it this step?
+3. :meth:`backward_view` — when the backward pass reaches the model output, after the history
+   loaded the raw backward views, on the views it declared;
+4. in ``step()``, with ``w_t`` back in the parameters and pushed into the history:
+   :meth:`lr_factors` of every correction (multiplied together and onto the lr the user's
+   scheduler set, never written back into ``group["lr"]``); then for each correction in list
+   order :meth:`transform_stored` (it may rewrite the stored copy of ``w_t``) and
+   :meth:`before_update`; then the base optimizer's step;
+5. :meth:`after_update` — after the base step, with ``w_{t+1}`` in the parameters and ``w_t``
+   still stored (``view.stored(t)``).
 
-Every hook has a no-op default, so a correction implements only what it changes.
+Every hook has a no-op default, so a correction implements only what it changes. Instead of
+checking each other's types, corrections *declare* what they do and need (class attributes
+below); the engine refuses combinations that contradict each other and serves the needs.
 """
 from __future__ import annotations
 
@@ -33,9 +40,20 @@ class Correction:
 
     name: str = "correction"
     paper: str = ""
-    #: True if :meth:`backward_view` rewrites views in place (the engine then keeps
-    #: one free history slot per affected stage for the raw version).
+    #: :meth:`backward_view` rewrites views in place (the history keeps one free slot per affected
+    #: stage for the raw version).
     rewrites_backward_view: bool = False
+    #: reads stored versions as the raw weights ``w_v`` (T2's ``delta``); cannot be combined with a
+    #: correction that ``rewrites_history``.
+    needs_raw_history: bool = False
+    #: :meth:`transform_stored` replaces the stored copy of ``w_t`` (weight prediction).
+    rewrites_history: bool = False
+    #: makes every backward view the forward view, ``tau_bkwd := tau_fwd`` (weight stashing).
+    backward_reads_forward_view: bool = False
+    #: the first steps are synchronous; ``engine.phase_offset`` sums these, and corrections that
+    #: count steps of the asynchronous phase (T1's annealing) start there.
+    synchronous_steps: int = 0
+
     def bind(self, engine) -> None:
         """Called once by the engine after it is built; allocate per-stage state here."""
         self.engine = engine
@@ -49,18 +67,20 @@ class Correction:
         return tau_fwd, tau_bkwd
 
     def modifies_backward(self, stage: int, tau_fwd: int, tau_bkwd: int) -> bool:
-        """Whether :meth:`backward_view` changes this stage's backward view this step."""
+        """Whether :meth:`backward_view` changes this stage's backward view under these delays (a
+        function of its arguments only: the engine caches the answer per set of delays)."""
         return False
 
     def backward_view(self, chunks: Sequence, delays: Delays) -> None:
-        """Modify, in place, the loaded backward views of ``chunks`` (those it declared)."""
+        """Modify, in place, the loaded backward views (``view.data``) of ``chunks`` (those it declared)."""
 
     def lr_factors(self, delays: Delays, step: int) -> Optional[List[float]]:
         """Per-stage multipliers of the scheduler's lr for this step, or None for all 1."""
         return None
 
     def transform_stored(self, chunks: Sequence, delays: Delays, step: int) -> None:
-        """Rewrite, in place, the version of the current weights that enters the history."""
+        """Rewrite, in place, the stored copy of ``w_step`` (``view.stored(step)`` of the views with a
+        history, ``chunks``); declare ``rewrites_history``."""
 
     def before_update(self, delays: Delays, step: int) -> None:
         """Just before the base optimizer step."""

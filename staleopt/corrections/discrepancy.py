@@ -1,8 +1,6 @@
 """PipeMare T2: discrepancy correction of the backward weights, PipeMare §3.2."""
 from __future__ import annotations
 
-from typing import Dict
-
 import torch
 
 from ..errors import CorrectionError
@@ -28,6 +26,7 @@ class DiscrepancyCorrection(Correction):
 
     name, paper = "T2", "PipeMare §3.2"
     rewrites_backward_view = True
+    needs_raw_history = True
 
     def __init__(self, decay: float):
         if isinstance(decay, bool) or not isinstance(decay, (int, float)) or not 0.0 < float(decay) < 1.0:
@@ -37,16 +36,16 @@ class DiscrepancyCorrection(Correction):
 
     def bind(self, engine):
         super().bind(engine)
-        from .prediction import WeightPrediction
-        if any(isinstance(c, WeightPrediction) for c in engine.corrections):
-            raise CorrectionError("DiscrepancyCorrection needs the raw weight history, which WeightPrediction "
-                                  "replaces by predicted weights: use one of the two")
         tf, tb = engine.max_delays
         self.gamma = [self.decay ** (1.0 / (f - b)) if f > b else None for f, b in zip(tf, tb)]
         self._delta = {}
         for i, c in enumerate(engine.chunks):
             if self.gamma[c.stage] is not None:
                 self._delta[i] = c.zeros()
+        # per tensor of the corrected stages: its delta view and its weight 1 - gamma_i
+        self._views = [v for flat, views in self._delta.values() for v in views]
+        self._weights = [1.0 - self.gamma[engine.chunks[i].stage] for i, (_, views) in self._delta.items()
+                         for _ in views]
 
     def delta(self, stage: int) -> torch.Tensor:
         """The flat velocity estimate of ``stage`` (concatenated over its chunks)."""
@@ -57,29 +56,19 @@ class DiscrepancyCorrection(Correction):
 
     def backward_view(self, chunks, delays):
         tf, tb = delays
-        index = {id(c): i for i, c in enumerate(self.engine.chunks)}
         for c in chunks:
-            views = self._delta[index[id(c)]][1]
-            torch._foreach_add_(c.data, views, alpha=-(tf[c.stage] - tb[c.stage]))
+            torch._foreach_add_(c.data, self._delta[c.index][1], alpha=-(tf[c.stage] - tb[c.stage]))
 
     def after_update(self, chunks, delays, step):
-        new, old, views, gammas = [], [], [], []
-        for i, c in enumerate(self.engine.chunks):
-            if i in self._delta:
-                new += c.data  # w_{t+1}
-                old += c.stored(step)  # w_t
-                views += self._delta[i][1]
-                gammas += [self.gamma[c.stage]] * len(c.data)
-        if not views:
+        """``delta += (1 - gamma) * ((w_{t+1} - w_t) - delta)``, one foreach call over all corrected stages."""
+        if not self._views:
             return
-        diff = torch._foreach_sub(new, old)
-        by_gamma: Dict[float, tuple] = {}
-        for v, d, g in zip(views, diff, gammas):
-            vs, ds = by_gamma.setdefault(g, ([], []))
-            vs.append(v)
-            ds.append(d)
-        for g, (vs, ds) in by_gamma.items():  # delta += (1 - gamma) * ((w_{t+1} - w_t) - delta)
-            torch._foreach_lerp_(vs, ds, 1.0 - g)
+        new, old = [], []
+        for i in self._delta:
+            c = self.engine.chunks[i]
+            new += c.data  # w_{t+1}
+            old += c.stored(step)  # w_t
+        torch._foreach_lerp_(self._views, torch._foreach_sub(new, old), self._weights)
 
     def state_dict(self):
         return {"delta": {i: flat for i, (flat, _) in self._delta.items()}}

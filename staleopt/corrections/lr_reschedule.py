@@ -37,8 +37,7 @@ class LRReschedule(Correction):
 
     def bind(self, engine):
         super().bind(engine)
-        from .phases import Warmup
-        self._offset = sum(c.steps for c in engine.corrections if isinstance(c, Warmup))
+        self._offset = engine.phase_offset
 
     def lr_factors(self, delays, step):
         k = max(step - self._offset, 0)

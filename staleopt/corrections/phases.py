@@ -24,6 +24,10 @@ class Warmup(Correction):
     def __init__(self, steps: int):
         self.steps = _check_steps("Warmup(steps)", steps)
 
+    @property
+    def synchronous_steps(self) -> int:
+        return self.steps
+
     def delays(self, tau_fwd, tau_bkwd, step):
         if step is not None and step < self.steps:
             return [0] * len(tau_fwd), [0] * len(tau_bkwd)

@@ -57,6 +57,7 @@ class WeightPrediction(Correction):
     """
 
     name, paper = "prediction", "PipeOptim §III (eqs. 3-6, Table I)"
+    rewrites_history = True
     RULES = ("optimizer", "sgdm", "adam")
 
     def __init__(self, rule: str = "optimizer", state: str = "auto", momentum: float = 0.9,
@@ -71,9 +72,8 @@ class WeightPrediction(Correction):
     # ------------------------------------------------------------------ setup
     def bind(self, engine):
         super().bind(engine)
-        from .stashing import Stashing
         tf, tb = engine.max_delays
-        stash = any(isinstance(c, Stashing) for c in engine.corrections)
+        stash = any(c.backward_reads_forward_view for c in engine.corrections)
         if any(b > 0 for b in tb) and not stash:
             raise CorrectionError("WeightPrediction needs backward passes on the current weights (tau_bkwd = 0, "
                                   "schedules 1f1b, dataflow, pb) or stashing; this schedule has tau_bkwd = "
@@ -101,7 +101,7 @@ class WeightPrediction(Correction):
         if self._own:
             self._buffers.update({"m": []} if self.rule == "sgdm" else {"m": [], "v": []})
         self._own_step = 0
-        self._chunks = [c for c in engine.chunks if c.S]
+        self._chunks = [c for c in engine.chunks if c.H]  # the views with a history
         self._split: Dict[str, List[List[torch.Tensor]]] = {key: [] for key in self._buffers}
         for c in self._chunks:
             for key in self._buffers:

@@ -15,6 +15,7 @@ class Stashing(Correction):
     """
 
     name, paper = "stashing", "PipeDream §3.3"
+    backward_reads_forward_view = True
 
     def delays(self, tau_fwd, tau_bkwd, step):
         return tau_fwd, list(tau_fwd)

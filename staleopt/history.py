@@ -1,0 +1,505 @@
+"""The weight history: which past versions ``w_v`` each stage keeps, where, and how views are loaded.
+
+A :class:`History` alone owns the stored versions, the storage slots and the moves between the
+slots and the parameters. :class:`~staleopt.optimizer.PipelineOptimizer` drives it through these
+calls, and corrections read it through the :class:`StageView` protocol:
+
+==========================  ==========================================================================
+``load(targets)``           put version ``v_i`` (raw, or to be rewritten in place) into stage view ``i``
+``restore()``               put ``w_t`` back into the parameters
+``push(t)``                 the parameters hold ``w_t`` at rest: store it, forget ``w_{t - H_i}``
+``advance(t)``              the base step wrote ``w_t`` into the parameters (their only copy)
+``stored(view, v)``         per-parameter tensors of stored version ``v`` (a correction may rewrite them)
+``state_dict()`` / ``load_state_dict()``   everything above, for checkpoints
+==========================  ==========================================================================
+
+:class:`SlotHistory` keeps exactly the versions the delays need, ``H_i = max_t max(tau_fwd_i,
+tau_bkwd_i)`` per stage (DESIGN §1: ``w_{t-tau}`` with ``t - tau < 0`` is ``w_0``), in one
+contiguous buffer of ``S_i`` slots per stage chunk. How a raw version reaches the parameters while
+the parameters hold the only copy of another is the memory strategy's choice:
+
+* :class:`SwapMoves` (``memory="minimal"``, the default): ``S_i = H_i``; the parameters trade
+  places with the slot (three copies through a temporary buffer of at most
+  :data:`SWAP_BLOCK_BYTES` at a time, freed at once), so the current weights ``w_t`` never need a
+  slot of their own;
+* :class:`CopyMoves` (``memory="fast"``): ``S_i = H_i + 1``; the parameters' content is saved to
+  the slot of the version that just expired and the wanted version copied in (two copies, and
+  ``push`` is then free).
+
+Either way a stage whose backward view a correction rewrites in place (T2) keeps one free slot for
+the raw version it rewrites. Every move of one phase is batched over all stages: a few
+``torch.cat``/``torch._foreach_copy_``/``torch.split_with_sizes_copy`` calls over lists built once,
+whatever the number of tensors.
+:class:`staleopt.reference.ReferenceHistory` is the readable version (every version kept, views
+copied) that this one is tested against step by step.
+"""
+from __future__ import annotations
+
+from itertools import chain
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+import torch
+from torch import nn
+
+from .errors import CheckpointError, CorrectionError
+
+__all__ = ["StageView", "make_views", "History", "SlotHistory", "MoveStrategy", "SwapMoves", "CopyMoves",
+           "STRATEGIES", "SWAP_BLOCK_BYTES"]
+
+Target = Tuple[int, bool]  # (version, rewritten in place)
+#: A swap goes through a temporary buffer of at most this many bytes at a time (or one larger view).
+SWAP_BLOCK_BYTES = 1 << 24
+
+
+class StageView:
+    """The parameters of one stage that share a device and dtype: the protocol corrections use.
+
+    Attributes (read-only for corrections):
+
+    * ``stage`` — the stage index ``i``;
+    * ``params`` — its ``nn.Parameter`` objects, in partition order;
+    * ``data`` — aliases of the parameters' storage (``p.data``): what the forward or backward
+      pass reads now; a correction that declared ``rewrites_backward_view`` rewrites these in place
+      in :meth:`~staleopt.corrections.base.Correction.backward_view`;
+    * ``numel`` — elements over all of ``params``;
+    * ``H`` — versions the delays need, ``max_t max(tau_fwd_i, tau_bkwd_i)``;
+    * ``ring`` — the ``(S, numel)`` slot buffer of a :class:`SlotHistory` (``None`` when ``S = 0``
+      or in the reference history).
+
+    Methods: :meth:`stored` (a stored version, writable), :meth:`zeros` (a new weight-sized buffer
+    for a correction's own state) and :meth:`split` (per-parameter views of a flat buffer).
+    """
+
+    def __init__(self, history: "History", index: int, stage: int, params: List[nn.Parameter], depth: int):
+        self._history, self.index, self.stage, self.params, self.H = history, index, stage, params, depth
+        self.data = [p.data for p in params]  # aliases: writes skip autograd's version counter
+        self.numel = sum(p.numel() for p in params)
+        self.ring: Optional[torch.Tensor] = None
+
+    def stored(self, version: int) -> List[torch.Tensor]:
+        """Per-parameter tensors of stored ``version`` (``w_t`` once :meth:`History.push` stored it)."""
+        return self._history.stored(self, version)
+
+    def split(self, flat: torch.Tensor) -> List[torch.Tensor]:
+        """Views of a flat buffer of this chunk's size, one per parameter, shaped like it."""
+        views, off = [], 0
+        for p in self.params:
+            views.append(flat[off:off + p.numel()].view_as(p))
+            off += p.numel()
+        return views
+
+    def zeros(self) -> Tuple[torch.Tensor, List[torch.Tensor]]:
+        """A new zero flat buffer of this chunk's size and dtype (a correction's state) and its views."""
+        p0 = self.params[0]
+        flat = torch.zeros(self.numel, dtype=p0.dtype, device=p0.device)
+        return flat, self.split(flat)
+
+    def __repr__(self) -> str:
+        return f"StageView(stage={self.stage}, tensors={len(self.params)}, numel={self.numel}, H={self.H})"
+
+
+def make_views(history: "History", partition, depths: Sequence[int]) -> List[StageView]:
+    """One view per (stage, device, dtype) of ``partition``; ``depths[i]`` is stage ``i``'s ``H_i``."""
+    views = []
+    for stage in partition:
+        by: Dict[tuple, List[nn.Parameter]] = {}
+        for p in stage.params:
+            by.setdefault((p.device, p.dtype), []).append(p)
+        for ps in by.values():
+            views.append(StageView(history, len(views), stage.index, ps, depths[stage.index]))
+    return views
+
+
+class History:
+    """The interface :class:`~staleopt.optimizer.PipelineOptimizer` drives (module docstring)."""
+
+    views: Tuple[StageView, ...]
+    strategy: str
+    _t: int  # the current step: the parameters at rest hold w_t
+
+    def load(self, targets: Sequence[Target]) -> List[StageView]:
+        """Bring view ``i`` to ``targets[i] = (version, rewrite)``; return the views to rewrite in place."""
+        raise NotImplementedError
+
+    def restore(self) -> None:
+        """Put the current weights ``w_t`` back into the parameters (raw)."""
+        self.load([(self._t, False)] * len(self.views))
+
+    def push(self, t: int) -> None:
+        """Store ``w_t`` (in the parameters, at rest) and forget what no later step needs."""
+        raise NotImplementedError
+
+    def advance(self, t: int) -> None:
+        """The parameters now hold ``w_t``, written by the base step, and no slot holds it."""
+        raise NotImplementedError
+
+    def stored(self, view: StageView, version: int) -> List[torch.Tensor]:
+        """Per-parameter tensors of ``view``'s stored ``version`` (writable)."""
+        raise NotImplementedError
+
+    @property
+    def nbytes(self) -> int:
+        raise NotImplementedError
+
+    def state_dict(self) -> dict:
+        raise NotImplementedError
+
+    def load_state_dict(self, state: dict) -> None:
+        raise NotImplementedError
+
+
+class _Moves:
+    """The data movements of one round of a phase, collected over all views and run batched.
+
+    ``swaps`` lists ``(view, row)``: the parameters and that row exchange contents (through a
+    temporary buffer, block by block, :meth:`SlotHistory._swap`); then ``copies[0]``,
+    ``copies[1]``, ``copies[2]`` run in this order (each a pair of destination and source tensor
+    lists). Views touch disjoint memory, so batching over views is exact.
+    """
+
+    __slots__ = ("swaps", "copies")
+
+    def __init__(self):
+        self.swaps: List[Tuple[int, int]] = []
+        self.copies: Tuple[Tuple[list, list], ...] = (([], []), ([], []), ([], []))
+
+
+def _copy(dst: List[torch.Tensor], src: List[torch.Tensor], foreach: bool) -> None:
+    if not dst:
+        return
+    if foreach:
+        torch._foreach_copy_(dst, src)
+    else:
+        for d, s in zip(dst, src):
+            d.copy_(s)
+
+
+class MoveStrategy:
+    """How a :class:`SlotHistory` lays out a view's slots and moves versions in and out of the parameters."""
+
+    name: str = ""
+
+    def rows(self, depth: int, rewritten: bool) -> Tuple[int, bool]:
+        """``(M, spare)``: version ``v`` lives in row ``v mod M``; ``spare``: one more row after them."""
+        raise NotImplementedError
+
+    def plan(self, history: "SlotHistory", pending: List[int], targets: Sequence[Target],
+             moves: _Moves) -> Callable[[], None]:
+        """Queue into ``moves`` one round of moves towards ``targets`` for the views ``pending``;
+        return the bookkeeping to apply once the moves ran (the history's ``loaded``/``rewritten``/
+        ``saved``). Views not at their target after it get another round."""
+        raise NotImplementedError
+
+
+class SwapMoves(MoveStrategy):
+    """``memory="minimal"``: ``M = H_i`` rows hold ``w_{t-H_i} .. w_{t-1}``; the parameters hold ``w_t``.
+
+    Loading ``w_v`` swaps the parameters with row ``v mod H`` (which then holds ``w_t`` until the
+    parameters are restored); a view a correction rewrites keeps its raw version in the spare row.
+    Where ``w_t`` is: in the parameters (``loaded == t``, raw), in the spare row (``loaded == t``,
+    rewritten) or in row ``loaded mod M`` (``loaded != t``).
+    """
+
+    name = "minimal"
+
+    def rows(self, depth, rewritten):
+        return depth, rewritten and depth > 0
+
+    def plan(self, h, pending, targets, moves):
+        t, loaded, rewritten = h._t, h._loaded, h._rewritten
+        rest, done = [], []
+        c1, c2, c3 = moves.copies
+        for i in pending:  # the moves of every step, in bulk; the rare ones in _one
+            v, m = targets[i]
+            L = loaded[i]
+            if not rewritten[i]:
+                if not m and (L == t) != (v == t):  # a raw version to or from w_t: one swap
+                    moves.swaps.append((i, (v if L == t else L) % h._M[i]))
+                    done.append(i)
+                    continue
+                if m and v == t and L != t:  # raw w_t to the parameters (to rewrite) and the spare row
+                    row, data, spare = h._slot_views[i][L % h._M[i]], h.views[i].data, h._spare[i]
+                    c1[0].extend(spare)
+                    c1[1].extend(row)
+                    c2[0].extend(row)
+                    c2[1].extend(data)
+                    c3[0].extend(data)
+                    c3[1].extend(spare)
+                    done.append(i)
+                    continue
+            elif L == t and v == t and not m:  # rewritten w_t back to raw, from the spare row
+                c1[0].extend(h.views[i].data)
+                c1[1].extend(h._spare[i])
+                done.append(i)
+                continue
+            rest.append(i)
+        after = [self._one(h, i, targets[i], moves) for i in rest]
+
+        def commit():
+            for i in done:
+                loaded[i], rewritten[i] = targets[i]
+            for i, (version, mod, _) in zip(rest, after):
+                loaded[i], rewritten[i] = version, mod
+        return commit
+
+    def _one(self, h: "SlotHistory", i: int, target: Target, moves: _Moves) -> Tuple[int, bool, bool]:
+        """One step of view ``i`` towards ``target`` (``"minimal"``); returns its state after it.
+
+        Where ``w_t`` is: in the parameters (``loaded == t``, raw), in the spare row (``loaded == t``,
+        rewritten) or in row ``loaded mod M`` (``loaded != t``, the row of the version the parameters hold).
+        """
+        t, L, mod, (v, m) = h._t, h._loaded[i], h._rewritten[i], target
+        data, M, spare = h.views[i].data, h._M[i], h._spare[i]
+        c1, c2, c3 = moves.copies
+        if L == t and not mod:  # at rest: swap in w_v, keep it raw in the spare row if it is rewritten
+            if v != t:
+                moves.swaps.append((i, v % M))
+            if m:
+                c1[0].extend(spare)
+                c1[1].extend(data)
+            return v, m, False
+        if L == t:  # rewritten w_t; the raw one is in the spare row
+            c1[0].extend(data)
+            c1[1].extend(spare)
+            return t, False, False
+        row = h._slot_views[i][L % M]  # holds w_t
+        if v == t and m and not mod:  # raw w_t to the parameters (to be rewritten) and the spare row
+            c1[0].extend(spare)
+            c1[1].extend(row)
+            c2[0].extend(row)
+            c2[1].extend(data)
+            c3[0].extend(data)
+            c3[1].extend(spare)
+            return t, True, False
+        if mod:  # w_t back to the parameters, the raw w_L back to its row
+            c1[0].extend(data)
+            c1[1].extend(row)
+            c2[0].extend(row)
+            c2[1].extend(spare)
+        else:  # trade places with the row holding w_t
+            moves.swaps.append((i, L % M))
+        return t, False, False
+
+
+class CopyMoves(MoveStrategy):
+    """``memory="fast"``: ``M = H_i + 1`` rows; when the parameters first leave ``w_t`` they are saved to
+    row ``t mod M`` (whose version expired), and every view is a plain copy from its row."""
+
+    name = "fast"
+
+    def rows(self, depth, rewritten):
+        return (depth + 1 if depth else 0), False
+
+    def plan(self, h, pending, targets, moves):
+        t, loaded, rewritten, saved = h._t, h._loaded, h._rewritten, h._saved
+        c1, c2, _ = moves.copies
+        newly = [i for i in pending if not saved[i] and (targets[i][0] != t or targets[i][1])]
+        for i in newly:  # save w_t to its row once
+            c1[0].extend(h._slot_views[i][t % h._M[i]])
+            c1[1].extend(h.views[i].data)
+        for i in pending:  # then copy the wanted row in (a raw view to be rewritten is already there)
+            v = targets[i][0]
+            if loaded[i] != v or rewritten[i]:
+                c2[0].extend(h.views[i].data)
+                c2[1].extend(h._slot_views[i][v % h._M[i]])
+
+        def commit():
+            for i in newly:
+                saved[i] = True
+            for i in pending:
+                loaded[i], rewritten[i] = targets[i]
+        return commit
+
+
+STRATEGIES = {s.name: s for s in (SwapMoves(), CopyMoves())}
+
+
+class SlotHistory(History):
+    """Exactly the versions the delays need, per view one ``(S_i, numel_i)`` buffer (module docstring).
+
+    Version ``v`` lives in row ``v mod M_i`` (``v < 0`` is ``w_0``), so no table of slots is kept:
+    per view the history only tracks which version the parameters hold (``loaded``), whether it was
+    rewritten in place (``rewritten``) and, in ``"fast"`` mode, whether ``w_t`` was already saved to
+    its row (``saved``). ``depths[i]`` is stage ``i``'s ``H_i``; ``rewritten[i]`` says a correction may
+    rewrite stage ``i``'s backward view in place.
+    """
+
+    def __init__(self, partition, depths: Sequence[int], rewritten: Sequence[bool], strategy: MoveStrategy,
+                 foreach: bool = True):
+        self._foreach = foreach
+        self._strategy = strategy
+        self.strategy = strategy.name
+        self.views = tuple(make_views(self, partition, depths))
+        self._t = 0
+        self._M: List[int] = []  # rows of the modular ring per view
+        self._spare: List[Optional[List[torch.Tensor]]] = []  # per view: the spare row's tensors
+        self._slot_views: List[List[List[torch.Tensor]]] = []  # [view][row] -> per-parameter tensors
+        self._rows: List[List[torch.Tensor]] = []  # [view][row] -> the row, flat
+        self._flat: List[Optional[List[torch.Tensor]]] = []  # [view] -> 1-d aliases of the parameters
+        for v in self.views:
+            M, spare = strategy.rows(v.H, rewritten[v.stage])
+            S = M + int(spare)
+            views: List[List[torch.Tensor]] = []
+            if S:
+                p0 = v.params[0]
+                v.ring = torch.empty((S, v.numel), dtype=p0.dtype, device=p0.device)
+                views = [v.split(v.ring[s]) for s in range(S)]
+                with torch.no_grad():
+                    for s in range(S):
+                        torch._foreach_copy_(views[s], v.data)  # w_v = w_0 for v < 0
+            self._M.append(M)
+            self._spare.append(views[M] if spare else None)
+            self._slot_views.append(views)
+            self._rows.append([v.ring[s] for s in range(S)])
+            contiguous = all(d.is_contiguous() for d in v.data)  # (else flattened at each swap: a copy)
+            self._flat.append([d.view(-1) for d in v.data] if contiguous else None)
+        self._delayed = [v.index for v in self.views if v.ring is not None]
+        self._H = [v.H for v in self.views]
+        n = len(self.views)
+        self._loaded, self._rewritten, self._saved = [0] * n, [False] * n, [False] * n
+        self._rest = True  # every view holds w_t, raw
+        self._swap_blocks: Dict[tuple, List[tuple]] = {}  # views swapped together -> their blocks
+
+    # ------------------------------------------------------------------ API
+    def load(self, targets):
+        t, loaded, rewritten = self._t, self._loaded, self._rewritten
+        pending = [i for i in self._delayed if (loaded[i], rewritten[i]) != targets[i]]
+        for i in pending:
+            if not t - self._H[i] <= targets[i][0] <= t:
+                raise CorrectionError(f"stage {self.views[i].stage}: weight version {targets[i][0]} is not stored "
+                                      f"at step {t}; this is a bug in a correction's delays (please report it)")
+        rewrite = [self.views[i] for i in pending if targets[i][1]]
+        while pending:  # at most two rounds: a view between two stale versions passes through w_t
+            moves = _Moves()
+            commit = self._strategy.plan(self, pending, targets, moves)
+            self._run(moves)
+            commit()  # bookkeeping only once the data has moved
+            pending = [i for i in pending if (loaded[i], rewritten[i]) != targets[i]]
+        self._rest = all(v == t and not m for v, m in targets)
+        return rewrite
+
+    def _run(self, moves: _Moves) -> None:
+        with torch.no_grad():
+            if moves.swaps:
+                self._swap(moves.swaps)
+            for dst, src in moves.copies:
+                _copy(dst, src, self._foreach)
+
+    def _swap(self, swaps: List[Tuple[int, int]]) -> None:
+        """Exchange the parameters of view ``i`` with its row ``r`` for every ``(i, r)`` in ``swaps``.
+
+        Block by block (views of one device and dtype, together at most :data:`SWAP_BLOCK_BYTES`,
+        or one larger view): gather the parameters into a temporary flat buffer (``torch.cat``),
+        copy the rows into the parameters (``torch._foreach_copy_``), then the buffer into the
+        rows (``torch.split_with_sizes_copy``). The blocks bound the extra memory (peak, not
+        resident). The lists that do not depend on the rows are built once per set of views.
+        """
+        key = tuple(i for i, _ in swaps)
+        blocks = self._swap_blocks.get(key)
+        if blocks is None:
+            if len(self._swap_blocks) >= 64:  # random delays (Hogwild) swap ever new sets of views
+                self._swap_blocks.clear()
+            blocks = self._swap_blocks[key] = self._blocks(key)
+        for pos, sizes, idx, params, flat in blocks:
+            temp = torch.cat(flat if flat is not None else  # (non-contiguous parameters: flattened by a copy)
+                             [d.reshape(-1) for i in idx for d in self.views[i].data])
+            _copy(params, list(chain.from_iterable(self._slot_views[swaps[k][0]][swaps[k][1]] for k in pos)),
+                  self._foreach)
+            rows = [self._rows[swaps[k][0]][swaps[k][1]] for k in pos]
+            if self._foreach:
+                torch.split_with_sizes_copy(temp, sizes, out=rows)
+            else:
+                for row, piece in zip(rows, temp.split(sizes)):
+                    row.copy_(piece)
+
+    def _blocks(self, key: Tuple[int, ...]) -> List[tuple]:
+        """The swap blocks of the views ``key``: ``(positions in key, sizes, views, parameters, flat aliases)``."""
+        by: Dict[tuple, List[List[int]]] = {}
+        for k, i in enumerate(key):
+            p0 = self.views[i].params[0]
+            blocks = by.setdefault((p0.device, p0.dtype), [[]])
+            size = sum(self.views[key[j]].numel for j in blocks[-1]) * p0.element_size()
+            if blocks[-1] and size + self.views[i].numel * p0.element_size() > SWAP_BLOCK_BYTES:
+                blocks.append([])
+            blocks[-1].append(k)
+        out = []
+        for blocks in by.values():
+            for pos in blocks:
+                idx = [key[k] for k in pos]
+                flat = None if any(self._flat[i] is None for i in idx) else [f for i in idx for f in self._flat[i]]
+                out.append((pos, [self.views[i].numel for i in idx], idx,
+                            [d for i in idx for d in self.views[i].data], flat))
+        return out
+
+    def restore(self):
+        if not self._rest:
+            self.load([(self._t, False)] * len(self.views))
+
+    def push(self, t):
+        if t != self._t:
+            raise CorrectionError(f"the history is at step {self._t}, not {t}: push follows advance")
+        moves = _Moves()
+        dst, src = moves.copies[0]
+        for i in self._delayed:
+            if not self._saved[i]:
+                dst.extend(self._slot_views[i][t % self._M[i]])  # replaces w_{t-H} (fast: w_{t-H-1})
+                src.extend(self.views[i].data)
+                self._saved[i] = True
+        self._run(moves)
+
+    def advance(self, t):
+        n = len(self.views)
+        self._t, self._loaded, self._rewritten, self._saved, self._rest = t, [t] * n, [False] * n, [False] * n, True
+
+    def stored(self, view, version):
+        i = view.index
+        if not self._t - view.H <= version <= self._t or (version == self._t and not self._saved[i]):
+            raise CorrectionError(f"stage {view.stage}: weight version {version} is not stored at step {self._t}")
+        return self._slot_views[i][version % self._M[i]]
+
+    @property
+    def nbytes(self):
+        return sum(self.views[i].ring.numel() * self.views[i].ring.element_size() for i in self._delayed)
+
+    def state_dict(self):
+        return {"strategy": self.strategy, "t": self._t, "loaded": list(self._loaded),
+                "rewritten": list(self._rewritten), "saved": list(self._saved), "rings": [v.ring for v in self.views]}
+
+    def load_state_dict(self, state):
+        if "slots" in state:  # format 0: a table of slots per view
+            state = self._from_slot_tables(state)
+        if state["strategy"] != self.strategy:
+            raise CheckpointError(f"the checkpoint's history was kept with memory={state['strategy']!r} but this "
+                                  f"optimizer uses memory={self.strategy!r}: build it with the same memory mode")
+        with torch.no_grad():
+            for v, ring in zip(self.views, state["rings"]):
+                if v.ring is not None:
+                    v.ring.copy_(ring)
+        self._t = int(state["t"])
+        self._loaded, self._rewritten, self._saved = (list(state[k]) for k in ("loaded", "rewritten", "saved"))
+        self._rest = all(v == self._t and not m for v, m in zip(self._loaded, self._rewritten))
+
+    def _from_slot_tables(self, state: dict) -> dict:
+        """Format 0 (``where``/``free``/``key``/``unique`` per view, saved at rest) in today's layout."""
+        rings, saved, t = [], [], None
+        for v, slots, ring in zip(self.views, state["slots"], state["rings"]):
+            version, modified = slots["key"]
+            if modified or (t is not None and version != t):
+                raise CheckpointError("this format-0 checkpoint was not saved at rest (the parameters did not "
+                                      "hold w_t): save it with opt.state_dict(), which restores w_t first")
+            t = version
+            if ring is None:
+                rings.append(None)
+                saved.append(False)
+                continue
+            where = {int(k): int(s) for k, s in slots["where"].items()}
+            M = self._M[v.index]
+            new = torch.empty_like(ring)
+            for w, s in where.items():
+                if t - v.H <= w < t or (w == t and self.strategy == "fast"):
+                    new[w % M] = ring[s]
+            rings.append(new)
+            saved.append(self.strategy == "fast" and t in where)
+        n = len(self.views)
+        return {"strategy": self.strategy, "t": t or 0, "loaded": [t or 0] * n, "rewritten": [False] * n,
+                "saved": saved, "rings": rings}

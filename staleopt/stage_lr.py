@@ -1,0 +1,122 @@
+"""Per-stage step sizes (T1) over the base optimizer's parameter groups, keeping the optimizer's group state."""
+from __future__ import annotations
+
+from typing import Dict, List, Optional, Tuple
+
+import torch
+
+from .errors import OptimizerMismatchError
+
+__all__ = ["StageGroups"]
+
+
+class _Split:
+    """One base-optimizer group of a stage: ``group`` is stepped, ``own`` are the keys the optimizer wrote."""
+
+    __slots__ = ("user", "stage", "group", "own", "shown")
+
+    def __init__(self, user: dict, stage: int, params: list, shown: dict):
+        self.user, self.stage, self.own, self.shown = user, stage, set(), shown
+        self.group = {**user, "params": params}
+
+
+class StageGroups:
+    """Per-stage step sizes (T1) that leave the base optimizer's group state intact.
+
+    With per-stage factors the base optimizer steps over one group per (user group, stage): the
+    user's group with ``lr`` times the stage's factor. These groups persist from step to step. A
+    key the optimizer itself writes into a group during its step (schedule-free's ``k`` and
+    ``weight_sum``, Adan's ``step``) becomes that group's *own* and stays as the optimizer left it,
+    exactly as if the user had built one group per stage and scaled each ``lr`` by hand; every
+    other key follows the user's group at each step (schedulers write ``lr``, ``momentum``, ...),
+    and an own key follows it only when the user writes a new value. The user's group shows the
+    own keys of its first stage (the wrapper's ``state_dict`` keeps every stage's). While no group
+    has own keys and every factor is 1, the base optimizer steps over the user's groups directly.
+    ``lr`` is never an own key: the wrapper sets it at every step.
+    """
+
+    def __init__(self, stage_of: Dict[int, int]):
+        self._stage_of = stage_of
+        self._users: List[dict] = []
+        self._splits: List[_Split] = []
+        self._own = False
+        self._stepped: Optional[List[dict]] = None  # the group list the base optimizer steps over
+
+    def _sync(self, groups: List[dict]) -> List[_Split]:
+        """Splits of ``groups``, reusing those of user groups seen before (same dict object)."""
+        if len(groups) == len(self._users) and all(a is b for a, b in zip(groups, self._users)):
+            return self._splits
+        before: Dict[int, List[_Split]] = {}
+        for sp in self._splits:
+            before.setdefault(id(sp.user), []).append(sp)
+        splits = []
+        for group in groups:
+            kept = before.get(id(group))
+            if kept and kept[0].user is group and self._same(kept, group):
+                splits += kept
+                continue
+            shown: dict = {}
+            splits += [_Split(group, s, ps, shown) for s, ps in self._by_stage(group)]
+        self._users, self._splits = list(groups), splits
+        self._own = any(sp.own for sp in splits)
+        return splits
+
+    def _by_stage(self, group: dict) -> List[Tuple[int, list]]:
+        by: Dict[int, list] = {}
+        for p in group["params"]:
+            by.setdefault(self._stage_of.get(id(p), -1), []).append(p)
+        return sorted(by.items())
+
+    def _same(self, splits: List[_Split], group: dict) -> bool:
+        """Whether ``splits`` still partition ``group``'s parameters (a group's list may be edited in place)."""
+        now = [(s, [id(p) for p in ps]) for s, ps in self._by_stage(group)]
+        return now == [(sp.stage, [id(p) for p in sp.group["params"]]) for sp in splits]
+
+    def step(self, base: torch.optim.Optimizer, factors: List[float]) -> None:
+        """One base-optimizer step with ``lr`` times ``factors[stage]`` in every stage's groups."""
+        groups = base.param_groups
+        splits = self._sync(groups)
+        if not self._own and all(f == 1.0 for f in factors):
+            base.step()
+            return
+        for sp in splits:
+            g, own, user = sp.group, sp.own, sp.user
+            for k, v in user.items():
+                if k != "params" and (k not in own or v is not sp.shown.get(k)):
+                    g[k] = v
+            g["lr"] = user["lr"] * (factors[sp.stage] if sp.stage >= 0 else 1.0)
+        if self._stepped is None or len(self._stepped) != len(splits) or \
+                any(a is not sp.group for a, sp in zip(self._stepped, splits)):
+            self._stepped = [sp.group for sp in splits]
+        base.param_groups = self._stepped
+        try:
+            base.step()
+        finally:
+            base.param_groups = groups
+        shown = set()
+        for sp in splits:  # a key the step wrote (not the value set from the user's group) becomes own
+            own, user = sp.own, sp.user
+            for k, v in sp.group.items():
+                if k not in own and k != "lr" and k != "params" and (k not in user or user[k] is not v):
+                    own.add(k)
+                    self._own = True
+            if sp.own and id(sp.shown) not in shown:  # the first stage of a user group shows its own keys
+                shown.add(id(sp.shown))
+                for k in sp.own:
+                    sp.user[k] = sp.shown[k] = sp.group[k]
+
+    def state(self, groups: List[dict]) -> List[dict]:
+        """Every stage group's own keys (empty dicts while the optimizer writes no group state)."""
+        return [{k: sp.group[k] for k in sorted(sp.own)} for sp in self._sync(groups)]
+
+    def load_state(self, groups: List[dict], state: List[dict]) -> None:
+        splits = self._sync(groups)
+        if len(state) != len(splits):
+            raise OptimizerMismatchError(f"the checkpoint has {len(state)} per-stage parameter groups but this "
+                                         f"optimizer has {len(splits)}: rebuild it with the same parameter groups")
+        for sp, own in zip(splits, state):
+            sp.own = set(own)
+            sp.group.update(own)
+            for k in own:
+                sp.shown[k] = sp.user.get(k)
+        self._own = any(sp.own for sp in splits)

@@ -1,0 +1,83 @@
+"""The wrapper's construction and checkpoint API: keyword-only arguments, one way to say the stages,
+state dicts through torch's optimizer hooks, the versioned ``"staleopt"`` entry, declared needs."""
+import pytest
+import torch
+
+import staleopt
+from staleopt.corrections import Correction, DiscrepancyCorrection, WeightPrediction
+from staleopt.errors import CheckpointError, ConfigError, CorrectionError
+
+from helpers import batches, mlp, train
+
+
+def _opt(model, **kw):
+    return staleopt.PipelineOptimizer(model, torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9),
+                                      stages=3, **kw)
+
+
+def test_arguments_after_the_base_optimizer_are_keyword_only():
+    model = mlp()
+    base = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.raises(TypeError, match="only positional arguments.*stages=4"):
+        staleopt.PipelineOptimizer(model, base, 3, "dataflow")
+
+
+def test_partition_strategy_is_refused_next_to_a_partition():
+    model = mlp()
+    part = staleopt.partition_model(model, 3, "params")
+    with pytest.raises(ConfigError, match="already a Partition"):
+        staleopt.PipelineOptimizer(model, torch.optim.SGD(model.parameters(), lr=0.1), stages=part,
+                                   partition="params")
+    opt = staleopt.PipelineOptimizer(model, torch.optim.SGD(model.parameters(), lr=0.1), stages=part)
+    assert opt.partition is part
+
+
+def test_state_dict_runs_hooks_registered_on_the_wrapper():
+    model = mlp(seed=1)
+    opt = _opt(model, schedule="pipemare", method_args={"anneal_steps": 4, "decay": 0.3})
+    train(model, opt, batches(3))
+    seen = []
+    opt.register_state_dict_pre_hook(lambda o: seen.append("pre"))
+    opt.register_state_dict_post_hook(lambda o, sd: seen.append(("post", "staleopt" in sd)))
+    opt.register_load_state_dict_pre_hook(lambda o, sd: seen.append(("load-pre", "staleopt" in sd)))
+    opt.register_load_state_dict_post_hook(lambda o: seen.append("load-post"))
+    state = opt.state_dict()
+    assert state["staleopt"]["format"] == staleopt.PipelineOptimizer.FORMAT
+    assert seen == ["pre", ("post", True)]
+    opt.load_state_dict(state)
+    # the engine's load pre hook runs first and takes its entry out; the user's sees the base optimizer's part
+    assert seen[2:] == [("load-pre", False), "load-post"]
+
+
+def test_newer_format_is_refused_and_missing_keys_get_defaults():
+    model = mlp(seed=2)
+    opt = _opt(model, schedule="1f1b")
+    train(model, opt, batches(2))
+    state = opt.state_dict()
+    newer = {**state, "staleopt": {**state["staleopt"], "format": staleopt.PipelineOptimizer.FORMAT + 1}}
+    with pytest.raises(CheckpointError, match="newer"):
+        opt.load_state_dict(newer)
+    trimmed = {k: v for k, v in state["staleopt"].items() if k not in ("stage_groups", "passes", "delays")}
+    opt.load_state_dict({**state, "staleopt": trimmed})
+    assert opt.step_count == 2
+
+
+def test_memory_modes_do_not_load_each_others_history():
+    model = mlp(seed=3)
+    fast = _opt(model, schedule="dataflow", memory="fast")
+    train(model, fast, batches(2))
+    state = fast.state_dict()
+    with pytest.raises(staleopt.StaleoptError):
+        _opt(model, schedule="dataflow").load_state_dict(state)
+
+
+def test_declared_needs_refuse_contradictions_without_type_checks():
+    model = mlp(seed=4)
+    with pytest.raises(CorrectionError, match="raw weight history"):
+        _opt(model, schedule="1f1b", corrections=[WeightPrediction(), DiscrepancyCorrection(0.3)])
+
+    class RewritesHistory(Correction):  # any correction declaring the same need meets the same refusal
+        rewrites_history = True
+
+    with pytest.raises(CorrectionError, match="DiscrepancyCorrection needs the raw weight history.*RewritesHistory"):
+        _opt(model, schedule="dataflow", corrections=[DiscrepancyCorrection(0.3), RewritesHistory()])
