@@ -248,6 +248,15 @@ class PipelineOptimizer(torch.optim.Optimizer):
 
         P = self._partition.num_stages
         tf, tb = self._schedule.delays(P, microbatches)
+        tr = self._schedule.recompute_delays(P, microbatches)
+        if list(tr) != list(tb):
+            raise ConfigError(
+                f"schedule {self._schedule!r} recomputes activations ahead of the backward pass "
+                f"(tau_recomp = {list(tr)}, tau_bkwd = {list(tb)}); training does not simulate that yet: the "
+                "recompute view u_recomp = w_(t - tau_recomp) (PipeMare App. D.1) needs an activation-checkpoint "
+                "entry point the engine does not have. Train with the same pipeline without recompute "
+                "(schedule.without_recompute(); method 'pipemare' for 'pipemare-recompute'); timelines, the "
+                "hardware model, theory and the advisor accept recompute schedules (docs/schedules.md)")
         for c in self._corrections:
             tf, tb = c.delays(list(tf), list(tb), None)
         self._max_delays = (list(tf), list(tb))

@@ -210,27 +210,25 @@ def test_2bw_at_one_stage_reads_the_current_version():
         assert schedules.get("2bw").delays(1, N) == ([0], [0])
 
 
-def test_training_pipemare_recompute_steps_as_pipemare_until_the_engine_recomputes():
-    """The optimizer reads tau_fwd and tau_bkwd only: with no recomputation in the model the two methods
-    step identically (docs/schedules.md: the recompute view comes with the engine's opt.checkpoint)."""
+def test_training_refuses_a_recompute_delay_the_engine_does_not_simulate():
+    """Training with tau_recomp != tau_bkwd would silently step as the schedule without recompute (the engine
+    has no recompute view yet): the optimizer refuses it and names the fix (docs/schedules.md)."""
     import torch
     from torch import nn
     from staleopt import PipelineOptimizer
+    from staleopt.errors import ConfigError
 
-    def run(method):
-        torch.manual_seed(0)
+    def make(schedule):
         model = nn.Sequential(*[nn.Sequential(nn.Linear(4, 4), nn.Tanh()) for _ in range(4)]).double()
-        opt = PipelineOptimizer(model, torch.optim.SGD(model.parameters(), lr=0.05), stages=4, schedule=method)
-        g = torch.Generator().manual_seed(1)
-        for _ in range(12):
-            x = torch.randn(8, 4, generator=g, dtype=torch.float64)
-            opt.zero_grad()
-            model(x).pow(2).mean().backward()
-            opt.step()
-        return [p.detach().clone() for p in model.parameters()]
+        return PipelineOptimizer(model, torch.optim.SGD(model.parameters(), lr=0.05), stages=4, schedule=schedule)
 
-    for a, b in zip(run("pipemare"), run("pipemare-recompute")):
-        assert torch.equal(a, b)
+    with pytest.raises(ConfigError, match="recomputes activations ahead of the backward.*without_recompute"):
+        make("pipemare-recompute")
+    custom = schedules.get("custom", tau_fwd=[3, 2, 1, 0], tau_bkwd=[0, 0, 0, 0], tau_recomp=[1, 1, 0, 0])
+    with pytest.raises(ConfigError, match="tau_recomp = \\[1, 1, 0, 0\\], tau_bkwd = \\[0, 0, 0, 0\\]"):
+        make(custom)
+    make(schedules.get("dataflow-recompute").without_recompute())
+    make(schedules.get("custom", tau_fwd=[3, 2, 1, 0], tau_bkwd=[0, 0, 0, 0], tau_recomp=[0, 0, 0, 0]))
 
 
 def test_what_if_recompute_memory_bounds_the_executed_one():
