@@ -2,6 +2,12 @@
 import torch
 from torch import nn
 
+from staleopt import methods
+
+#: Methods PipelineOptimizer trains: all but those recomputing ahead of the backward pass, which it refuses
+#: until the engine has a recompute view (docs/schedules.md).
+TRAINABLE_METHODS = [m for m in methods.names() if not methods.build(m, 4, 4).schedule.segments(4)]
+
 
 def mlp(sizes=(5, 7, 6, 3), seed=0, dtype=torch.float64):
     """Linear+tanh layers, one stage per Linear; the last layer is linear."""

@@ -11,7 +11,7 @@ from staleopt.corrections import (DiscrepancyCorrection, LRReschedule, VerticalS
                                   t1_factor)
 from staleopt.errors import CorrectionError, ScheduleError
 
-from helpers import batches, linears, mlp, mse, oracle_grads, snapshot, train
+from helpers import TRAINABLE_METHODS, batches, linears, mlp, mse, oracle_grads, snapshot, train
 
 
 # ----------------------------------------------------------------------------- T1
@@ -84,6 +84,10 @@ def test_t2_matches_hand_computation():
             expect = torch.cat([delta[i][0].flatten(), delta[i][1]])
             torch.testing.assert_close(t2.delta(i), expect, atol=1e-12, rtol=0)
     assert t2.extra_bytes() == sum(s.numel for s in opt.partition.stages[:2]) * 8
+    with pytest.raises(CorrectionError, match="T2 keeps no delta for stage 2.*corrected stages: \\[0, 1\\]"):
+        t2.delta(2)
+    with pytest.raises(CorrectionError, match="stage = 3 must be an int in 0..2"):
+        t2.delta(3)
 
 
 # ----------------------------------------------------------------------------- prediction
@@ -275,7 +279,7 @@ ZOO_OPTIMIZERS = {
 SMALL_STEPS = {"anneal_steps": 30, "decay": 0.1, "warmup_steps": 10, "pipelined_steps": 50}
 
 
-@pytest.mark.parametrize("method", methods.names())
+@pytest.mark.parametrize("method", TRAINABLE_METHODS)
 def test_zoo_every_method_trains_and_round_trips(method):
     data = batches(100, seed=12, batch=4)
     args = {k: v for k, v in SMALL_STEPS.items() if k in methods.get(method).defaults}

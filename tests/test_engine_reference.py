@@ -16,7 +16,7 @@ from staleopt.corrections import (DiscrepancyCorrection, Hybrid, LRReschedule, S
                                   WeightPrediction)
 from staleopt.reference import ReferenceHistory, ReferencePipelineOptimizer
 
-from helpers import batches, mlp, mse
+from helpers import TRAINABLE_METHODS, batches, mlp, mse
 
 SIZES = (5, 7, 6, 6, 3)  # four stages
 STEPS = 9
@@ -24,7 +24,7 @@ ARGS = {"pipemare": {"anneal_steps": 4, "decay": 0.3}, "pipemare-t1": {"anneal_s
         "pipemare-w": {"warmup_steps": 2, "anneal_steps": 4, "decay": 0.3}, "pb-hybrid": {"pipelined_steps": 5}}
 
 CASES = {f"method {m}": dict(schedule=m, method_args=ARGS.get(m), microbatches=4 if m == "pipedream-2bw" else 1)
-         for m in methods.names()}
+         for m in TRAINABLE_METHODS}
 CASES.update({
     "schedule pb N=2": dict(schedule="pb", microbatches=2),
     "schedule 2bw": dict(schedule="2bw", microbatches=4),

@@ -4,6 +4,7 @@ from __future__ import annotations
 import torch
 
 from ..errors import CorrectionError
+from ..validate import check_int
 from .base import Correction
 
 __all__ = ["DiscrepancyCorrection"]
@@ -48,7 +49,17 @@ class DiscrepancyCorrection(Correction):
                          for _ in views]
 
     def delta(self, stage: int) -> torch.Tensor:
-        """The flat velocity estimate of ``stage`` (concatenated over its chunks)."""
+        """The flat velocity estimate of ``stage`` (concatenated over its chunks).
+
+        Raises :class:`~staleopt.errors.CorrectionError` for a stage out of range, or one T2 does not correct
+        (``tau_fwd_i = tau_bkwd_i``: no discrepancy, so no ``delta`` is kept).
+        """
+        stage = check_int("T2 delta(stage): stage", stage, 0, len(self.gamma) - 1, error=CorrectionError)
+        if self.gamma[stage] is None:
+            tf, tb = self.engine.max_delays
+            raise CorrectionError(f"T2 keeps no delta for stage {stage}: its forward and backward delays are equal "
+                                  f"(tau_fwd = tau_bkwd = {tf[stage]}), so its backward weights need no correction; "
+                                  f"corrected stages: {[i for i, g in enumerate(self.gamma) if g is not None]}")
         return torch.cat([self._delta[i][0] for i, c in enumerate(self.engine.chunks) if c.stage == stage])
 
     def modifies_backward(self, stage, tau_fwd, tau_bkwd):
