@@ -1,6 +1,6 @@
 """``RunConfig``: everything that determines one training run, validated, with a stable hash.
 
-A run is a pure function of its config (DESIGN §1: bit-for-bit deterministic
+A run is a pure function of its config (docs/design.md §1: bit-for-bit deterministic
 on CPU for a fixed seed), so the hash of the resolved config names the run's
 directory in a sweep (:mod:`staleopt.sweep`). Execution details that do not
 change the result (threads, progress bars, where data lives) are not fields.

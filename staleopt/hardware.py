@@ -1,4 +1,4 @@
-"""Analytic hardware model: pipeline utilization and memory of each method (DESIGN §5).
+"""Analytic hardware model: pipeline utilization and memory of each method (docs/design.md §5).
 
 Stands in for the dataflow accelerator PipeMare targets: for a model, a
 partition into ``P`` stages, a method, ``N`` microbatches per minibatch and an

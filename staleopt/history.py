@@ -14,7 +14,7 @@ calls, and corrections read it through the :class:`StageView` protocol:
 ==========================  ==========================================================================
 
 :class:`SlotHistory` keeps exactly the versions the delays need, ``H_i = max_t max(tau_fwd_i,
-tau_bkwd_i)`` per stage (DESIGN §1: ``w_{t-tau}`` with ``t - tau < 0`` is ``w_0``), in one
+tau_bkwd_i)`` per stage (docs/design.md §1: ``w_{t-tau}`` with ``t - tau < 0`` is ``w_0``), in one
 contiguous buffer of ``S_i`` slots per stage chunk. How a raw version reaches the parameters while
 the parameters hold the only copy of another is the memory strategy's choice:
 

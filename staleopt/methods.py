@@ -1,4 +1,4 @@
-"""Named methods: the papers' recipes, each a schedule plus corrections (DESIGN §2).
+"""Named methods: the papers' recipes, each a schedule plus corrections (docs/design.md §2).
 
 A method name is accepted wherever a schedule name is; :func:`build` turns
 either, for ``P`` stages and ``N`` microbatches, into a :class:`Pipeline`: the

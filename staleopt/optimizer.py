@@ -1,6 +1,6 @@
 """The stale-weight optimizer: a ``torch.optim.Optimizer`` that simulates a pipeline exactly.
 
-Semantics (DESIGN §1, PipeMare §2). Step ``t`` computes one gradient and
+Semantics (docs/design.md §1, PipeMare §2). Step ``t`` computes one gradient and
 produces ``w_{t+1}``::
 
     g_t = grad f_t(u_fwd_t, u_bkwd_t)
@@ -553,7 +553,7 @@ class PipelineOptimizer(torch.optim.Optimizer):
         self._load(backward=True)
 
     def _on_backward_end(self):
-        """At the end of every backward pass the parameters hold ``w_t`` again (at rest, DESIGN §1)."""
+        """At the end of every backward pass the parameters hold ``w_t`` again (at rest, docs/design.md §1)."""
         self._seen.discard("backward-pending")
         self._restore()
 

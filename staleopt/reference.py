@@ -8,7 +8,7 @@ one. ``tests/test_engine_reference.py`` runs both side by side for every method 
 checks after every step that the weights, the loaded views and the stored versions agree bit for
 bit. The reference's memory grows by one model per step: it is for tests and for reading.
 
-Notation (DESIGN §1, PipeMare §2): ``w_v`` is the weight vector after ``v`` steps; a view of stage
+Notation (docs/design.md §1, PipeMare §2): ``w_v`` is the weight vector after ``v`` steps; a view of stage
 ``i`` at step ``t`` reads ``w_{t - tau_i}``, and ``w_v`` with ``v < 0`` is ``w_0``.
 """
 from __future__ import annotations

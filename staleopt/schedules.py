@@ -1,4 +1,4 @@
-"""Pipeline schedules: where the weight delays come from (DESIGN §2).
+"""Pipeline schedules: where the weight delays come from (docs/design.md §2).
 
 A schedule turns ``(P, N)`` — stages and microbatches per minibatch — into
 per-stage delays ``tau_fwd[i]`` and ``tau_bkwd[i]``, counted in optimizer steps.
@@ -558,7 +558,7 @@ class OneFOneB(_DepthSchedule):
 class PipelinedBackprop(_DepthSchedule):
     """Pipelined backprop (stale-weights paper §3): ``tau_fwd_i = ceil(2(P-1-i)/N)``.
 
-    The paper pipelines whole minibatches (``N = 1``: ``2(P-1-i)``, DESIGN §2).
+    The paper pipelines whole minibatches (``N = 1``: ``2(P-1-i)``, docs/design.md §2).
     With ``N`` microbatches per minibatch the executed pipeline
     (:mod:`staleopt.timeline`) applies one update per ``N`` microbatches, so the
     delay in minibatch steps is ``ceil(2(P-1-i)/N)``, as for the other schedules.
@@ -698,7 +698,7 @@ class Custom(Schedule):
     """User-given delays; ``tau_bkwd`` defaults to zeros, ``tau_recomp`` to ``tau_bkwd`` (a recomputation inside
     the backward pass). No pipeline: nothing to execute or price."""
 
-    name, paper = "custom", "DESIGN §2"
+    name, paper = "custom", "docs/design.md §2"
     description = "user-given per-stage delays"
 
     def __init__(self, tau_fwd: Sequence[int], tau_bkwd: Optional[Sequence[int]] = None,

@@ -1,4 +1,4 @@
-"""Event-by-event execution of pipeline schedules: the ground truth for the delays (DESIGN §4).
+"""Event-by-event execution of pipeline schedules: the ground truth for the delays (docs/design.md §4).
 
 :func:`simulate` runs a schedule slot by slot. Every forward (``F``),
 backward (``B``) and recompute (``R``, PipeMare App. A.3) pass takes one slot on
@@ -15,7 +15,7 @@ their diagrams, and the version each pass reads are the schedule's
 (:meth:`staleopt.schedules.Schedule.program`,
 :attr:`staleopt.methods.Pipeline.version_policy`); this module only executes them.
 
-Version semantics (DESIGN §1). Microbatch ``m`` belongs to minibatch
+Version semantics (docs/design.md §1). Microbatch ``m`` belongs to minibatch
 ``t = m // N``. A stage's *version* is the number of updates it has applied;
 it applies the update of minibatch ``t`` (producing ``w_{t+1}``) at the end of
 the slot in which the last backward of minibatch ``t`` at that stage finishes.

@@ -12,7 +12,7 @@ Choices (each documented because it changes numbers):
   batch size (``steps_per_epoch = n_train // batch_size``) and ``max_steps``
   caps the run.
 * **Microbatches.** ``N = microbatches`` enters only the delay formulas
-  (DESIGN §1: delays count optimizer steps). The step itself is one
+  (docs/design.md §1: delays count optimizer steps). The step itself is one
   forward/backward of the whole minibatch: splitting it into ``N``
   microbatches and summing their gradients gives the same gradient, except
   that BatchNorm then normalizes over a microbatch instead of the minibatch.
@@ -39,7 +39,7 @@ Choices (each documented because it changes numbers):
   ``divergence_loss`` ends the run before that step's update; the epoch is
   recorded with ``status = "diverged"``. Never an exception.
 * **Evaluation** at the end of each epoch: ``model.eval()`` under
-  ``torch.no_grad()``, so the model holds ``w_t`` (DESIGN §1) and BatchNorm
+  ``torch.no_grad()``, so the model holds ``w_t`` (docs/design.md §1) and BatchNorm
   uses its running statistics.
 * **Determinism.** Initialization draws from ``seed``, the data order and
   the augmentation (:func:`staleopt.data.batches`) from a ``torch.Generator``

@@ -124,12 +124,14 @@ def test_python_requires_matches_the_code():
 
 
 def test_design_citations_in_the_code_have_a_section():
-    """Code cites the design contract as "DESIGN §N" (or "design.md §N"); docs/design.md has every such §N."""
+    """Code cites the design contract as "docs/design.md §N", and docs/design.md has every such §N."""
     design = (REPO / "docs" / "design.md").read_text()
     sections = set(re.findall(r"^## (\d+)\. ", design, re.M))
     cited = {}
     for path in [*(REPO / "staleopt").rglob("*.py"), *(REPO / "tests").glob("*.py")]:
-        for m in re.finditer(r"(?:DESIGN|design\.md) (§\d+(?:, §\d+)*)", path.read_text()):
+        text = path.read_text()
+        assert "DESIGN" + " §" not in text, f"{_rel(path)} cites the design contract by its old name: cite docs/design.md §N"
+        for m in re.finditer(r"design\.md (§\d+(?:, §\d+)*)", text):
             for n in re.findall(r"\d+", m.group(1)):
                 cited.setdefault(n, _rel(path))
     assert {"1", "2", "3", "4", "5"} <= set(cited), "the code's design citations were not found"

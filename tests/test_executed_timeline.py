@@ -1,4 +1,4 @@
-"""Train an MLP by literally executing a pipeline timeline; compare with PipelineOptimizer (DESIGN §1, §4).
+"""Train an MLP by literally executing a pipeline timeline; compare with PipelineOptimizer (docs/design.md §1, §4).
 
 The executor below knows nothing about delays. Each stage (one Linear+tanh)
 keeps its own weights and their past versions; it runs the forward and

@@ -1,4 +1,4 @@
-"""The analytic hardware model against PipeMare Table 2, hand counts and the executed timelines (DESIGN §5)."""
+"""The analytic hardware model against PipeMare Table 2, hand counts and the executed timelines (docs/design.md §5)."""
 import math
 from fractions import Fraction
 

@@ -1,4 +1,4 @@
-"""staleopt.methods.build: a Pipeline answers a method's delays, lr factors, utilization and copies (DESIGN §2, §5)."""
+"""staleopt.methods.build: a Pipeline answers a method's delays, lr factors, utilization and copies (docs/design.md §2, §5)."""
 import math
 
 import pytest

@@ -1,4 +1,4 @@
-"""The contract of DESIGN §1 against hand-derived gradients and a store-everything reference (float64)."""
+"""The contract of docs/design.md §1 against hand-derived gradients and a store-everything reference (float64)."""
 import torch
 
 import staleopt

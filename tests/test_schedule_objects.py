@@ -1,4 +1,4 @@
-"""Each schedule object owns its facts, and the executed timelines agree with each of them (DESIGN §2, §4, §5)."""
+"""Each schedule object owns its facts, and the executed timelines agree with each of them (docs/design.md §2, §4, §5)."""
 import subprocess
 import sys
 

@@ -1,4 +1,4 @@
-"""The executed schedules reproduce the closed-form delays of staleopt.schedules (DESIGN §2, §4)."""
+"""The executed schedules reproduce the closed-form delays of staleopt.schedules (docs/design.md §2, §4)."""
 import math
 import re
 
@@ -82,7 +82,7 @@ def test_pb_closed_form_counts_minibatches():
 
 
 def test_reads_before_the_first_update_are_w0():
-    """Every event reads ``w_{max(0, t - tau_j)}`` (DESIGN §1: ``t - tau < 0`` means ``w_0``), from the start."""
+    """Every event reads ``w_{max(0, t - tau_j)}`` (docs/design.md §1: ``t - tau < 0`` means ``w_0``), from the start."""
     for kind in COVERED:
         for P, N in [(3, 1), (4, 2), (5, 3)]:
             if kind == "2bw" and N < P:

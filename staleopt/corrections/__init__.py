@@ -1,4 +1,4 @@
-"""Plug-in corrections against staleness (DESIGN §3), one module each; they compose in a list.
+"""Plug-in corrections against staleness (docs/design.md §3), one module each; they compose in a list.
 
 ==========================  ======================================  ==============================
 correction                  what it changes                         paper

@@ -1,4 +1,4 @@
-"""The correction plug-in interface (DESIGN §3).
+"""The correction plug-in interface (docs/design.md §3).
 
 A correction changes one or more of: the delays of a step, the backward view, what is stored in
 the weight history, the per-stage step size, and state kept across steps. It works on the
