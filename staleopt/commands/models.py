@@ -13,7 +13,7 @@ largest number of pipeline stages the model can be split into.
 
 examples:
   staleopt models
-  staleopt models --markdown          # the README table
+  staleopt models --markdown          # the table in docs/experiments.md (generated: python -m staleopt.docgen)
 """
 
 
