@@ -73,6 +73,7 @@ from .history import STRATEGIES, History, SlotHistory, StageView
 from .partition import Partition, dataflow, partition_model
 from .schedules import Schedule
 from .stage_lr import StageGroups
+from .validate import check_int
 
 __all__ = ["PipelineOptimizer"]
 
@@ -213,8 +214,7 @@ class PipelineOptimizer(torch.optim.Optimizer):
         if isinstance(stages, Partition) and partition is not None:
             raise ConfigError(f"partition={partition!r} chooses how a stage count is split, but stages is already a "
                               "Partition: pass stages=staleopt.partition_model(model, P, strategy) alone")
-        if isinstance(microbatches, bool) or not isinstance(microbatches, int) or microbatches < 1:
-            raise ConfigError(f"microbatches must be an int >= 1 (microbatches per minibatch), got {microbatches!r}")
+        microbatches = check_int("microbatches", microbatches, 1, why="microbatches per minibatch")
         corrections = list(corrections)
         for c in corrections:
             if not isinstance(c, Correction):

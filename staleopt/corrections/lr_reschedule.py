@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from ..errors import CorrectionError
+from ..validate import check_int
 from .base import Correction
 
 __all__ = ["LRReschedule", "t1_factor"]
@@ -29,10 +30,8 @@ class LRReschedule(Correction):
     name, paper = "T1", "PipeMare §3.1, eq. (4)"
 
     def __init__(self, anneal_steps: int):
-        if isinstance(anneal_steps, bool) or not isinstance(anneal_steps, int) or anneal_steps < 0:
-            raise CorrectionError(f"LRReschedule(anneal_steps) must be an int >= 0 (the K of PipeMare eq. 4, "
-                                  f"in optimizer steps), got {anneal_steps!r}")
-        self.anneal_steps = anneal_steps
+        self.anneal_steps = check_int("LRReschedule(anneal_steps)", anneal_steps, 0, error=CorrectionError,
+                                      why="the K of PipeMare eq. 4, in optimizer steps")
         self._offset = 0
 
     def bind(self, engine):

@@ -2,15 +2,14 @@
 from __future__ import annotations
 
 from ..errors import CorrectionError
+from ..validate import check_int
 from .base import Correction
 
 __all__ = ["Warmup", "Hybrid"]
 
 
 def _check_steps(what, steps):
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
-        raise CorrectionError(f"{what} must be an int >= 0 (a number of optimizer steps), got {steps!r}")
-    return steps
+    return check_int(what, steps, 0, error=CorrectionError, why="a number of optimizer steps")
 
 
 class Warmup(Correction):
