@@ -53,6 +53,11 @@ class Row:
     ours: str
     verdict: str
     reason: str = ""
+    #: The per-seed quantity the verdict rests on (mean and 95% half-width; NaN when not computed): the
+    #: difference a - b, the growth of the gap (gap-grows), or the accuracy lost from the smallest to the
+    #: largest P (degrades).
+    estimate: float = math.nan
+    half_width: float = math.nan
 
 
 def scores(records: pd.DataFrame, recipe_of: Dict[str, str]) -> List[Dict]:
@@ -121,8 +126,10 @@ def evaluate(check: Check, runs: Sequence[Dict], experiment: str, setting: str) 
     """The ledger row of ``check`` on the finished ``runs`` (from :func:`scores`)."""
     groups = {k: selects(runs, sel) for k, sel in check.selectors.items()}
 
-    def row(ours, verdict, reason=""):
-        return Row(experiment, check.id, check.claim, check.source, check.paper_number, setting, ours, verdict, reason)
+    def row(ours, verdict, reason="", d=()):
+        mean, half, _ = t_interval(d)
+        return Row(experiment, check.id, check.claim, check.source, check.paper_number, setting, ours, verdict, reason,
+                   mean, half)
 
     missing = [k for k, g in groups.items() if not g]
     if missing:
@@ -146,7 +153,7 @@ def evaluate(check: Check, runs: Sequence[Dict], experiment: str, setting: str) 
             verdict = _judge(d, lambda lo, hi: -m < lo and hi < m, lambda mu: abs(mu) < m)
             reason = {PARTLY: f"within ±{m:.2f} on average, but the 95% interval leaves ±{m:.2f}",
                       NOT: f"differs by {mean:+.3f}, more than the margin ±{m:.2f}"}.get(verdict, "")
-        return row(ours, verdict, reason)
+        return row(ours, verdict, reason, d)
     if check.rule == "gap-grows":
         a, b = _by_stages(groups["a"]), _by_stages(groups["b"])
         stages = sorted(set(a) & set(b))
@@ -164,7 +171,7 @@ def evaluate(check: Check, runs: Sequence[Dict], experiment: str, setting: str) 
         mean = t_interval(d)[0]
         reason = {PARTLY: "the gap grows on average, but the 95% interval of its growth includes 0",
                   NOT: f"the gap does not grow: change {mean:+.3f} from P={lo_p} to P={hi_p}"}.get(verdict, "")
-        return row(ours, verdict, reason)
+        return row(ours, verdict, reason, d)
     # degrades
     a, ref = _by_stages(groups["a"]), groups["reference"]
     stages = sorted(a)
@@ -183,15 +190,15 @@ def evaluate(check: Check, runs: Sequence[Dict], experiment: str, setting: str) 
     if NOT_RUN in (v_growth, v_drop):
         return row(ours, NOT_RUN, "no seed has runs at both ends and the reference")
     if v_growth == REPRODUCED and v_drop == REPRODUCED:
-        return row(ours, REPRODUCED)
+        return row(ours, REPRODUCED, "", growth)
     if NOT in (v_growth, v_drop):
         why = []
         if v_growth == NOT:
             why.append(f"no worse at P={hi_p} than at P={lo_p}")
         if v_drop == NOT:
             why.append(f"no drop from the synchronous reference at P={hi_p}")
-        return row(ours, NOT, "; ".join(why))
-    return row(ours, PARTLY, "worse at the largest P on average, but a 95% interval includes 0")
+        return row(ours, NOT, "; ".join(why), growth)
+    return row(ours, PARTLY, "worse at the largest P on average, but a 95% interval includes 0", growth)
 
 
 def setting_text(recipes, check: Check) -> str:
