@@ -170,6 +170,14 @@ def test_stages_max_selects_the_largest_stage_count():
     assert len(got) == 3 and {r["stages"] for r in got} == {39} and {r["recipe"] for r in got} == {"r"}
 
 
+def test_largest_p_means_the_largest_planned_not_the_largest_finished():
+    exp = spec.load_all("cpu")[0]
+    check = exp.check("t2-at-max-p")
+    assert exp.resolved(check).selectors["a"]["stages"] == 39
+    early = [dict(r, score=0.9, diverged=False) for r in (exp.row(c) for c in exp.configs) if r["stages"] == 4]
+    assert verdict.evaluate(exp.resolved(check), early, exp.name, "").verdict == NOT_RUN
+
+
 # ------------------------------------------------------------------ the page, from small synthetic results
 
 _RECIPES = """

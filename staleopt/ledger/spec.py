@@ -28,6 +28,7 @@ A selector (``a``, ``b``, ``reference``) names a recipe and config values;
 """
 from __future__ import annotations
 
+import dataclasses
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -105,6 +106,17 @@ class Experiment:
         for sel in check.selectors.values():
             keep |= {r["run"] for r in selects(rows, sel)}
         return [c for c in self.configs if c.run_id() in keep]
+
+    def resolved(self, check: Check) -> Check:
+        """``check`` with ``stages = "max"`` replaced by the largest stage count among the experiment's planned
+        runs, so a verdict never compares at a smaller P just because the largest has not finished."""
+        rows = [self.row(c) for c in self.configs]
+        selectors = {}
+        for key, sel in check.selectors.items():
+            if sel.get("stages") == "max":
+                sel = {**sel, "stages": max(int(r["stages"]) for r in selects(rows, sel))}
+            selectors[key] = sel
+        return dataclasses.replace(check, selectors=selectors)
 
     def row(self, config: RunConfig) -> Dict[str, Any]:
         return {"run": config.run_id(), "recipe": self.recipe_of[config.run_id()], **config.to_dict()}
