@@ -151,6 +151,10 @@ def test_degrades_needs_a_growing_drop_and_counts_diverged_runs():
     check = _check("degrades", a={"method": "df"}, reference={"method": "gpipe"})
     row = verdict.evaluate(check, runs, "e", "")
     assert row.verdict == REPRODUCED and "2 diverged" in row.ours
+    one_survivor = ref + _runs("df", [0.94, 0.95, 0.94], stages=4) + _runs("df", [0.1, 0.1, 0.9], stages=39,
+                                                                          diverged=(0, 1))
+    row = verdict.evaluate(check, one_survivor, "e", "")
+    assert row.verdict == PARTLY and "2 of 3 runs diverged there" in row.reason
     flat = ref + _runs("df", [0.94, 0.95, 0.94], stages=4) + _runs("df", [0.945, 0.95, 0.94], stages=39)
     row = verdict.evaluate(check, flat, "e", "")
     assert row.verdict == NOT and "no worse at P=39" in row.reason

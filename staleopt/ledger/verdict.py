@@ -198,7 +198,9 @@ def evaluate(check: Check, runs: Sequence[Dict], experiment: str, setting: str) 
         if v_drop == NOT:
             why.append(f"no drop from the synchronous reference at P={hi_p}")
         return row(ours, NOT, "; ".join(why), growth)
-    return row(ours, PARTLY, "worse at the largest P on average, but a 95% interval includes 0", growth)
+    div = sum(r["diverged"] for r in a[hi_p])
+    return row(ours, PARTLY, f"worse at the largest P on average ({div} of {len(a[hi_p])} runs diverged there), "
+                             "but a 95% interval includes 0", growth)
 
 
 def setting_text(recipes, check: Check) -> str:
