@@ -147,11 +147,12 @@ def evaluate(check: Check, runs: Sequence[Dict], experiment: str, setting: str) 
                       NOT: f"not ahead: mean difference {mean:+.3f}"}.get(verdict, "")
         elif check.rule == "not-worse":
             verdict = _judge(d, lambda lo, hi: lo > -m, lambda mu: mu > -m)
-            reason = {PARTLY: f"within {m:.2f} on average, but the 95% interval reaches below -{m:.2f}",
+            reason = {PARTLY: f"mean difference {mean:+.3f} is above -{m:.2f}, but the 95% interval reaches below "
+                              f"-{m:.2f}",
                       NOT: f"behind by {-mean:.3f}, more than the margin {m:.2f}"}.get(verdict, "")
         else:
             verdict = _judge(d, lambda lo, hi: -m < lo and hi < m, lambda mu: abs(mu) < m)
-            reason = {PARTLY: f"within ±{m:.2f} on average, but the 95% interval leaves ±{m:.2f}",
+            reason = {PARTLY: f"mean difference {mean:+.3f} is within ±{m:.2f}, but the 95% interval leaves ±{m:.2f}",
                       NOT: f"differs by {mean:+.3f}, more than the margin ±{m:.2f}"}.get(verdict, "")
         return row(ours, verdict, reason, d)
     if check.rule == "gap-grows":
