@@ -231,7 +231,7 @@ def _fake_run(out, config: RunConfig, accs, status="ok"):
     (run_dir / "config.json").write_text(json.dumps(config.to_dict()))
     pd.DataFrame({"epoch": range(1, len(accs) + 1), "step": range(1, len(accs) + 1), "train_loss": 0.5,
                   "test_acc": accs, "status": status}).to_csv(run_dir / "records.csv", index=False)
-    (run_dir / "done").write_text("{}")
+    (run_dir / "done").write_text(json.dumps({"status": status, "seconds": 30.0, "finished": "2026-11-23T15:00:00+0000"}))
 
 
 def test_page_from_synthetic_results(tmp_path):
@@ -260,6 +260,8 @@ def test_page_from_synthetic_results(tmp_path):
     assert "`staleopt reproduce --out out`" in page and "6 of 9 finished (6 trained" in page
     assert "2.5 CPU-min" in page and "1.2 min of wall time on 2" in page
     assert "started 1970-01-01 00:01:40 UTC" in page and "no end recorded" in page
+    assert "first run started 2026-11-23 14:59:30 UTC, last finished 2026-11-23 15:00:00 UTC" in page
+    assert "add up to 3.0 run-min" in page
     assert "Verdicts: 2 reproduced, 0 partly, 0 not reproduced, 1 not yet run." in page
     assert page.index("## Tiny (A paper)") < page.index("## Analytic rows")
     assert "| an analytic claim (`a1`) |" in page

@@ -7,6 +7,7 @@ say when and where its numbers were made, and how long training took in all.
 """
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import platform
@@ -24,7 +25,7 @@ from .report import markdown
 from .spec import Check, Experiment
 from .verdict import Row, evaluate, scores, setting_text
 
-__all__ = ["plan", "done", "train", "rows", "machine", "cpu_seconds", "record_launch", "launches", "provenance", "write_page", "command_line"]
+__all__ = ["plan", "done", "train", "rows", "machine", "cpu_seconds", "record_launch", "launches", "run_times", "provenance", "write_page", "command_line"]
 
 
 def plan(selection: Sequence[Tuple[Experiment, Optional[Check]]]) -> Tuple[List[RunConfig], Dict[str, str]]:
@@ -115,8 +116,28 @@ def launches(out: Path) -> List[Dict]:
     return list(latest.values())
 
 
-def provenance(out: Path, total_runs: int, finished_runs: int) -> Dict[str, str]:
-    """The page's account of the runs: dates, machines, commands, wall and CPU time of the launches that trained.
+def run_times(configs: Sequence[RunConfig], out: Path) -> Optional[Tuple[str, str, float]]:
+    """From the finished runs' ``done`` files: when the first started, when the last finished (UTC), and the sum
+    of their wall times in seconds (a resumed run counts its last launch only); None when none finished."""
+    spans = []
+    for c in configs:
+        path = Path(out) / "runs" / c.run_id() / "done"
+        if path.is_file():
+            d = json.loads(path.read_text())
+            end = datetime.datetime.strptime(d["finished"], "%Y-%m-%dT%H:%M:%S%z")
+            spans.append((end - datetime.timedelta(seconds=d["seconds"]), end, d["seconds"]))
+    if not spans:
+        return None
+    fmt = "%Y-%m-%d %H:%M:%S UTC"
+    first = min(s for s, _, _ in spans).astimezone(datetime.timezone.utc)
+    last = max(e for _, e, _ in spans).astimezone(datetime.timezone.utc)
+    return first.strftime(fmt), last.strftime(fmt), sum(x for _, _, x in spans)
+
+
+def provenance(out: Path, total_runs: int, finished_runs: int,
+               times: Optional[Tuple[str, str, float]] = None) -> Dict[str, str]:
+    """The page's account of the runs: dates, machines, commands, wall and CPU time of the launches that trained,
+    and ``times`` (:func:`run_times`).
 
     A launch that has not recorded its end is still running or was killed; its time is not counted."""
     info = {"runs": f"{finished_runs} of {total_runs} finished"}
@@ -136,6 +157,9 @@ def provenance(out: Path, total_runs: int, finished_runs: int) -> Dict[str, str]
             "runs": f"{finished_runs} of {total_runs} finished ({sum(e['trained'] for e in ended)} trained by "
                     "these launches)",
         }
+    if times:
+        info["runs' own times"] = (f"first run started {times[0]}, last finished {times[1]}; their wall times add "
+                                   f"up to {times[2] / 60:.1f} run-min (a resumed run counts its last launch only)")
     if open_:
         info["unfinished launches"] = "; ".join(f"started {e['started']} (`{e['command']}`), no end recorded: "
                                                 "still running or killed" for e in open_)
@@ -148,7 +172,7 @@ def write_page(path: Path, experiments: Sequence[Experiment], out: Path, extra: 
     configs, _ = plan(selection)
     states = [sweep.run_state(Path(out) / "runs" / c.run_id()) for c in configs]
     result = rows(selection, out) + list(extra)
-    info = provenance(out, len(configs), sum(s == "done" for s in states))
+    info = provenance(out, len(configs), sum(s == "done" for s in states), run_times(configs, out))
     sections = {}
     for e in experiments:
         used = dict.fromkeys(e.recipe_of.values())
