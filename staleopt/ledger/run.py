@@ -64,7 +64,7 @@ def rows(selection: Sequence[Tuple[Experiment, Optional[Check]]], out: Path) -> 
     for exp, only in selection:
         runs = scores(records[records["run"].isin(list(exp.recipe_of))] if not records.empty else records, exp.recipe_of)
         for check in ([only] if only else exp.checks):
-            result.append(evaluate(exp.resolved(check), runs, exp.name, setting_text(exp.recipes, check)))
+            result.append(evaluate(exp.resolved(check), runs, exp.name, setting_text(check)))
     return result
 
 

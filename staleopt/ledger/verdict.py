@@ -204,7 +204,7 @@ def evaluate(check: Check, runs: Sequence[Dict], experiment: str, setting: str) 
                              "but a 95% interval includes 0", growth)
 
 
-def setting_text(recipes, check: Check) -> str:
+def setting_text(check: Check) -> str:
     """The recipes a check compares (their descriptions head the experiment's section of the page)."""
     return ", ".join(f"`{n}`" for n in dict.fromkeys(sel["recipe"] for sel in check.selectors.values()))
 
