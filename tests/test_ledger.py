@@ -258,7 +258,8 @@ def test_page_from_synthetic_results(tmp_path):
     assert by_id["tiny-unrun"].verdict == NOT_RUN
     assert "1970-01-01 00:00:00 UTC to 1970-01-01 00:01:30 UTC" in page and "1.5 min" in page
     assert "`staleopt reproduce --out out`" in page and "6 of 9 finished (6 trained" in page
-    assert "2.5 CPU-min" in page and "1.2 min of wall time on 2" in page
+    assert "2.5 CPU-min (user + system, all workers) for the 6 runs" in page
+    assert "all 9 runs take about 4 CPU-min, i.e. about 2 min on 2 otherwise idle cores" in page
     assert "started 1970-01-01 00:01:40 UTC" in page and "no end recorded" in page
     assert "first run started 2026-11-23 14:59:30 UTC, last finished 2026-11-23 15:00:00 UTC" in page
     assert "add up to 3.0 run-min" in page

@@ -75,7 +75,7 @@ def _cell(text: str) -> str:
 
 def table(rows: Sequence[Row]) -> str:
     """The ledger as a Markdown table, one row per check."""
-    head = "| claim | paper: where, number | our setting | ours (mean ± 95% CI over seeds) | verdict |"
+    head = "| claim | paper: where, number | our setting | ours (mean ± 95% interval over seeds) | verdict |"
     lines = [head, "| --- | --- | --- | --- | --- |"]
     for r in rows:
         verdict = f"**{r.verdict}**" + (f": {r.reason}" if r.reason else "")

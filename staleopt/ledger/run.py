@@ -134,6 +134,15 @@ def run_times(configs: Sequence[RunConfig], out: Path) -> Optional[Tuple[str, st
     return first.strftime(fmt), last.strftime(fmt), sum(x for _, _, x in spans)
 
 
+def _cpu_text(cpu: Sequence[Optional[float]], trained: int, total_runs: int) -> str:
+    if not trained or any(c is None for c in cpu):
+        return "not recorded by every launch"
+    whole = sum(cpu) / trained * total_runs
+    return (f"{sum(cpu) / 60:.1f} CPU-min (user + system, all workers) for the {trained} runs these launches "
+            f"finished; at that rate all {total_runs} runs take about {whole / 60:.0f} CPU-min, i.e. about "
+            f"{whole / 120:.0f} min on 2 otherwise idle cores")
+
+
 def provenance(out: Path, total_runs: int, finished_runs: int,
                times: Optional[Tuple[str, str, float]] = None) -> Dict[str, str]:
     """The page's account of the runs: dates, machines, commands, wall and CPU time of the launches that trained,
@@ -151,9 +160,7 @@ def provenance(out: Path, total_runs: int, finished_runs: int,
             "command": "; ".join(f"`{c}`" for c in dict.fromkeys(e["command"] for e in ended)),
             "wall time": f"{sum(e['seconds'] for e in ended) / 60:.1f} min in {len(ended)} launch(es) that "
                          f"trained runs ({', '.join(str(round(e['seconds'] / 60, 1)) + ' min' for e in ended)})",
-            "CPU time": (f"{sum(cpu) / 60:.1f} CPU-min (user + system, all workers), i.e. about "
-                         f"{sum(cpu) / 120:.1f} min of wall time on 2 otherwise idle cores"
-                         if all(c is not None for c in cpu) else "not recorded by every launch"),
+            "CPU time": _cpu_text(cpu, sum(e["trained"] for e in ended), total_runs),
             "runs": f"{finished_runs} of {total_runs} finished ({sum(e['trained'] for e in ended)} trained by "
                     "these launches)",
         }
