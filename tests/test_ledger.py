@@ -29,7 +29,7 @@ def test_every_experiment_loads_and_every_check_selects_runs(scale):
             assert runs and set(r.run_id() for r in runs) <= set(e.recipe_of)
             for sel in c.selectors.values():
                 assert spec.selects([e.row(r) for r in runs], sel)
-            assert {r.seed for r in runs} == {0, 1, 2}     # >= 3 seeds everywhere
+            assert len({r.seed for r in runs}) >= 3     # >= 3 seeds everywhere
     models = {(c.model, c.data) for e in exps for c in e.configs}
     expected = {("resnet20", "cifar10")} if scale == "paper" else {("resnet1d", "mnist1d"), ("transformer", "mnist1d")}
     assert models == expected
@@ -40,10 +40,10 @@ def test_paper_scale_is_the_same_runs_on_cifar10():
     (the Transformer's largest stage count is 28, ResNet-20's 39)."""
     cpu, paper = spec.load_all("cpu"), spec.load_all("paper")
 
-    def keys(exps):
-        return sorted((e.name, c.method, "max" if (c.model, c.stages) in {("transformer", 28), ("resnet20", 39)}
-                       and e.name == "pipemare-warmup" else c.stages, c.seed, c.optimizer)
-                      for e in exps for c in e.configs)
+    def keys(exps):   # the paper scale trains 3 seeds, the CPU scale 5
+        return sorted({(e.name, c.method, "max" if (c.model, c.stages) in {("transformer", 28), ("resnet20", 39)}
+                        and e.name == "pipemare-warmup" else c.stages, c.optimizer)
+                       for e in exps for c in e.configs})
     assert keys(cpu) == keys(paper)
     assert [c.id for e in cpu for c in e.checks] == [c.id for e in paper for c in e.checks]
     assert all(c.device == "cuda" for e in paper for c in e.configs)
@@ -66,7 +66,7 @@ def test_cli_lists_and_dry_runs_the_paper_scale(tmp_path, capsys):
     assert "resnet20/cifar10" in out and "pending" in out and "mnist1d" not in out
     assert cli.main(["reproduce", "--claim", "t2-at-max-p", "--out", str(tmp_path), "--dry-run"]) == 0
     lines = [l for l in capsys.readouterr().out.splitlines() if "pending" in l]
-    assert len(lines) == 6 and all("pipemare" in l and "P=39" in l for l in lines)
+    assert len(lines) == 10 and all("pipemare" in l and "P=39" in l for l in lines)
 
 
 def test_module_entry_point_runs_one_claim():
