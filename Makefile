@@ -7,7 +7,7 @@ STAMP   := $(VENV)/.installed
 TORCH   := torch==2.14.1 torchvision==0.29.1
 THREADS ?= 2
 
-.PHONY: install test demo bench clean
+.PHONY: install test demo bench reproduce clean
 
 install: $(STAMP)
 
@@ -27,6 +27,9 @@ demo: install
 bench: install
 	$(BIN)/python experiments/bench_overhead.py --out runs/bench
 	$(BIN)/python experiments/bench_data.py --out runs/bench_data
+
+reproduce: install
+	$(BIN)/staleopt reproduce --out runs/reproduce --doc docs/reproductions.md
 
 clean:
 	rm -rf $(VENV) runs *.egg-info

@@ -420,6 +420,8 @@ for _m in [
     Method("pipemare", "dataflow", "PipeMare: T1 learning-rate rescheduling + T2 discrepancy correction",
            "PipeMare §3", lambda anneal_steps, decay: [LRReschedule(anneal_steps), DiscrepancyCorrection(decay)],
            {"anneal_steps": ANNEAL_STEPS, "decay": DECAY}),
+    Method("hogwild-t1", "hogwild", "Hogwild!-style random per-stage delays with T1 learning-rate rescheduling",
+           "PipeMare App. E", lambda anneal_steps: [LRReschedule(anneal_steps)], {"anneal_steps": ANNEAL_STEPS}),
     Method("pipemare-w", "dataflow", "PipeMareW: synchronous warmup, then PipeMare (T1 + T2)", "PipeMare §4",
            lambda warmup_steps, anneal_steps, decay: [Warmup(warmup_steps), LRReschedule(anneal_steps),
                                                       DiscrepancyCorrection(decay)],

@@ -1,0 +1,88 @@
+"""``staleopt reproduce``: the reproduction ledger (experiments/ledger/ -> docs/reproductions.md)."""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+__all__ = ["register", "run"]
+
+EXAMPLES = """\
+Runs one experiment per checkable claim of the five papers (experiments/ledger/*.toml,
+recipes in experiments/ledger/recipes.toml) as one resumable sweep into OUT, then
+computes each claim's verdict from the runs and, with --doc, writes the ledger page.
+
+examples:
+  staleopt reproduce --out runs/reproduce --doc docs/reproductions.md   # everything (make reproduce)
+  staleopt reproduce --list                                             # experiments, checks, runs
+  staleopt reproduce --claim t2-at-max-p                                # one check: its runs, its row
+  staleopt reproduce --claim pipemare-ablation                          # one experiment
+  staleopt reproduce --report-only --doc docs/reproductions.md          # the page from the runs so far
+  staleopt reproduce --scale paper --out runs/reproduce-paper --dry-run # CIFAR-10 ResNet-20 (GPU) configs
+
+Interrupt it and run it again: finished runs are kept, the others resume from
+their checkpoints. Checks whose runs have not finished read "not yet run".
+"""
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("reproduce", help="run the reproduction ledger and write docs/reproductions.md",
+                              description="The reproduction ledger: one experiment per checkable claim of the "
+                                          "papers, with verdicts computed from the runs.\n\n" + EXAMPLES,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--claim", action="append", default=None, metavar="NAME",
+                   help="an experiment (file stem) or a check id; repeat for several (default: all)")
+    p.add_argument("--scale", choices=["cpu", "paper"], default="cpu",
+                   help="cpu: MNIST-1D (default); paper: CIFAR-10 ResNet-20 on a GPU")
+    p.add_argument("--out", default=None, help="sweep directory (default runs/reproduce, runs/reproduce-paper)")
+    p.add_argument("--doc", default=None, metavar="PATH", help="write the ledger page here (all experiments)")
+    p.add_argument("--workers", type=int, default=2, help="parallel runs, one torch thread each (default 2)")
+    p.add_argument("--ledger-dir", default=None, metavar="DIR", help="experiment files (default experiments/ledger)")
+    p.add_argument("--list", action="store_true", help="list experiments, checks and run counts; run nothing")
+    p.add_argument("--dry-run", action="store_true", help="list the runs and their state; run nothing")
+    p.add_argument("--report-only", action="store_true", help="train nothing: rows (and --doc) from finished runs")
+    p.add_argument("--no-bar", action="store_true", help="no progress bar")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from .. import sweep
+    from ..errors import ConfigError
+    from ..ledger import run as ledger, spec
+    from ..ledger.analytic import analytic_rows
+    from ..ledger.report import table
+
+    if args.workers < 1:
+        raise ConfigError(f"--workers must be >= 1, got {args.workers}")
+    experiments = spec.load_all(args.scale, Path(args.ledger_dir) if args.ledger_dir else spec.LEDGER_DIR)
+    selection = ([spec.find(experiments, name) for name in args.claim] if args.claim
+                 else [(e, None) for e in experiments])
+    configs, _ = ledger.plan(selection)
+    out = Path(args.out or ("runs/reproduce" if args.scale == "cpu" else "runs/reproduce-paper"))
+    if args.list:
+        for e in experiments:
+            print(f"{e.name}: {e.title} ({e.paper}), {len(e.configs)} runs")
+            for c in e.checks:
+                print(f"  {c.id:32s} {c.rule:9s} {len(e.configs_for(c)):3d} runs  {c.source}")
+        print(f"{len(ledger.plan([(e, None) for e in experiments])[0])} distinct runs at scale {args.scale}")
+        return 0
+    if args.dry_run:
+        for c in configs:
+            state = sweep.run_state(out / "runs" / c.run_id())
+            print(f"{c.run_id()}  {state:10s}  {c.method:15s} P={c.stages:<3d} {c.optimizer:12s} "
+                  f"{c.model}/{c.data} seed={c.seed}")
+        print(f"{len(configs)} runs into {out}")
+        return 0
+    report = None
+    if not args.report_only:
+        report = ledger.train(configs, out, args.workers, bar=not args.no_bar)
+        print(f"{len(configs)} runs: {len(report.skipped)} already done, {len(report.finished)} trained now, "
+              f"{len(report.failed)} failed, {len(report.claimed)} left to another launch")
+    print(table(ledger.rows(selection, out)))
+    if args.doc:
+        ledger.write_page(Path(args.doc), experiments, out, analytic_rows())
+        print(f"wrote {args.doc}")
+    if report is not None:
+        for run_id in report.failed:
+            print(f"failed: {out / 'runs' / run_id / 'error.txt'}")
+        return 0 if report.ok else 1
+    return 0

@@ -1,0 +1,196 @@
+"""Running the ledger: one resumable sweep over the runs of the chosen experiments, then the rows.
+
+All experiments share one sweep directory: a run two experiments need (the
+same config, hence the same ``run_id``) is trained once. Each launch appends
+its start, end, machine and command to ``OUT/launches.jsonl``, so the page can
+say when and where its numbers were made, and how long training took in all.
+"""
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import platform
+import resource
+import shlex
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence, Tuple
+
+from .. import sweep
+from ..config import RunConfig
+from .report import markdown
+from .spec import Check, Experiment
+from .verdict import Row, evaluate, scores, setting_text
+
+__all__ = ["plan", "done", "train", "rows", "machine", "cpu_seconds", "record_launch", "launches", "run_times", "provenance", "write_page", "command_line"]
+
+
+def plan(selection: Sequence[Tuple[Experiment, Optional[Check]]]) -> Tuple[List[RunConfig], Dict[str, str]]:
+    """The distinct runs of the selected experiments (or single checks), and ``run_id -> recipe``."""
+    configs, recipe_of = [], {}
+    for exp, check in selection:
+        for c in exp.configs_for(check):
+            if c.run_id() not in recipe_of:
+                configs.append(c)
+                recipe_of[c.run_id()] = exp.recipe_of[c.run_id()]
+    return configs, recipe_of
+
+
+def done(configs: Sequence[RunConfig], out: Path) -> set:
+    """The run ids of ``configs`` finished in ``out``."""
+    return {c.run_id() for c in configs if sweep.run_state(Path(out) / "runs" / c.run_id()) == "done"}
+
+
+def train(configs: Sequence[RunConfig], out: Path, workers: int, bar: bool = True) -> sweep.SweepReport:
+    """Run every unfinished config into ``out`` (:func:`staleopt.sweep.run_sweep`, one torch thread per run),
+    recording the launch in ``out/launches.jsonl`` when it starts and when it ends, interrupted or not."""
+    t0, cpu0, launch, command = time.time(), cpu_seconds(), uuid.uuid4().hex[:12], command_line()
+    before = done(configs, out)
+    record_launch(Path(out), launch, t0, command)
+    try:
+        return sweep.run_sweep(list(configs), out, workers=workers, threads=1, bar=bar)
+    finally:
+        record_launch(Path(out), launch, t0, command, time.time(), len(done(configs, out) - before),
+                      cpu_seconds() - cpu0)
+
+
+def rows(selection: Sequence[Tuple[Experiment, Optional[Check]]], out: Path) -> List[Row]:
+    """The ledger rows of the selected checks from the finished runs in ``out``."""
+    records = sweep.collect(out)
+    result = []
+    for exp, only in selection:
+        runs = scores(records[records["run"].isin(list(exp.recipe_of))] if not records.empty else records, exp.recipe_of)
+        for check in ([only] if only else exp.checks):
+            result.append(evaluate(exp.resolved(check), runs, exp.name, setting_text(check)))
+    return result
+
+
+def machine() -> str:
+    """``<n>-core <CPU model>, <OS>, Python <v>, torch <v>``: the machine a launch ran on."""
+    import torch
+    model = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return (f"{os.cpu_count()}-core {model}, {platform.system()} {platform.release()}, "
+            f"Python {platform.python_version()}, torch {torch.__version__}")
+
+
+def cpu_seconds() -> float:
+    """CPU time of this process and its finished children (the sweep's workers), user + system, in seconds."""
+    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+def record_launch(out: Path, launch: str, started: float, command: str, ended: Optional[float] = None,
+                  trained: Optional[int] = None, cpu: Optional[float] = None) -> None:
+    """Append the state of launch ``launch`` to ``out/launches.jsonl``: once when it starts, again when it ends
+    (``trained``: runs it finished; ``cpu``: its CPU seconds, all workers together). :func:`launches` keeps
+    each launch's last entry."""
+    entry = {"launch": launch, "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(started)),
+             "ended": None if ended is None else time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(ended)),
+             "seconds": None if ended is None else round(ended - started, 1), "machine": machine(),
+             "command": command}
+    if ended is not None:
+        entry.update(trained=trained, cpu_seconds=None if cpu is None else round(cpu, 1))
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / "launches.jsonl", "a") as f:
+        f.write(json.dumps(entry) + "\n")
+
+
+def launches(out: Path) -> List[Dict]:
+    """Each launch's last entry, in the order they started."""
+    path = Path(out) / "launches.jsonl"
+    latest: Dict[str, Dict] = {}
+    for line in path.read_text().splitlines() if path.is_file() else []:
+        if line.strip():
+            entry = json.loads(line)
+            latest[entry.get("launch", entry["started"])] = entry
+    return list(latest.values())
+
+
+def run_times(configs: Sequence[RunConfig], out: Path) -> Optional[Tuple[str, str, float]]:
+    """From the finished runs' ``done`` files: when the first started, when the last finished (UTC), and the sum
+    of their wall times in seconds (a resumed run counts its last launch only); None when none finished."""
+    spans = []
+    for c in configs:
+        path = Path(out) / "runs" / c.run_id() / "done"
+        if path.is_file():
+            d = json.loads(path.read_text())
+            end = datetime.datetime.strptime(d["finished"], "%Y-%m-%dT%H:%M:%S%z")
+            spans.append((end - datetime.timedelta(seconds=d["seconds"]), end, d["seconds"]))
+    if not spans:
+        return None
+    fmt = "%Y-%m-%d %H:%M:%S UTC"
+    first = min(s for s, _, _ in spans).astimezone(datetime.timezone.utc)
+    last = max(e for _, e, _ in spans).astimezone(datetime.timezone.utc)
+    return first.strftime(fmt), last.strftime(fmt), sum(x for _, _, x in spans)
+
+
+def _cpu_text(cpu: Sequence[Optional[float]], trained: int, total_runs: int) -> str:
+    if not trained or any(c is None for c in cpu):
+        return "not recorded by every launch"
+    whole = sum(cpu) / trained * total_runs
+    return (f"{sum(cpu) / 60:.1f} CPU-min (user + system, all workers) for the {trained} runs these launches "
+            f"finished; at that rate all {total_runs} runs take about {whole / 60:.0f} CPU-min, i.e. about "
+            f"{whole / 120:.0f} min on 2 otherwise idle cores")
+
+
+def provenance(out: Path, total_runs: int, finished_runs: int,
+               times: Optional[Tuple[str, str, float]] = None) -> Dict[str, str]:
+    """The page's account of the runs: dates, machines, commands, wall and CPU time of the launches that trained,
+    and ``times`` (:func:`run_times`).
+
+    A launch that has not recorded its end is still running or was killed; its time is not counted."""
+    info = {"runs": f"{finished_runs} of {total_runs} finished"}
+    ended = [e for e in launches(out) if e["ended"] is not None and e["trained"]]
+    open_ = [e for e in launches(out) if e["ended"] is None]
+    if ended:
+        cpu = [e.get("cpu_seconds") for e in ended]
+        info = {
+            "date": f"{ended[0]['started']} to {ended[-1]['ended']}",
+            "machine": "; ".join(dict.fromkeys(e["machine"] for e in ended)),
+            "command": "; ".join(f"`{c}`" for c in dict.fromkeys(e["command"] for e in ended)),
+            "wall time": f"{sum(e['seconds'] for e in ended) / 60:.1f} min in {len(ended)} launch(es) that "
+                         f"trained runs ({', '.join(str(round(e['seconds'] / 60, 1)) + ' min' for e in ended)})",
+            "CPU time": _cpu_text(cpu, sum(e["trained"] for e in ended), total_runs),
+            "runs": f"{finished_runs} of {total_runs} finished ({sum(e['trained'] for e in ended)} trained by "
+                    "these launches)",
+        }
+    if times:
+        info["runs' own times"] = (f"first run started {times[0]}, last finished {times[1]}; their wall times add "
+                                   f"up to {times[2] / 60:.1f} run-min (a resumed run counts its last launch only)")
+    if open_:
+        info["unfinished launches"] = "; ".join(f"started {e['started']} (`{e['command']}`), no end recorded: "
+                                                "still running or killed" for e in open_)
+    return info
+
+
+def write_page(path: Path, experiments: Sequence[Experiment], out: Path, extra: Sequence[Row] = ()) -> List[Row]:
+    """Evaluate every experiment on ``out``, append ``extra`` rows (the analytic ones), write the page to ``path``."""
+    selection = [(e, None) for e in experiments]
+    configs, _ = plan(selection)
+    states = [sweep.run_state(Path(out) / "runs" / c.run_id()) for c in configs]
+    result = rows(selection, out) + list(extra)
+    info = provenance(out, len(configs), sum(s == "done" for s in states), run_times(configs, out))
+    sections = {}
+    for e in experiments:
+        used = dict.fromkeys(e.recipe_of.values())
+        sections[e.name] = (f"{e.title} ({e.paper})", "Recipes: " + "; ".join(
+            f"`{n}`: {e.recipes[n].description}, seeds {', '.join(map(str, e.recipes[n].seeds))}" for n in used) + ".")
+    sections["analytic"] = ("Analytic rows (no training)", "")
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(markdown(result, info, sections))
+    return result
+
+
+def command_line() -> str:
+    """How this process was invoked, for the record."""
+    return "staleopt " + " ".join(shlex.quote(a) for a in sys.argv[1:])

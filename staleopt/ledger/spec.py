@@ -1,0 +1,278 @@
+"""The ledger's experiment files: recipes, the runs of each experiment, and the checks on them.
+
+``experiments/ledger/recipes.toml`` names training recipes, each at two scales
+(``cpu``: MNIST-1D, what ``make reproduce`` runs; ``paper``: CIFAR-10
+ResNet-20 on a GPU). Every other ``experiments/ledger/<name>.toml`` is one
+experiment::
+
+    title = "PipeMare: asynchrony against P, T1 and T2"
+    paper = "PipeMare"
+    order = 1                     # experiments run in this order (ties: by name)
+
+    [[runs]]                      # a grid over a recipe: lists are crossed, seeds come from the recipe
+    recipe = "pipemare"
+    method = ["dataflow", "pipemare"]
+    stages = [4, 16, "max"]
+
+    [[check]]                     # one row of docs/reproductions.md
+    id = "t2-at-max-p"
+    claim = "T1 + T2 beats T1 alone at the largest P"
+    source = "PipeMare §4.3, Figure 8"
+    paper_number = "..."
+    rule = "better"               # see staleopt.ledger.verdict.RULES
+    a = {recipe = "pipemare", method = "pipemare", stages = "max"}
+    b = {recipe = "pipemare", method = "pipemare-t1", stages = "max"}
+
+A selector (``a``, ``b``, ``reference``) names a recipe and config values;
+``stages = "max"`` is the largest stage count among the runs it matches.
+"""
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+from .. import sweep
+from ..config import RunConfig, field_names
+from ..errors import ConfigError, SweepConfigError
+
+__all__ = ["SCALES", "LEDGER_DIR", "Recipe", "Check", "Experiment", "load_recipes", "load_experiment",
+           "load_all", "find", "selects", "RULE_KEYS"]
+
+#: The two scales every recipe is written at.
+SCALES = ("cpu", "paper")
+#: The ledger's experiment files, in the repository next to the package.
+LEDGER_DIR = Path(__file__).resolve().parents[2] / "experiments" / "ledger"
+#: The selectors each rule needs, and the optional keys it takes.
+RULE_KEYS = {"better": ("a", "b"), "not-worse": ("a", "b"), "matches": ("a", "b"),
+             "degrades": ("a", "reference"), "gap-grows": ("a", "b")}
+_CHECK_KEYS = {"id", "claim", "source", "paper_number", "rule", "a", "b", "reference", "margin"}
+_TEXT_KEYS = ("id", "claim", "source", "paper_number", "rule")
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """A base config (RunConfig keys) and the seeds every run of it is trained with."""
+
+    name: str
+    scale: str
+    description: str
+    seeds: Tuple[int, ...]
+    base: Dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Check:
+    """One checkable claim: text for the ledger, a rule and the selectors it compares."""
+
+    id: str
+    claim: str
+    source: str
+    paper_number: str
+    rule: str
+    selectors: Dict[str, Dict[str, Any]]
+    margin: float = 0.01
+
+
+@dataclass
+class Experiment:
+    """One ledger file at one scale: its runs (each tagged with its recipe) and its checks."""
+
+    name: str
+    title: str
+    paper: str
+    scale: str
+    checks: List[Check]
+    order: int = 0
+    configs: List[RunConfig] = field(default_factory=list)
+    recipe_of: Dict[str, str] = field(default_factory=dict)   # run_id -> recipe name
+    recipes: Dict[str, Recipe] = field(default_factory=dict)
+
+    def check(self, check_id: str) -> Check:
+        for c in self.checks:
+            if c.id == check_id:
+                return c
+        raise ConfigError(f"experiment {self.name!r} has no check {check_id!r}; "
+                          f"its checks: {', '.join(c.id for c in self.checks)}")
+
+    def configs_for(self, check: Optional[Check] = None) -> List[RunConfig]:
+        """The runs ``check`` compares (all of the experiment's runs when ``check`` is None)."""
+        if check is None:
+            return list(self.configs)
+        rows = [self.row(c) for c in self.configs]
+        keep = set()
+        for sel in check.selectors.values():
+            keep |= {r["run"] for r in selects(rows, sel)}
+        return [c for c in self.configs if c.run_id() in keep]
+
+    def resolved(self, check: Check) -> Check:
+        """``check`` with ``stages = "max"`` replaced by the largest stage count among the experiment's planned
+        runs, so a verdict never compares at a smaller P just because the largest has not finished."""
+        rows = [self.row(c) for c in self.configs]
+        selectors = {}
+        for key, sel in check.selectors.items():
+            if sel.get("stages") == "max":
+                sel = {**sel, "stages": max(int(r["stages"]) for r in selects(rows, sel))}
+            selectors[key] = sel
+        return dataclasses.replace(check, selectors=selectors)
+
+    def row(self, config: RunConfig) -> Dict[str, Any]:
+        return {"run": config.run_id(), "recipe": self.recipe_of[config.run_id()], **config.to_dict()}
+
+
+def _read(path: Path) -> Dict[str, Any]:
+    if not path.is_file():
+        raise SweepConfigError(f"ledger file {path} does not exist")
+    try:
+        return tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as e:
+        raise SweepConfigError(f"{path}: not valid TOML: {e}") from e
+
+
+def load_recipes(path: Path, scale: str) -> Dict[str, Recipe]:
+    """The recipes of ``recipes.toml`` at ``scale``; every recipe must have both scales."""
+    if scale not in SCALES:
+        raise ConfigError(f"scale must be one of {', '.join(SCALES)}, got {scale!r}")
+    out = {}
+    for name, scales in _read(path).items():
+        missing = [s for s in SCALES if s not in scales]
+        if not isinstance(scales, dict) or missing:
+            raise SweepConfigError(f"{path}: recipe [{name}] needs the tables {', '.join(f'[{name}.{s}]' for s in SCALES)}"
+                                   f"; missing: {', '.join(missing) or 'all'}")
+        table = dict(scales[scale])
+        seeds = table.pop("seeds", None)
+        description = table.pop("description", "")
+        if not isinstance(seeds, list) or not seeds or not all(isinstance(s, int) for s in seeds):
+            raise SweepConfigError(f"{path}: [{name}.{scale}] seeds must be a non-empty list of ints, got {seeds!r}")
+        if "seed" in table:
+            raise SweepConfigError(f"{path}: [{name}.{scale}] sets seed; list the seeds in `seeds` instead")
+        try:
+            RunConfig.from_dict(table)
+        except ConfigError as e:
+            raise SweepConfigError(f"{path}: [{name}.{scale}]: {e}") from None
+        out[name] = Recipe(name, scale, description, tuple(seeds), table)
+    return out
+
+
+def _check(path: Path, i: int, spec: Dict[str, Any], recipes: Dict[str, Recipe]) -> Check:
+    where = f"{path}: [[check]] #{i + 1}"
+    unknown = sorted(set(spec) - _CHECK_KEYS)
+    if unknown:
+        raise SweepConfigError(f"{where}: unknown keys {unknown}; allowed: {', '.join(sorted(_CHECK_KEYS))}")
+    missing = [k for k in _TEXT_KEYS if not isinstance(spec.get(k), str) or not spec[k]]
+    if missing:
+        raise SweepConfigError(f"{where}: {', '.join(missing)} must be non-empty strings")
+    rule = spec["rule"]
+    if rule not in RULE_KEYS:
+        raise SweepConfigError(f"{where}: rule {rule!r} is not one of {', '.join(RULE_KEYS)}")
+    selectors = {}
+    for key in RULE_KEYS[rule]:
+        sel = spec.get(key)
+        if not isinstance(sel, dict) or "recipe" not in sel:
+            raise SweepConfigError(f"{where}: rule {rule!r} needs `{key}`, a table with a recipe, e.g. "
+                                   f'{key} = {{recipe = "pipemare", method = "pipemare"}}')
+        if sel["recipe"] not in recipes:
+            raise SweepConfigError(f"{where}: {key}.recipe = {sel['recipe']!r} is not a recipe; "
+                                   f"recipes: {', '.join(recipes)}")
+        bad = [k for k in sel if k != "recipe" and k not in field_names()]
+        if bad:
+            raise SweepConfigError(f"{where}: {key} selects on {bad}, which are not config keys")
+        selectors[key] = dict(sel)
+    extra = [k for k in ("a", "b", "reference") if k in spec and k not in RULE_KEYS[rule]]
+    if extra:
+        raise SweepConfigError(f"{where}: rule {rule!r} takes {', '.join(RULE_KEYS[rule])}, not {extra}")
+    margin = spec.get("margin", 0.01)
+    if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not 0 < margin < 1:
+        raise SweepConfigError(f"{where}: margin must be a number in (0, 1) (accuracy points), got {margin!r}")
+    return Check(spec["id"], spec["claim"], spec["source"], spec["paper_number"], rule, selectors, float(margin))
+
+
+def load_experiment(path: Path, scale: str = "cpu", recipes: Optional[Dict[str, Recipe]] = None) -> Experiment:
+    """Parse one experiment file and expand its runs at ``scale`` (recipes from ``recipes.toml`` beside it)."""
+    path = Path(path)
+    recipes = recipes if recipes is not None else load_recipes(path.parent / "recipes.toml", scale)
+    spec = _read(path)
+    unknown = sorted(set(spec) - {"title", "paper", "order", "runs", "check"})
+    if unknown:
+        raise SweepConfigError(f"{path}: unknown top-level keys {unknown}; allowed: title, paper, order, [[runs]], "
+                               "[[check]]")
+    order = spec.get("order", 0)
+    if isinstance(order, bool) or not isinstance(order, int):
+        raise SweepConfigError(f"{path}: order must be an int (experiments run in increasing order), got {order!r}")
+    if not spec.get("runs") or not spec.get("check"):
+        raise SweepConfigError(f"{path}: an experiment needs at least one [[runs]] and one [[check]]")
+    exp = Experiment(path.stem, str(spec.get("title", path.stem)), str(spec.get("paper", "")), scale,
+                     [_check(path, i, c, recipes) for i, c in enumerate(spec["check"])], order, recipes=recipes)
+    ids = [c.id for c in exp.checks]
+    if len(set(ids)) != len(ids):
+        raise SweepConfigError(f"{path}: check ids must be unique, got {ids}")
+    for i, runs in enumerate(spec["runs"]):
+        runs = dict(runs)
+        name = runs.pop("recipe", None)
+        if name not in recipes:
+            raise SweepConfigError(f"{path}: [[runs]] #{i + 1}: recipe {name!r} is not one of {', '.join(recipes)}")
+        recipe = recipes[name]
+        grid = {k: v if isinstance(v, list) else [v] for k, v in runs.items()}
+        if "seed" in grid:
+            raise SweepConfigError(f"{path}: [[runs]] #{i + 1}: seeds come from the recipe; do not set seed")
+        base = {k: v for k, v in recipe.base.items() if k not in grid}
+        try:
+            configs = sweep.from_spec({"base": base, "grid": {**grid, "seed": list(recipe.seeds)}},
+                                      source=f"{path} [[runs]] #{i + 1}").configs
+        except SweepConfigError as e:
+            raise SweepConfigError(str(e)) from None
+        for c in configs:
+            if c.run_id() not in exp.recipe_of:
+                exp.configs.append(c)
+                exp.recipe_of[c.run_id()] = name
+    rows = [exp.row(c) for c in exp.configs]
+    for c in exp.checks:
+        for key, sel in c.selectors.items():
+            if not selects(rows, sel):
+                raise SweepConfigError(f"{path}: check {c.id!r}: {key} = {sel} selects none of the experiment's runs")
+    return exp
+
+
+def load_all(scale: str = "cpu", directory: Path = LEDGER_DIR) -> List[Experiment]:
+    """Every experiment file of ``directory`` (all but ``recipes.toml``), sorted by ``order``, then name."""
+    directory = Path(directory)
+    recipes = load_recipes(directory / "recipes.toml", scale)
+    files = sorted(p for p in directory.glob("*.toml") if p.name != "recipes.toml")
+    if not files:
+        raise SweepConfigError(f"no experiment files in {directory}")
+    exps = sorted((load_experiment(p, scale, recipes) for p in files), key=lambda e: (e.order, e.name))
+    seen: Dict[str, str] = {}
+    for e in exps:
+        for c in e.checks:
+            if c.id in seen:
+                raise SweepConfigError(f"check id {c.id!r} appears in {seen[c.id]} and {e.name}; ids must be unique")
+            seen[c.id] = e.name
+    return exps
+
+
+def find(experiments: Sequence[Experiment], name: str) -> Tuple[Experiment, Optional[Check]]:
+    """The experiment named ``name``, or the experiment holding the check ``name`` and that check."""
+    for e in experiments:
+        if e.name == name:
+            return e, None
+    for e in experiments:
+        for c in e.checks:
+            if c.id == name:
+                return e, c
+    known = [e.name for e in experiments] + [c.id for e in experiments for c in e.checks]
+    raise ConfigError(f"no experiment or check named {name!r}; known: {', '.join(known)}")
+
+
+def selects(rows: Sequence[Dict[str, Any]], selector: Dict[str, Any]) -> List[Dict[str, Any]]:
+    """The rows (run config dicts with a ``recipe`` key) matching ``selector``.
+
+    ``stages = "max"`` keeps the largest stage count among the rows matching the rest.
+    """
+    rest = {k: v for k, v in selector.items() if not (k == "stages" and v == "max")}
+    hit = [r for r in rows if all(r.get(k) == v for k, v in rest.items())]
+    if selector.get("stages") == "max" and hit:
+        top = max(int(r["stages"]) for r in hit)
+        hit = [r for r in hit if int(r["stages"]) == top]
+    return hit

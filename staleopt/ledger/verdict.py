@@ -1,0 +1,219 @@
+"""Verdicts computed from the runs: each check's rule applied to per-seed test accuracies.
+
+A run's score is its test accuracy at the end of training (a run that
+diverged scores the accuracy recorded when it stopped). Runs of different
+methods with the same seed share the initial weights and the data order, so
+comparisons are paired by seed: the rule looks at the per-seed differences
+``d_s`` and their mean with a 95% Student-t interval
+``mean ± t_{0.975, n-1} s / sqrt(n)`` (:func:`staleopt.sweep.t_interval`).
+
+=========  ==========================================  =====================  ======================
+rule       ``d_s``                                     reproduced             partly
+=========  ==========================================  =====================  ======================
+better     ``a_s - b_s``                               interval above 0       mean above 0
+not-worse  ``a_s - b_s``                               interval above -m      mean above -m
+matches    ``a_s - b_s``                               interval inside ±m     mean inside ±m
+gap-grows  ``(a - b)_s`` at the largest P minus at     interval above 0       mean above 0
+           the smallest P
+degrades   ``a_s`` at the smallest P minus at the      both intervals above   both means above 0
+           largest P, and ``ref_s - a_s`` at the       0
+           largest P
+=========  ==========================================  =====================  ======================
+
+``m`` is the check's margin (default 0.01, one accuracy point). Anything
+else is "not reproduced", with the reason.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Dict, List, Sequence
+
+import pandas as pd
+
+from ..sweep import t_interval
+from .spec import Check, selects
+
+__all__ = ["Row", "REPRODUCED", "PARTLY", "NOT", "NOT_RUN", "VERDICTS", "scores", "evaluate", "setting_text"]
+
+REPRODUCED, PARTLY, NOT, NOT_RUN = "reproduced", "partly", "not reproduced", "not yet run"
+VERDICTS = (REPRODUCED, PARTLY, NOT, NOT_RUN)
+
+
+@dataclass(frozen=True)
+class Row:
+    """One row of the ledger."""
+
+    experiment: str
+    id: str
+    claim: str
+    source: str
+    paper_number: str
+    setting: str
+    ours: str
+    verdict: str
+    reason: str = ""
+    #: The per-seed quantity the verdict rests on (mean and 95% half-width; NaN when not computed): the
+    #: difference a - b, the growth of the gap (gap-grows), or the accuracy lost from the smallest to the
+    #: largest P (degrades).
+    estimate: float = math.nan
+    half_width: float = math.nan
+
+
+def scores(records: pd.DataFrame, recipe_of: Dict[str, str]) -> List[Dict]:
+    """One dict per finished run: its config columns, ``recipe``, ``score`` (final test accuracy), ``diverged``."""
+    out = []
+    if records.empty:
+        return out
+    for run, r in records.sort_values(["run", "epoch"]).groupby("run", sort=False):
+        if run not in recipe_of:
+            continue
+        last = r.iloc[-1]
+        row = {k: last[k] for k in r.columns if k not in ("run",)}
+        row.update(run=run, recipe=recipe_of[run], stages=int(last["stages"]), seed=int(last["seed"]),
+                   score=float(last["test_acc"]), diverged=last["status"] == "diverged")
+        out.append(row)
+    return out
+
+
+def _by_seed(rows) -> Dict[int, float]:
+    return {r["seed"]: r["score"] for r in rows}
+
+
+def _paired(a: Dict[int, float], b: Dict[int, float]) -> List[float]:
+    return [a[s] - b[s] for s in sorted(set(a) & set(b))]
+
+
+def _group_text(label: str, rows) -> str:
+    mean, half, n = t_interval([r["score"] for r in rows])
+    div = sum(r["diverged"] for r in rows)
+    ci = "" if math.isnan(half) else f" ± {half:.3f}"
+    return f"{label}: {mean:.3f}{ci} ({n} runs{f', {div} diverged' if div else ''})"
+
+
+def _label(sel: Dict, rows) -> str:
+    stages = sorted({r["stages"] for r in rows})
+    p = f" P={stages[0]}" if len(stages) == 1 else ""
+    return f"{sel['method']}{p}" if "method" in sel else f"{sel}{p}"
+
+
+def _diff_text(name: str, d: Sequence[float]) -> str:
+    mean, half, n = t_interval(d)
+    if n == 0:
+        return f"{name}: no paired seeds"
+    if math.isnan(half):
+        return f"{name} {mean:+.3f} (1 paired seed, no interval)"
+    return f"{name} {mean:+.3f} [{mean - half:+.3f}, {mean + half:+.3f}]"
+
+
+def _judge(d: Sequence[float], lo_ok, mean_ok) -> str:
+    mean, half, n = t_interval(d)
+    if n == 0:
+        return NOT_RUN
+    if not math.isnan(half) and lo_ok(mean - half, mean + half):
+        return REPRODUCED
+    return PARTLY if mean_ok(mean) else NOT
+
+
+def _by_stages(rows) -> Dict[int, List[Dict]]:
+    out: Dict[int, List[Dict]] = {}
+    for r in rows:
+        out.setdefault(r["stages"], []).append(r)
+    return dict(sorted(out.items()))
+
+
+def evaluate(check: Check, runs: Sequence[Dict], experiment: str, setting: str) -> Row:
+    """The ledger row of ``check`` on the finished ``runs`` (from :func:`scores`)."""
+    groups = {k: selects(runs, sel) for k, sel in check.selectors.items()}
+
+    def row(ours, verdict, reason="", d=()):
+        mean, half, _ = t_interval(d)
+        return Row(experiment, check.id, check.claim, check.source, check.paper_number, setting, ours, verdict, reason,
+                   mean, half)
+
+    missing = [k for k, g in groups.items() if not g]
+    if missing:
+        return row("-", NOT_RUN, "no finished runs yet of " + "; ".join(describe(check.selectors[k]) for k in missing))
+    m = check.margin
+    if check.rule in ("better", "not-worse", "matches"):
+        a, b = groups["a"], groups["b"]
+        d = _paired(_by_seed(a), _by_seed(b))
+        ours = "; ".join([_group_text(_label(check.selectors["a"], a), a),
+                          _group_text(_label(check.selectors["b"], b), b), _diff_text("difference", d)])
+        mean = t_interval(d)[0]
+        if check.rule == "better":
+            verdict = _judge(d, lambda lo, hi: lo > 0, lambda mu: mu > 0)
+            reason = {PARTLY: "ahead on average, but the 95% interval of the difference includes 0",
+                      NOT: f"not ahead: mean difference {mean:+.3f}"}.get(verdict, "")
+        elif check.rule == "not-worse":
+            verdict = _judge(d, lambda lo, hi: lo > -m, lambda mu: mu > -m)
+            reason = {PARTLY: f"mean difference {mean:+.3f} is above -{m:.2f}, but the 95% interval reaches below "
+                              f"-{m:.2f}",
+                      NOT: f"behind by {-mean:.3f}, more than the margin {m:.2f}"}.get(verdict, "")
+        else:
+            verdict = _judge(d, lambda lo, hi: -m < lo and hi < m, lambda mu: abs(mu) < m)
+            reason = {PARTLY: f"mean difference {mean:+.3f} is within ±{m:.2f}, but the 95% interval leaves ±{m:.2f}",
+                      NOT: f"differs by {mean:+.3f}, more than the margin ±{m:.2f}"}.get(verdict, "")
+        return row(ours, verdict, reason, d)
+    if check.rule == "gap-grows":
+        a, b = _by_stages(groups["a"]), _by_stages(groups["b"])
+        stages = sorted(set(a) & set(b))
+        if len(stages) < 2:
+            return row("-", NOT_RUN, "needs both methods at two or more stage counts")
+        gaps = {p: _paired(_by_seed(a[p]), _by_seed(b[p])) for p in stages}
+        lo_p, hi_p = stages[0], stages[-1]
+        seeds = sorted(set(_by_seed(a[lo_p])) & set(_by_seed(b[lo_p])) & set(_by_seed(a[hi_p])) & set(_by_seed(b[hi_p])))
+        d = [(_by_seed(a[hi_p])[s] - _by_seed(b[hi_p])[s]) - (_by_seed(a[lo_p])[s] - _by_seed(b[lo_p])[s])
+             for s in seeds]
+        name_a, name_b = check.selectors["a"].get("method"), check.selectors["b"].get("method")
+        ours = "; ".join([_diff_text(f"{name_a} - {name_b} at P={p}", gaps[p]) for p in stages]
+                         + [_diff_text(f"growth P={lo_p}->{hi_p}", d)])
+        verdict = _judge(d, lambda lo, hi: lo > 0, lambda mu: mu > 0)
+        mean = t_interval(d)[0]
+        reason = {PARTLY: "the gap grows on average, but the 95% interval of its growth includes 0",
+                  NOT: f"the gap does not grow: change {mean:+.3f} from P={lo_p} to P={hi_p}"}.get(verdict, "")
+        return row(ours, verdict, reason, d)
+    # degrades
+    a, ref = _by_stages(groups["a"]), groups["reference"]
+    stages = sorted(a)
+    if len(stages) < 2:
+        return row("-", NOT_RUN, "needs the method at two or more stage counts")
+    lo_p, hi_p = stages[0], stages[-1]
+    growth = _paired(_by_seed(a[lo_p]), _by_seed(a[hi_p]))
+    drop = _paired(_by_seed(ref), _by_seed(a[hi_p]))
+    name = check.selectors["a"].get("method")
+    ours = "; ".join([_group_text(_label(check.selectors["reference"], ref), ref)]
+                     + [_group_text(f"{name} P={p}", a[p]) for p in stages]
+                     + [_diff_text(f"P={lo_p} minus P={hi_p}", growth),
+                        _diff_text(f"drop from {check.selectors['reference'].get('method')} at P={hi_p}", drop)])
+    v_growth = _judge(growth, lambda lo, hi: lo > 0, lambda mu: mu > 0)
+    v_drop = _judge(drop, lambda lo, hi: lo > 0, lambda mu: mu > 0)
+    if NOT_RUN in (v_growth, v_drop):
+        return row(ours, NOT_RUN, "no seed has runs at both ends and the reference")
+    if v_growth == REPRODUCED and v_drop == REPRODUCED:
+        return row(ours, REPRODUCED, "", growth)
+    if NOT in (v_growth, v_drop):
+        why = []
+        if v_growth == NOT:
+            why.append(f"no worse at P={hi_p} than at P={lo_p}")
+        if v_drop == NOT:
+            why.append(f"no drop from the synchronous reference at P={hi_p}")
+        return row(ours, NOT, "; ".join(why), growth)
+    div = sum(r["diverged"] for r in a[hi_p])
+    return row(ours, PARTLY, f"worse at the largest P on average ({div} of {len(a[hi_p])} runs diverged there), "
+                             "but a 95% interval includes 0", growth)
+
+
+def setting_text(check: Check) -> str:
+    """The recipes a check compares (their descriptions head the experiment's section of the page)."""
+    return ", ".join(f"`{n}`" for n in dict.fromkeys(sel["recipe"] for sel in check.selectors.values()))
+
+
+def describe(selector: Dict) -> str:
+    """A selector in words: ``pipemare-t1 at the largest P (recipe pipemare)``."""
+    where = {"max": " at the largest P"}.get(selector.get("stages"), "")
+    if isinstance(selector.get("stages"), int):
+        where = f" at P={selector['stages']}"
+    rest = [f"{k}={v}" for k, v in selector.items() if k not in ("recipe", "method", "stages")]
+    return f"{selector.get('method', 'runs')}{where}{' (' + ', '.join(rest) + ')' if rest else ''} " \
+           f"(recipe {selector['recipe']})"

@@ -1,0 +1,301 @@
+"""The reproduction ledger: experiment files at both scales, verdict rules on hand-made scores, the page generator
+on small synthetic results, and one tiny end-to-end ``staleopt reproduce`` (no long training here)."""
+import json
+import math
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from staleopt import cli
+from staleopt.config import RunConfig
+from staleopt.errors import ConfigError, SweepConfigError
+from staleopt.ledger import analytic, report, run as ledger, spec, verdict
+from staleopt.ledger.verdict import NOT, NOT_RUN, PARTLY, REPRODUCED
+
+
+
+# ------------------------------------------------------------------ the repository's experiment files
+
+@pytest.mark.parametrize("scale", spec.SCALES)
+def test_every_experiment_loads_and_every_check_selects_runs(scale):
+    exps = spec.load_all(scale)
+    assert {e.name for e in exps} >= {"pipemare-ablation", "pipemare-warmup", "pipemare-hogwild",
+                                      "pipedream-stashing", "pipedream-2bw", "pipeoptim", "stale-weights"}
+    for e in exps:
+        assert e.checks and e.configs
+        for c in e.checks:
+            runs = e.configs_for(c)
+            assert runs and set(r.run_id() for r in runs) <= set(e.recipe_of)
+            for sel in c.selectors.values():
+                assert spec.selects([e.row(r) for r in runs], sel)
+            assert len({r.seed for r in runs}) >= 3     # >= 3 seeds everywhere
+    models = {(c.model, c.data) for e in exps for c in e.configs}
+    expected = {("resnet20", "cifar10")} if scale == "paper" else {("resnet1d", "mnist1d"), ("transformer", "mnist1d")}
+    assert models == expected
+
+
+def test_paper_scale_is_the_same_runs_on_cifar10():
+    """Same experiments, checks and (method, stages, seed) runs at both scales; only the recipe differs
+    (the Transformer's largest stage count is 28, ResNet-20's 39)."""
+    cpu, paper = spec.load_all("cpu"), spec.load_all("paper")
+
+    def keys(exps):   # the paper scale trains 3 seeds, the CPU scale 5
+        return sorted({(e.name, c.method, "max" if (c.model, c.stages) in {("transformer", 28), ("resnet20", 39)}
+                        and e.name == "pipemare-warmup" else c.stages, c.optimizer)
+                       for e in exps for c in e.configs})
+    assert keys(cpu) == keys(paper)
+    assert [c.id for e in cpu for c in e.checks] == [c.id for e in paper for c in e.checks]
+    assert all(c.device == "cuda" for e in paper for c in e.configs)
+
+
+def test_recipes_follow_the_papers():
+    """PipeMare's recipe: SGD momentum 0.9 and the image-classification T2 decay 0.5 (Tables 8-9)."""
+    for scale in spec.SCALES:
+        r = spec.load_recipes(spec.LEDGER_DIR / "recipes.toml", scale)
+        assert r["pipemare"].base["optimizer"] == "sgd-momentum" and r["pipemare"].base["momentum"] == 0.9
+        assert r["pipemare"].base["decay"] == 0.5 and r["pipemare-adam"].base["decay"] == 0.1
+        assert len(r["pipemare"].seeds) >= 3
+
+
+def test_cli_lists_and_dry_runs_the_paper_scale(tmp_path, capsys):
+    assert cli.main(["reproduce", "--list"]) == 0
+    assert "t2-at-max-p" in capsys.readouterr().out
+    assert cli.main(["reproduce", "--scale", "paper", "--out", str(tmp_path), "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "resnet20/cifar10" in out and "pending" in out and "mnist1d" not in out
+    assert cli.main(["reproduce", "--claim", "t2-at-max-p", "--out", str(tmp_path), "--dry-run"]) == 0
+    lines = [l for l in capsys.readouterr().out.splitlines() if "pending" in l]
+    assert len(lines) == 10 and all("pipemare" in l and "P=39" in l for l in lines)
+
+
+def test_module_entry_point_runs_one_claim():
+    """``python -m staleopt.ledger run NAME`` is ``staleopt reproduce --claim NAME``."""
+    from staleopt.ledger.__main__ import reproduce_argv
+    assert reproduce_argv(["run", "2bw-matches-sync", "--dry-run"]) == ["reproduce", "--claim", "2bw-matches-sync",
+                                                                        "--dry-run"]
+    assert reproduce_argv(["all", "--workers", "1"]) == reproduce_argv(["--workers", "1"]) == ["reproduce", "--workers",
+                                                                                                "1"]
+    assert reproduce_argv(["run"]) == ["reproduce"]
+
+
+def test_unknown_names_and_bad_files_raise_typed_errors(tmp_path):
+    exps = spec.load_all("cpu")
+    with pytest.raises(ConfigError, match="no experiment or check named 'nope'"):
+        spec.find(exps, "nope")
+    with pytest.raises(ConfigError, match="scale"):
+        spec.load_recipes(spec.LEDGER_DIR / "recipes.toml", "gpu")
+    (tmp_path / "recipes.toml").write_text(_RECIPES)
+    bad = {"rule = \"better\"": "rule = \"bigger\"", "method = \"gpipe\"}": "method = \"pipemare\"}"}
+    for old, new in bad.items():
+        (tmp_path / "x.toml").write_text(_EXPERIMENT.replace(old, new))
+        with pytest.raises(SweepConfigError, match="bigger|selects none"):
+            spec.load_experiment(tmp_path / "x.toml")
+    (tmp_path / "recipes.toml").write_text(_RECIPES.replace("[tiny.paper]", "[tiny.other]"))
+    with pytest.raises(SweepConfigError, match=r"\[tiny.paper\]"):
+        spec.load_recipes(tmp_path / "recipes.toml", "cpu")
+    assert cli.main(["reproduce", "--workers", "0", "--list"]) == 2     # a ConfigError, reported by the CLI
+
+
+# ------------------------------------------------------------------ verdict rules on hand-made scores
+
+def _runs(method, values, stages=4, recipe="r", diverged=()):
+    return [{"recipe": recipe, "method": method, "stages": stages, "seed": s, "score": v, "diverged": s in diverged}
+            for s, v in enumerate(values)]
+
+
+def _check(rule, **sel):
+    return spec.Check("c", "a claim", "Paper §1", "1.0", rule, {k: {"recipe": "r", **v} for k, v in sel.items()})
+
+
+@pytest.mark.parametrize("a, b, expected", [
+    ([0.90, 0.91, 0.92], [0.80, 0.82, 0.81], REPRODUCED),     # every seed ahead by ~0.1
+    ([0.90, 0.80, 0.92], [0.85, 0.82, 0.81], PARTLY),         # ahead on average, one seed behind
+    ([0.80, 0.81, 0.82], [0.90, 0.91, 0.92], NOT),
+])
+def test_better(a, b, expected):
+    row = verdict.evaluate(_check("better", a={"method": "x"}, b={"method": "y"}), _runs("x", a) + _runs("y", b),
+                           "e", "setting")
+    assert row.verdict == expected
+    assert ("difference +" in row.ours) == (sum(a) > sum(b))
+    assert (row.reason == "") == (expected == REPRODUCED)
+
+
+def test_not_worse_and_matches_use_the_margin():
+    close = _runs("x", [0.901, 0.899, 0.902]) + _runs("y", [0.900, 0.900, 0.900])
+    above = _runs("x", [0.95, 0.96, 0.95]) + _runs("y", [0.90, 0.90, 0.90])
+    behind = _runs("x", [0.85, 0.86, 0.85]) + _runs("y", [0.90, 0.90, 0.90])
+    ab = {"a": {"method": "x"}, "b": {"method": "y"}}
+    assert verdict.evaluate(_check("not-worse", **ab), close, "e", "").verdict == REPRODUCED
+    assert verdict.evaluate(_check("not-worse", **ab), above, "e", "").verdict == REPRODUCED
+    assert verdict.evaluate(_check("not-worse", **ab), behind, "e", "").verdict == NOT
+    assert verdict.evaluate(_check("matches", **ab), close, "e", "").verdict == REPRODUCED
+    row = verdict.evaluate(_check("matches", **ab), above, "e", "")
+    assert row.verdict == NOT and "+0.053" in row.reason
+    noisy = _runs("x", [0.91, 0.89, 0.905]) + _runs("y", [0.90, 0.90, 0.90])   # mean +0.002, wide interval
+    assert verdict.evaluate(_check("matches", **ab), noisy, "e", "").verdict == PARTLY
+
+
+def test_gap_grows_pairs_seeds_across_stage_counts():
+    runs = (_runs("pm", [0.90, 0.91, 0.90], stages=4) + _runs("t1", [0.90, 0.90, 0.90], stages=4)
+            + _runs("pm", [0.85, 0.86, 0.85], stages=39) + _runs("t1", [0.70, 0.72, 0.71], stages=39))
+    row = verdict.evaluate(_check("gap-grows", a={"method": "pm"}, b={"method": "t1"}), runs, "e", "")
+    assert row.verdict == REPRODUCED and "P=4->39" in row.ours
+    shrinking = [dict(r, score=1.0 - r["score"]) for r in runs]
+    assert verdict.evaluate(_check("gap-grows", a={"method": "pm"}, b={"method": "t1"}), shrinking, "e", "").verdict == NOT
+
+
+def test_degrades_needs_a_growing_drop_and_counts_diverged_runs():
+    ref = _runs("gpipe", [0.95, 0.96, 0.95], stages=1)
+    runs = ref + _runs("df", [0.94, 0.95, 0.94], stages=4) + _runs("df", [0.10, 0.10, 0.40], stages=39, diverged=(0, 1))
+    check = _check("degrades", a={"method": "df"}, reference={"method": "gpipe"})
+    row = verdict.evaluate(check, runs, "e", "")
+    assert row.verdict == REPRODUCED and "2 diverged" in row.ours
+    one_survivor = ref + _runs("df", [0.94, 0.95, 0.94], stages=4) + _runs("df", [0.1, 0.1, 0.9], stages=39,
+                                                                          diverged=(0, 1))
+    row = verdict.evaluate(check, one_survivor, "e", "")
+    assert row.verdict == PARTLY and "2 of 3 runs diverged there" in row.reason
+    flat = ref + _runs("df", [0.94, 0.95, 0.94], stages=4) + _runs("df", [0.945, 0.95, 0.94], stages=39)
+    row = verdict.evaluate(check, flat, "e", "")
+    assert row.verdict == NOT and "no worse at P=39" in row.reason
+
+
+def test_missing_runs_read_not_yet_run():
+    row = verdict.evaluate(_check("better", a={"method": "x"}, b={"method": "y"}), _runs("x", [0.9, 0.9, 0.9]), "e", "")
+    assert row.verdict == NOT_RUN and row.ours == "-"
+    one_p = _runs("pm", [0.9] * 3) + _runs("t1", [0.8] * 3)
+    assert verdict.evaluate(_check("gap-grows", a={"method": "pm"}, b={"method": "t1"}), one_p, "e", "").verdict == NOT_RUN
+
+
+def test_stages_max_selects_the_largest_stage_count():
+    rows = _runs("pm", [0.9] * 3, stages=4) + _runs("pm", [0.8] * 3, stages=39) + _runs("pm", [0.8] * 3, stages=39,
+                                                                                           recipe="other")
+    got = spec.selects(rows, {"recipe": "r", "method": "pm", "stages": "max"})
+    assert len(got) == 3 and {r["stages"] for r in got} == {39} and {r["recipe"] for r in got} == {"r"}
+
+
+def test_largest_p_means_the_largest_planned_not_the_largest_finished():
+    exp = spec.load_all("cpu")[0]
+    check = exp.check("t2-at-max-p")
+    assert exp.resolved(check).selectors["a"]["stages"] == 39
+    early = [dict(r, score=0.9, diverged=False) for r in (exp.row(c) for c in exp.configs) if r["stages"] == 4]
+    assert verdict.evaluate(exp.resolved(check), early, exp.name, "").verdict == NOT_RUN
+
+
+# ------------------------------------------------------------------ the page, from small synthetic results
+
+_RECIPES = """
+[tiny.cpu]
+description = "synthetic data, MLP, 2 epochs"
+seeds = [0, 1, 2]
+model = "mlp"
+data = "synthetic"
+data_kwargs = {num_samples = 256}
+optimizer = "sgd-momentum"
+lr = 0.05
+epochs = 2
+batch_size = 32
+[tiny.paper]
+description = "CIFAR-10"
+seeds = [0, 1, 2]
+model = "resnet20"
+data = "cifar10"
+epochs = 200
+"""
+
+_EXPERIMENT = """
+title = "Tiny"
+paper = "A paper"
+[[runs]]
+recipe = "tiny"
+method = ["gpipe"]
+stages = [1]
+[[runs]]
+recipe = "tiny"
+method = ["pipedream"]
+stages = [3]
+[[check]]
+id = "tiny-better"
+claim = "stashing beats synchronous training"
+source = "A paper §1"
+paper_number = "+1 point"
+rule = "better"
+a = {recipe = "tiny", method = "pipedream"}
+b = {recipe = "tiny", method = "gpipe"}
+"""
+
+
+def _fake_run(out, config: RunConfig, accs, status="ok"):
+    run_dir = Path(out) / "runs" / config.run_id()
+    run_dir.mkdir(parents=True)
+    (run_dir / "config.json").write_text(json.dumps(config.to_dict()))
+    pd.DataFrame({"epoch": range(1, len(accs) + 1), "step": range(1, len(accs) + 1), "train_loss": 0.5,
+                  "test_acc": accs, "status": status}).to_csv(run_dir / "records.csv", index=False)
+    (run_dir / "done").write_text(json.dumps({"status": status, "seconds": 30.0, "finished": "2026-11-23T15:00:00+0000"}))
+
+
+def test_page_from_synthetic_results(tmp_path):
+    (tmp_path / "ledger").mkdir()
+    (tmp_path / "ledger" / "recipes.toml").write_text(_RECIPES)
+    (tmp_path / "ledger" / "tiny.toml").write_text(_EXPERIMENT)
+    (tmp_path / "ledger" / "other.toml").write_text(_EXPERIMENT.replace("tiny-better", "tiny-unrun")
+                                                    .replace('stages = [3]', 'stages = [2]'))
+    exps = spec.load_all("cpu", tmp_path / "ledger")
+    tiny = next(e for e in exps if e.name == "tiny")
+    out = tmp_path / "out"
+    for c in tiny.configs:   # final accuracy: pipedream 0.9 + seed/100, gpipe 0.8 (the last epoch counts)
+        _fake_run(out, c, [0.95, 0.9 + c.seed / 100] if c.method == "pipedream" else [0.5, 0.8])
+    ledger.record_launch(out, "l1", 0.0, "staleopt reproduce --out out")
+    ledger.record_launch(out, "l1", 0.0, "staleopt reproduce --out out", 90.0, trained=6, cpu=150.0)
+    ledger.record_launch(out, "l2", 100.0, "staleopt reproduce --out out")       # killed: no end
+    extra = [verdict.Row("analytic", "a1", "an analytic claim", "P §2", "7%", "analytic", "7.0%", REPRODUCED)]
+    rows = ledger.write_page(tmp_path / "page.md", exps, out, extra)
+    page = (tmp_path / "page.md").read_text()
+    by_id = {r.id: r for r in rows}
+    assert by_id["tiny-better"].verdict == REPRODUCED
+    assert "pipedream P=3: 0.910 ± 0.025 (3 runs)" in by_id["tiny-better"].ours
+    assert "difference +0.110 [+0.085, +0.135]" in by_id["tiny-better"].ours
+    assert by_id["tiny-unrun"].verdict == NOT_RUN
+    assert "1970-01-01 00:00:00 UTC to 1970-01-01 00:01:30 UTC" in page and "1.5 min" in page
+    assert "`staleopt reproduce --out out`" in page and "6 of 9 finished (6 trained" in page
+    assert "2.5 CPU-min (user + system, all workers) for the 6 runs" in page
+    assert "all 9 runs take about 4 CPU-min, i.e. about 2 min on 2 otherwise idle cores" in page
+    assert "started 1970-01-01 00:01:40 UTC" in page and "no end recorded" in page
+    assert "first run started 2026-11-23 14:59:30 UTC, last finished 2026-11-23 15:00:00 UTC" in page
+    assert "add up to 3.0 run-min" in page
+    assert "Verdicts: 2 reproduced, 0 partly, 0 not reproduced, 1 not yet run." in page
+    assert page.index("## Tiny (A paper)") < page.index("## Analytic rows")
+    assert "| an analytic claim (`a1`) |" in page
+
+
+def test_table_escapes_pipes():
+    row = verdict.Row("e", "x", "a | b", "s", "n", "set", "ours", NOT, "why | not")
+    assert "a \\| b" in report.table([row]) and "**not reproduced**: why \\| not" in report.table([row])
+
+
+def test_reproduce_end_to_end_is_resumable(tmp_path, monkeypatch, capsys):
+    """Two tiny runs trained by the command, the page written; a second launch trains nothing."""
+    (tmp_path / "ledger").mkdir()
+    (tmp_path / "ledger" / "recipes.toml").write_text(_RECIPES.replace("seeds = [0, 1, 2]\nmodel = \"mlp\"",
+                                                                       "seeds = [0]\nmodel = \"mlp\""))
+    (tmp_path / "ledger" / "tiny.toml").write_text(_EXPERIMENT)
+    monkeypatch.setattr("staleopt.ledger.analytic.analytic_rows", lambda: [])
+    args = ["reproduce", "--ledger-dir", str(tmp_path / "ledger"), "--out", str(tmp_path / "out"),
+            "--doc", str(tmp_path / "page.md"), "--workers", "1", "--no-bar"]
+    assert cli.main(args) == 0
+    assert "2 trained now" in capsys.readouterr().out
+    page = (tmp_path / "page.md").read_text()
+    assert "tiny-better" in page and "(1 runs)" in page and "1 paired seed, no interval" in page
+    assert cli.main(args) == 0
+    assert "2 already done, 0 trained now" in capsys.readouterr().out
+    assert [e["trained"] for e in ledger.launches(tmp_path / "out")] == [2, 0]
+
+
+# ------------------------------------------------------------------ analytic rows
+
+def test_utilization_and_lemma1_rows_are_reproduced():
+    rows = analytic._utilization() + analytic._lemma1()
+    assert {r.id: r.verdict for r in rows} == {"gpipe-utilization": REPRODUCED, "pipemare-utilization": REPRODUCED,
+                                              "lemma1-boundary": REPRODUCED}
+    assert "7.0%" in rows[0].ours and "13.1%" in rows[0].ours and "17.1%" in rows[0].ours
+    assert not math.isnan(float(rows[1].ours.split("%")[0]))
