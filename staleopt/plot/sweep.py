@@ -9,7 +9,7 @@ varies, seeds pooled); each method keeps its color across panels and figures.
   ``P`` (PipeMare Fig. 2, 3): pipeline utilization, weight + optimizer memory
   relative to GPipe, and test accuracy (by default the best over epochs, as
   PipeMare App. C reports it) as the mean over seeds with a Student-t
-  confidence band (:func:`staleopt.sweep.t_interval`). Diverged runs stay in
+  confidence band (:func:`staleopt.stats.t_interval`). Diverged runs stay in
   the mean and are also drawn as ``x`` markers at their own value.
 * :func:`plot_accuracy_vs_epoch`: test accuracy against epochs at one ``P``
   (PipeMare Fig. 7, 8), mean over seeds with its band; a diverged run's last
@@ -23,6 +23,7 @@ from typing import List, Optional, Sequence, Tuple, Union
 import numpy as np
 import pandas as pd
 
+from .. import stats
 from ..errors import ConfigError
 
 __all__ = ["METHOD_ORDER", "per_run", "line_keys", "plot_accuracy_vs_stages", "plot_accuracy_vs_epoch", "save"]
@@ -54,19 +55,14 @@ def line_keys(records: pd.DataFrame) -> List[str]:
     return ["method"] + varying
 
 
-def per_run(source) -> pd.DataFrame:
-    """One row per run: its line keys, ``stages``, ``seed``, ``best_acc``, ``final_acc``, ``epochs_run``,
-    ``diverged`` (bool) and the hardware columns (constant within a run)."""
+def per_run(source, target: Optional[float] = None) -> pd.DataFrame:
+    """One row per run (:func:`staleopt.stats.per_run`): its line keys, ``stages``, ``seed``, ``best_acc``,
+    ``final_acc``, ``epochs_run``, ``diverged`` (bool), the hardware columns (constant within a run) and,
+    given ``target``, ``steps_to_target``."""
     records = _records(source)
-    keys = line_keys(records)
-    rows = []
-    for _, r in records.sort_values(["run", "epoch"]).groupby("run", sort=False):
-        last = r.iloc[-1]
-        rows.append({**{k: last[k] for k in keys}, "stages": int(last["stages"]), "seed": last["seed"],
-                     "best_acc": r["test_acc"].max(), "final_acc": last["test_acc"], "epochs_run": len(r),
-                     "diverged": last["status"] == "diverged", "utilization": last["utilization"],
-                     "memory_ratio_gpipe": last["memory_ratio_gpipe"]})
-    return pd.DataFrame(rows)
+    table = stats.per_run(records, [*line_keys(records), "stages"], target=target)
+    table["stages"] = table["stages"].astype(int)
+    return table
 
 
 def _order(labels) -> List:
@@ -97,10 +93,9 @@ def _lines(table: pd.DataFrame, keys: Sequence[str], methods: Optional[Sequence[
 
 def _band(ax, x, values_by_x, style, label, level, markersize=4):
     """Mean line of each ``x``'s values with its Student-t band (none where fewer than 2 values)."""
-    from ..sweep import t_interval
-    stats = [t_interval(v, level) for v in values_by_x]
-    mean = np.array([s[0] for s in stats])
-    half = np.array([0.0 if np.isnan(s[1]) else s[1] for s in stats])
+    intervals = [stats.t_interval(v, level) for v in values_by_x]
+    mean = np.array([s[0] for s in intervals])
+    half = np.array([0.0 if np.isnan(s[1]) else s[1] for s in intervals])
     ax.plot(x, mean, ms=markersize, lw=1.5, label=label, **style)
     if np.any(half > 0):
         ax.fill_between(x, mean - half, mean + half, color=style["color"], alpha=0.1, lw=0)
