@@ -7,9 +7,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from staleopt import sweep
+from staleopt import speedup, sweep
 from staleopt.cli import main
-from staleopt.commands.demo import DEFAULT_SWEEP
+from staleopt.commands.demo import DEFAULT_SWEEP, speedup_pivot
 from staleopt.errors import ConfigError
 from staleopt.plot import sweep as plots
 from matplotlib.collections import PolyCollection
@@ -104,15 +104,14 @@ def test_plot_command(tiny, tmp_path):
     assert main(["plot", str(tmp_path)]) == 2
 
 
-def test_demo_sweep_file_is_the_issue_grid():
+def test_demo_sweep_file_keeps_the_papers_methods_and_recipe():
     spec = sweep.load_sweep(DEFAULT_SWEEP)
-    assert spec.base["data"] == "mnist1d"
-    assert spec.grid["method"] == ["gpipe", "pipedream", "1f1b", "pipemare-t1", "pipemare"] or \
-        set(spec.grid["method"]) >= {"gpipe", "pipedream", "1f1b", "pipemare-t1", "pipemare"}
-    assert spec.grid["stages"][:5] == [1, 2, 4, 8, 16] and spec.grid["stages"][-1] == "max"
-    assert len(spec.grid["seed"]) == 2
+    assert spec.base["data"] == "mnist1d" and spec.base["model"] == "resnet1d"
+    assert set(spec.grid["method"]) >= {"gpipe", "pipedream", "pipemare-stash", "1f1b", "dataflow", "pipemare-t1",
+                                        "pipemare"}
+    assert len(spec.grid["seed"]) >= 3 and "max" in spec.grid["stages"]
     units = max(c.stages for c in spec.configs)
-    assert units > 16 and len(spec.configs) == len(spec.grid["method"]) * 6 * 2
+    assert units > 16 and len(spec.configs) == len(spec.grid["method"]) * len(spec.grid["stages"]) * len(spec.grid["seed"])
 
 
 # ----------------------------------------------------------------------------- figures by hand
@@ -129,7 +128,7 @@ def _hand_records():
             for epoch, a in enumerate(accs, 1):
                 diverged = (method, p, seed, epoch) == ("pipemare", 8, 1, 1)
                 rows.append({"run": f"{method}-{p}-{seed}", "method": method, "stages": p, "seed": seed,
-                             "lr": 0.1, "epoch": epoch, "step": 10 * epoch, "test_acc": a,
+                             "lr": 0.1, "microbatches": 4, "epoch": epoch, "step": 10 * epoch, "test_acc": a,
                              "train_loss": math.nan if diverged else 1.0 / epoch,
                              "status": "diverged" if diverged else "ok",
                              "utilization": util[method, p], "memory_ratio_gpipe": mem[method, p]})
@@ -179,6 +178,32 @@ def test_accuracy_vs_epoch_figure_marks_the_diverged_run():
         plots.plot_accuracy_vs_epoch(_hand_records(), 4)
     with pytest.raises(ConfigError, match="not in the sweep"):
         plots.plot_accuracy_vs_stages(_hand_records(), methods=["xpipe"])
+
+
+def test_time_to_accuracy_panel_and_figure_numbers():
+    # target 0.6: GPipe reaches it after 20 and 10 steps (mean 15), PipeMare after 20 and 20 at P = 2; at P = 8
+    # PipeMare's seed 1 diverged before it, so P = 8 has no PipeMare point. GPipe's time: 15 (N + P - 1) / N, N = 4
+    fig = plots.plot_accuracy_vs_stages(_hand_records(), target=0.6)
+    speed = {ln.get_label(): ln for ln in fig.axes[3].get_lines()}
+    np.testing.assert_allclose(speed["gpipe"].get_ydata(), [1.0, 1.0])
+    np.testing.assert_allclose(speed["pipemare"].get_xdata(), [2])
+    np.testing.assert_allclose(speed["pipemare"].get_ydata(), [15 * 5 / 4 / 20])
+    assert "0.600" in fig.axes[3].get_ylabel()
+    fig = plots.plot_accuracy_vs_time(_hand_records(), 8, target=0.6)
+    ax = fig.axes[0]
+    lines = {ln.get_label(): ln for ln in ax.get_lines()}
+    np.testing.assert_allclose(lines["gpipe"].get_xdata(), [10 * 11 / 4, 20 * 11 / 4])
+    np.testing.assert_allclose(lines["gpipe"].get_ydata(), [0.55, 0.75])
+    np.testing.assert_allclose(lines["pipemare"].get_xdata(), [10, 20])
+    np.testing.assert_allclose(lines["pipemare"].get_ydata(), [(0.3 + 0.45) / 2, 0.5])
+    np.testing.assert_allclose(lines["target 0.600"].get_ydata(), [0.6, 0.6])
+    crosses = [c for c in ax.collections if c.get_label() == "_diverged"]
+    np.testing.assert_allclose(crosses[0].get_offsets(), [[10, 0.45]])
+    table = speedup_pivot(speedup.speedup_table(_hand_records(), 0.6))
+    assert table.loc["pipemare", "P=2"] == "0.94x" and table.loc["pipemare", "P=8"] == "- (0/2)"
+    assert table.loc["gpipe", "P=8"] == "1.00x"
+    # target 0.5 at P = 8: GPipe after 10 steps (time 27.5), PipeMare's seed 0 after 20, seed 1 never
+    assert speedup_pivot(speedup.speedup_table(_hand_records(), 0.5)).loc["pipemare", "P=8"] == "1.38x (1/2)"
 
 
 @pytest.mark.parametrize("path", sorted((REPO / "experiments").glob("*.toml")), ids=lambda p: p.name)
