@@ -1,4 +1,4 @@
-"""``staleopt demo``: the headline sweep on MNIST-1D, its table and the accuracy-vs-stages figure."""
+"""``staleopt demo``: the headline sweep on MNIST-1D, its tables, its claims (evaluated from the runs) and figures."""
 from __future__ import annotations
 
 import argparse
@@ -15,13 +15,18 @@ __all__ = ["register", "run", "DEFAULT_SWEEP", "pivot", "speedup_pivot", "proven
 DEFAULT_SWEEP = Path(__file__).resolve().parents[2] / "experiments" / "demo.toml"
 
 EXAMPLES = """\
-Runs experiments/demo.toml: gpipe, pipedream, 1f1b, pipemare-t1 and pipemare
-on MNIST-1D over P = 1, 2, 4, 8, 16 and the model's maximum, 2 seeds each, then
-prints the results and writes into OUT:
+Runs experiments/demo.toml: gpipe, pipedream, pipemare-stash (PipeMare Fig. 2's
+"PipeDream"), 1f1b, dataflow (uncorrected), pipemare-t1 and pipemare on MNIST-1D
+at P = 8 and the model's maximum (39), 3 seeds, 20 epochs each, then prints the
+accuracy table, the time to accuracy (speedup over GPipe in pipeline time) and
+the demo's claims evaluated from the runs, and writes into OUT:
 
-  accuracy_vs_stages.png        utilization, memory (x GPipe), accuracy vs P (PipeMare Fig. 2)
+  accuracy_vs_stages.png        utilization, memory (x GPipe), accuracy, speedup to the target vs P (PipeMare Fig. 2)
   accuracy_vs_epoch_P<max>.png  accuracy curves at the largest P (PipeMare Fig. 7/8)
+  accuracy_vs_time_P<max>.png   accuracy against pipeline time at the largest P (PipeMare Fig. 11)
   summary.csv, records.csv      per-group summary (mean, 95% CI over seeds) and every record
+  speedup.csv, claims.csv       time to accuracy per method and P; each claim, its evidence and verdict
+  run.json                      date, CPU, torch version, workers, threads, times
 
 It is a resumable sweep: run it again after an interruption and finished runs
 are kept.
@@ -29,6 +34,7 @@ are kept.
 examples:
   staleopt demo                          # runs/demo, 2 workers
   staleopt demo --out /tmp/demo --workers 4
+  staleopt demo --out /tmp/demo-2t --worker-threads 2   # other float rounding: do the claims still hold?
   staleopt demo --sweep experiments/my_sweep.toml --out runs/mine
 """
 
