@@ -5,7 +5,7 @@ import pandas as pd
 import pytest
 
 from staleopt import claims, speedup, stats
-from staleopt.claims import Beats, Degrades, Diverges, Faster, Matches, NeverDiverges
+from staleopt.claims import Beats, Degrades, Diverges, Faster, LessMemory, Matches, NeverDiverges
 from staleopt.errors import ConfigError
 
 #: test accuracy per epoch (10 steps each) of seeds 0, 1, 2; the same at P = 2 and P = 8 unless given per P.
@@ -25,6 +25,7 @@ def hand_records(methods=("gpipe", "pipemare", "dataflow"), stages=(2, 8)):
                     rows.append({"run": f"{method}-{p}-{seed}", "method": method, "stages": p, "microbatches": 4,
                                  "seed": seed, "epochs": 4, "epoch": epoch, "step": 10 * epoch, "test_acc": acc,
                                  "train_loss": math.nan if diverged else 1.0 / epoch,
+                                 "memory_ratio_gpipe": {"gpipe": 1.0, "pipemare": 4 / 3, "dataflow": 1.0}[method],
                                  "status": "diverged" if diverged else "ok"})
     return pd.DataFrame(rows)
 
@@ -117,10 +118,14 @@ def test_claims_are_decided_from_the_records():
         Faster("pipemare", "gpipe", "max", 3.9),       # 3.93x
         Faster("pipemare", "gpipe", "max", 4.0),
         Faster("dataflow", "gpipe", "max", 1.0),       # never reaches the target
+        LessMemory("gpipe", "pipemare"),
+        LessMemory("pipemare", "gpipe", 2),
     ], target=0.9)
     assert list(table.columns) == ["claim", "evidence", "verdict"]
     assert table["verdict"].tolist() == ["holds", "does not hold", "holds", "holds", "does not hold", "holds",
-                                         "does not hold", "holds", "holds", "does not hold", "does not hold"]
+                                         "does not hold", "holds", "holds", "does not hold", "does not hold",
+                                         "holds", "does not hold"]
+    assert table["evidence"][11] == "gpipe 1.00x GPipe vs pipemare 1.33x GPipe (analytic)"
     assert table["claim"][0] == "gpipe beats pipemare at P = 8 by >= 0.01"
     assert "gpipe 0.930±0.025" in table["evidence"][0] and "+0.007" in table["evidence"][0]
     assert table["evidence"][3] == "3/3 runs diverged"
