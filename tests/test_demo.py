@@ -1,5 +1,6 @@
 """End to end with the real trainer: a sweep killed with SIGKILL resumes to the uninterrupted records;
 the demo and plot commands on it; the sweep figures' numbers checked against hand-made records."""
+import json
 import math
 from pathlib import Path
 
@@ -7,9 +8,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from staleopt import speedup, sweep
+from staleopt import claims, speedup, sweep
 from staleopt.cli import main
-from staleopt.commands.demo import DEFAULT_SWEEP, speedup_pivot
+from staleopt.commands.demo import DEFAULT_SWEEP, markdown, speedup_pivot
 from staleopt.errors import ConfigError
 from staleopt.plot import sweep as plots
 from matplotlib.collections import PolyCollection
@@ -114,6 +115,36 @@ def test_demo_sweep_file_keeps_the_papers_methods_and_recipe():
     assert units > 16 and len(spec.configs) == len(spec.grid["method"]) * len(spec.grid["stages"]) * len(spec.grid["seed"])
 
 
+def _committed():
+    records = pd.read_csv(REPO / "docs" / "demo" / "records.csv")
+    return records, pd.read_csv(REPO / "docs" / "demo" / "claims.csv"), json.loads((REPO / "docs" / "demo" / "run.json").read_text())
+
+
+def test_committed_demo_output_comes_from_the_demo_sweep_file():
+    records, _, info = _committed()
+    assert set(records["run"]) == {c.run_id() for c in sweep.load_sweep(DEFAULT_SWEEP).configs}
+    assert info["runs"] == len(set(records["run"])) and info["run_seconds"] > 0 and info["target"] == claims.DEMO_TARGET
+
+
+def test_committed_claims_are_what_the_committed_records_give():
+    records, committed, info = _committed()
+    table = claims.evaluate(records, target=info["target"])
+    pd.testing.assert_frame_equal(table, committed)
+    assert set(committed["verdict"]) == {"holds"}  # the demo states only claims that hold
+    summary = sweep.summarize(records, by=["method", "stages"])
+    pd.testing.assert_frame_equal(summary, pd.read_csv(REPO / "docs" / "demo" / "summary.csv"), check_dtype=False)
+    fast = speedup.speedup_table(records, info["target"])
+    pd.testing.assert_frame_equal(fast, pd.read_csv(REPO / "docs" / "demo" / "speedup.csv"), check_dtype=False)
+
+
+def test_readme_demo_block_is_generated_from_the_committed_run():
+    block = markdown(REPO / "docs" / "demo")
+    for page in ("README.md", "docs/demo.md"):
+        text = (REPO / page).read_text()
+        begin, end = "<!-- demo-claims:begin -->\n", "<!-- demo-claims:end -->"
+        assert text[text.index(begin) + len(begin):text.index(end)] == block, page
+
+
 # ----------------------------------------------------------------------------- figures by hand
 
 def _hand_records():
@@ -165,6 +196,10 @@ def test_accuracy_vs_stages_figure_numbers():
     lo, hi = band.get_paths()[0].vertices[:, 1].min(), band.get_paths()[0].vertices[:, 1].max()
     half = 12.706204736174698 * (0.1 / math.sqrt(2)) / math.sqrt(2)
     assert (lo, hi) == pytest.approx((0.75 - half, 0.75 + half))
+    # pipemare at P=8 has a diverged run: no band there (the polygon closes on the mean 0.475)
+    band = [c for c in acc_ax.collections if isinstance(c, PolyCollection)][1]
+    at8 = band.get_paths()[0].vertices
+    np.testing.assert_allclose(at8[at8[:, 0] == 8][:, 1], 0.475)
 
 
 def test_accuracy_vs_epoch_figure_marks_the_diverged_run():

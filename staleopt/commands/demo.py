@@ -207,12 +207,12 @@ def markdown(directory) -> str:
     verdicts = pd.read_csv(directory / "claims.csv")
     seeds = int(summary["runs"].max())
     took = (f"{info['seconds'] / 60:.1f} minutes" if info["runs_trained_now"] == info["runs"] else
-            f"{info['runs']} runs trained over several launches, {info['run_seconds'] / 60:.0f} minutes of run time")
+            f"{info['runs']} runs trained over several launches")
     lines = [f"Best test accuracy over epochs, mean ± 95% CI over {seeds} seeds (`div`: runs that diverged); "
              f"`staleopt demo` on {info['date']}, {info['cores']} cores ({info['cpu']}), torch {info['torch']}, "
              f"{info['workers']} workers x {info['worker_threads']} thread, {took}. The last digits "
-             "depend on the CPU (float rounding); the claims below also held on seeds and thread counts the "
-             "demo does not use (docs/demo.md).", ""]
+             "depend on the CPU (float rounding); docs/demo.md says how long the demo takes and which claims "
+             "were checked on seeds and a thread count the demo does not use.", ""]
     table = pivot(summary)
     lines.append("| method | " + " | ".join(table.columns) + " |")
     lines.append("| --- |" + " --- |" * len(table.columns))

@@ -10,7 +10,8 @@ varies, seeds pooled); each method keeps its color across panels and figures.
   relative to GPipe, and test accuracy (by default the best over epochs, as
   PipeMare App. C reports it) as the mean over seeds with a Student-t
   confidence band (:func:`staleopt.stats.t_interval`). Diverged runs stay in
-  the mean and are also drawn as ``x`` markers at their own value.
+  the mean and are also drawn as ``x`` markers at their own value; a point
+  with a diverged run has no band (its interval would span the plot).
   A fourth panel gives the time-to-accuracy view (PipeMare §4, Table 2):
   each method's speedup to a target accuracy over GPipe at the same ``P``
   (:func:`staleopt.speedup.speedup_table`), drawn where every seed reached it.
@@ -99,11 +100,13 @@ def _lines(table: pd.DataFrame, keys: Sequence[str], methods: Optional[Sequence[
     return out
 
 
-def _band(ax, x, values_by_x, style, label, level, markersize=4):
-    """Mean line of each ``x``'s values with its Student-t band (none where fewer than 2 values)."""
+def _band(ax, x, values_by_x, style, label, level, markersize=4, banded=None):
+    """Mean line of each ``x``'s values with its Student-t band (none where fewer than 2 values, or where
+    ``banded`` is false: a group with a diverged run, whose interval would only say that runs differ)."""
     intervals = [stats.t_interval(v, level) for v in values_by_x]
     mean = np.array([s[0] for s in intervals])
-    half = np.array([0.0 if np.isnan(s[1]) else s[1] for s in intervals])
+    half = np.array([0.0 if np.isnan(s[1]) or (banded is not None and not banded[i]) else s[1]
+                     for i, s in enumerate(intervals)])
     ax.plot(x, mean, ms=markersize, lw=1.5, label=label, **style)
     if np.any(half > 0):
         ax.fill_between(x, mean - half, mean + half, color=style["color"], alpha=0.1, lw=0)
@@ -165,7 +168,8 @@ def plot_accuracy_vs_stages(source, metric: str = "best_acc", level: float = 0.9
         by_p = [r for r in by_p if len(r)]
         axes[0].plot(xs, [r["utilization"].mean() for r in by_p], ms=4, label=label, **style)
         axes[1].plot(xs, [r["memory_ratio_gpipe"].mean() for r in by_p], ms=4, label=label, **style)
-        _band(axes[2], xs, [r[metric] for r in by_p], style, label, level)
+        _band(axes[2], xs, [r[metric] for r in by_p], style, label, level,
+              banded=[not r["diverged"].any() for r in by_p])
         ok = rows[~rows["diverged"]]
         axes[2].scatter(ok["stages"], ok[metric], s=8, color=style["color"], alpha=0.5, lw=0, label="_seed")
         bad = rows[rows["diverged"]]
