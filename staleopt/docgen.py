@@ -28,9 +28,10 @@ from pathlib import Path
 from typing import Callable, Dict, Iterable, List, NamedTuple, Optional, Sequence
 
 from . import cli, methods, models
+from .commands import demo
 
-__all__ = ["GENERATORS", "markdown_table", "methods_table", "models_table", "hardware_table", "fill", "block_names",
-           "doc_files",
+__all__ = ["GENERATORS", "markdown_table", "methods_table", "models_table", "hardware_table", "demo_claims", "fill",
+           "block_names", "doc_files",
            "CodeBlock", "code_blocks", "links", "anchors", "main"]
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -75,9 +76,14 @@ def hardware_table() -> str:
     return f"`staleopt {HARDWARE_COMMAND}` prints:\n\n{table}"
 
 
+def demo_claims() -> str:
+    """The demo's tables and claims from its committed run (docs/demo/, written by ``staleopt demo``)."""
+    return demo.markdown(ROOT / "docs" / "demo")
+
+
 #: Block name -> function returning the block's Markdown.
 GENERATORS: Dict[str, Callable[[], str]] = {"methods-table": methods_table, "models-table": models_table,
-                                            "hardware-table": hardware_table}
+                                            "hardware-table": hardware_table, "demo-claims": demo_claims}
 
 
 def fill(text: str, rendered: Dict[str, str]) -> str:

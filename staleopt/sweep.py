@@ -46,7 +46,6 @@ import importlib
 import inspect
 import itertools
 import json
-import math
 import multiprocessing
 import os
 import time
@@ -55,7 +54,7 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import pandas as pd
 
@@ -63,6 +62,7 @@ from . import lease
 from .checkpoint import Checkpoint, atomic_write_text, check_every
 from .config import RunConfig, field_names, validate_field
 from .errors import ClaimLostError, ConfigError, SweepConfigError
+from .stats import check_level, divergence_count, per_run, status_text, t_interval
 
 __all__ = ["Sweep", "load_sweep", "expand", "shard", "parse_shard", "run_sweep", "SweepReport",
            "run_state", "runs", "collect", "summarize", "t_interval", "RECORD_COLUMNS", "DEFAULT_TRAIN_FN"]
@@ -459,26 +459,6 @@ def collect(sweep_dir: Union[str, os.PathLike], partial: bool = False) -> pd.Dat
     return pd.concat(frames, ignore_index=True)
 
 
-def t_interval(values: Iterable[float], level: float = 0.95) -> Tuple[float, float, int]:
-    """``(mean, half_width, n)`` of the Student-t confidence interval over the finite ``values``.
-
-    ``half_width = t_{(1+level)/2, n-1} * s / sqrt(n)`` with ``s`` the sample
-    standard deviation (ddof 1); NaN when ``n < 2``.
-    """
-    from scipy import stats
-    if not 0.0 < level < 1.0:
-        raise ConfigError(f"level must lie in (0, 1), e.g. 0.95 for 95% intervals; got {level!r}")
-    xs = [float(v) for v in values if v is not None and math.isfinite(float(v))]
-    n = len(xs)
-    if n == 0:
-        return math.nan, math.nan, 0
-    mean = sum(xs) / n
-    if n < 2:
-        return mean, math.nan, n
-    s = math.sqrt(sum((x - mean) ** 2 for x in xs) / (n - 1))
-    return mean, float(stats.t.ppf((1 + level) / 2, n - 1)) * s / math.sqrt(n), n
-
-
 def varies(column: pd.Series) -> bool:
     """Whether a config column takes more than one value (``None`` and lists count as values)."""
     return column.map(lambda v: json.dumps(v, sort_keys=True, default=str)).nunique() > 1
@@ -495,8 +475,7 @@ def summarize(records: pd.DataFrame, by: Optional[Sequence[str]] = None, level: 
     ``final_loss``, ``diverged`` (count) and ``status`` (``ok``,
     ``diverged`` or ``k/n diverged``). ``*_ci`` are half-widths.
     """
-    if not 0.0 < level < 1.0:
-        raise ConfigError(f"level must lie in (0, 1), e.g. 0.95 for 95% intervals; got {level!r}")
+    check_level(level)
     unknown = [c for c in (by or []) if c not in field_names()]
     if unknown:
         close = difflib.get_close_matches(unknown[0], field_names(), n=1)
@@ -505,22 +484,16 @@ def summarize(records: pd.DataFrame, by: Optional[Sequence[str]] = None, level: 
     if records.empty:
         return pd.DataFrame()
     by = [c for c in (by or field_names()) if c != "seed" and c in records.columns]
-    per_run = []
-    for run, r in records.sort_values(["run", "epoch"]).groupby("run", sort=False):
-        last = r.iloc[-1]
-        per_run.append({**{c: last[c] for c in by}, "best_acc": r["test_acc"].max(),
-                        "final_acc": last["test_acc"], "final_loss": last["train_loss"],
-                        "diverged": last["status"] == "diverged"})
-    per_run = pd.DataFrame(per_run)
-    keep = [c for c in by if c in ("method", "stages") or varies(per_run[c])]
+    table = per_run(records, by)
+    keep = [c for c in by if c in ("method", "stages") or varies(table[c])]
     rows = []
-    for key, g in per_run.groupby(keep, sort=False, dropna=False):
+    for key, g in table.groupby(keep, sort=False, dropna=False):
         key = key if isinstance(key, tuple) else (key,)
         best, best_ci, _ = t_interval(g["best_acc"], level)
         final, final_ci, _ = t_interval(g["final_acc"], level)
-        n, nd = len(g), int(g["diverged"].sum())
-        status = "ok" if nd == 0 else "diverged" if nd == n else f"{nd}/{n} diverged"
+        nd, n = divergence_count(g["diverged"])
         rows.append({**dict(zip(keep, key)), "runs": n, "best_acc": best, "best_acc_ci": best_ci,
                      "final_acc": final, "final_acc_ci": final_ci,
-                     "final_loss": t_interval(g["final_loss"], level)[0], "diverged": nd, "status": status})
+                     "final_loss": t_interval(g["final_loss"], level)[0], "diverged": nd,
+                     "status": status_text(nd, n)})
     return pd.DataFrame(rows).sort_values(keep, kind="stable", ignore_index=True)

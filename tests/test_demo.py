@@ -1,5 +1,6 @@
 """End to end with the real trainer: a sweep killed with SIGKILL resumes to the uninterrupted records;
 the demo and plot commands on it; the sweep figures' numbers checked against hand-made records."""
+import json
 import math
 from pathlib import Path
 
@@ -7,9 +8,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from staleopt import sweep
+from staleopt import claims, speedup, sweep
 from staleopt.cli import main
-from staleopt.commands.demo import DEFAULT_SWEEP
+from staleopt.commands.demo import DEFAULT_SWEEP, markdown, speedup_pivot
 from staleopt.errors import ConfigError
 from staleopt.plot import sweep as plots
 from matplotlib.collections import PolyCollection
@@ -104,15 +105,44 @@ def test_plot_command(tiny, tmp_path):
     assert main(["plot", str(tmp_path)]) == 2
 
 
-def test_demo_sweep_file_is_the_issue_grid():
+def test_demo_sweep_file_keeps_the_papers_methods_and_recipe():
     spec = sweep.load_sweep(DEFAULT_SWEEP)
-    assert spec.base["data"] == "mnist1d"
-    assert spec.grid["method"] == ["gpipe", "pipedream", "1f1b", "pipemare-t1", "pipemare"] or \
-        set(spec.grid["method"]) >= {"gpipe", "pipedream", "1f1b", "pipemare-t1", "pipemare"}
-    assert spec.grid["stages"][:5] == [1, 2, 4, 8, 16] and spec.grid["stages"][-1] == "max"
-    assert len(spec.grid["seed"]) == 2
+    assert spec.base["data"] == "mnist1d" and spec.base["model"] == "resnet1d"
+    assert set(spec.grid["method"]) >= {"gpipe", "pipedream", "pipemare-stash", "1f1b", "dataflow", "pipemare-t1",
+                                        "pipemare"}
+    assert len(spec.grid["seed"]) >= 3 and "max" in spec.grid["stages"]
     units = max(c.stages for c in spec.configs)
-    assert units > 16 and len(spec.configs) == len(spec.grid["method"]) * 6 * 2
+    assert units > 16 and len(spec.configs) == len(spec.grid["method"]) * len(spec.grid["stages"]) * len(spec.grid["seed"])
+
+
+def _committed():
+    records = pd.read_csv(REPO / "docs" / "demo" / "records.csv")
+    return records, pd.read_csv(REPO / "docs" / "demo" / "claims.csv"), json.loads((REPO / "docs" / "demo" / "run.json").read_text())
+
+
+def test_committed_demo_output_comes_from_the_demo_sweep_file():
+    records, _, info = _committed()
+    assert set(records["run"]) == {c.run_id() for c in sweep.load_sweep(DEFAULT_SWEEP).configs}
+    assert info["runs"] == len(set(records["run"])) and info["run_seconds"] > 0 and info["target"] == claims.DEMO_TARGET
+
+
+def test_committed_claims_are_what_the_committed_records_give():
+    records, committed, info = _committed()
+    table = claims.evaluate(records, target=info["target"])
+    pd.testing.assert_frame_equal(table, committed)
+    assert set(committed["verdict"]) == {"holds"}  # the demo states only claims that hold
+    summary = sweep.summarize(records, by=["method", "stages"])
+    pd.testing.assert_frame_equal(summary, pd.read_csv(REPO / "docs" / "demo" / "summary.csv"), check_dtype=False)
+    fast = speedup.speedup_table(records, info["target"])
+    pd.testing.assert_frame_equal(fast, pd.read_csv(REPO / "docs" / "demo" / "speedup.csv"), check_dtype=False)
+
+
+def test_readme_demo_block_is_generated_from_the_committed_run():
+    block = markdown(REPO / "docs" / "demo")
+    for page in ("README.md", "docs/demo.md"):
+        text = (REPO / page).read_text()
+        begin, end = "<!-- demo-claims:begin -->\n", "<!-- demo-claims:end -->"
+        assert text[text.index(begin) + len(begin):text.index(end)] == block, page
 
 
 # ----------------------------------------------------------------------------- figures by hand
@@ -129,7 +159,7 @@ def _hand_records():
             for epoch, a in enumerate(accs, 1):
                 diverged = (method, p, seed, epoch) == ("pipemare", 8, 1, 1)
                 rows.append({"run": f"{method}-{p}-{seed}", "method": method, "stages": p, "seed": seed,
-                             "lr": 0.1, "epoch": epoch, "step": 10 * epoch, "test_acc": a,
+                             "lr": 0.1, "microbatches": 4, "epoch": epoch, "step": 10 * epoch, "test_acc": a,
                              "train_loss": math.nan if diverged else 1.0 / epoch,
                              "status": "diverged" if diverged else "ok",
                              "utilization": util[method, p], "memory_ratio_gpipe": mem[method, p]})
@@ -166,6 +196,10 @@ def test_accuracy_vs_stages_figure_numbers():
     lo, hi = band.get_paths()[0].vertices[:, 1].min(), band.get_paths()[0].vertices[:, 1].max()
     half = 12.706204736174698 * (0.1 / math.sqrt(2)) / math.sqrt(2)
     assert (lo, hi) == pytest.approx((0.75 - half, 0.75 + half))
+    # pipemare at P=8 has a diverged run: no band there (the polygon closes on the mean 0.475)
+    band = [c for c in acc_ax.collections if isinstance(c, PolyCollection)][1]
+    at8 = band.get_paths()[0].vertices
+    np.testing.assert_allclose(at8[at8[:, 0] == 8][:, 1], 0.475)
 
 
 def test_accuracy_vs_epoch_figure_marks_the_diverged_run():
@@ -179,6 +213,32 @@ def test_accuracy_vs_epoch_figure_marks_the_diverged_run():
         plots.plot_accuracy_vs_epoch(_hand_records(), 4)
     with pytest.raises(ConfigError, match="not in the sweep"):
         plots.plot_accuracy_vs_stages(_hand_records(), methods=["xpipe"])
+
+
+def test_time_to_accuracy_panel_and_figure_numbers():
+    # target 0.6: GPipe reaches it after 20 and 10 steps (mean 15), PipeMare after 20 and 20 at P = 2; at P = 8
+    # PipeMare's seed 1 diverged before it, so P = 8 has no PipeMare point. GPipe's time: 15 (N + P - 1) / N, N = 4
+    fig = plots.plot_accuracy_vs_stages(_hand_records(), target=0.6)
+    speed = {ln.get_label(): ln for ln in fig.axes[3].get_lines()}
+    np.testing.assert_allclose(speed["gpipe"].get_ydata(), [1.0, 1.0])
+    np.testing.assert_allclose(speed["pipemare"].get_xdata(), [2])
+    np.testing.assert_allclose(speed["pipemare"].get_ydata(), [15 * 5 / 4 / 20])
+    assert "0.600" in fig.axes[3].get_ylabel()
+    fig = plots.plot_accuracy_vs_time(_hand_records(), 8, target=0.6)
+    ax = fig.axes[0]
+    lines = {ln.get_label(): ln for ln in ax.get_lines()}
+    np.testing.assert_allclose(lines["gpipe"].get_xdata(), [10 * 11 / 4, 20 * 11 / 4])
+    np.testing.assert_allclose(lines["gpipe"].get_ydata(), [0.55, 0.75])
+    np.testing.assert_allclose(lines["pipemare"].get_xdata(), [10, 20])
+    np.testing.assert_allclose(lines["pipemare"].get_ydata(), [(0.3 + 0.45) / 2, 0.5])
+    np.testing.assert_allclose(lines["target 0.600"].get_ydata(), [0.6, 0.6])
+    crosses = [c for c in ax.collections if c.get_label() == "_diverged"]
+    np.testing.assert_allclose(crosses[0].get_offsets(), [[10, 0.45]])
+    table = speedup_pivot(speedup.speedup_table(_hand_records(), 0.6))
+    assert table.loc["pipemare", "P=2"] == "0.94x" and table.loc["pipemare", "P=8"] == "- (0/2)"
+    assert table.loc["gpipe", "P=8"] == "1.00x"
+    # target 0.5 at P = 8: GPipe after 10 steps (time 27.5), PipeMare's seed 0 after 20, seed 1 never
+    assert speedup_pivot(speedup.speedup_table(_hand_records(), 0.5)).loc["pipemare", "P=8"] == "1.38x (1/2)"
 
 
 @pytest.mark.parametrize("path", sorted((REPO / "experiments").glob("*.toml")), ids=lambda p: p.name)

@@ -10,9 +10,6 @@ from staleopt import docgen, methods
 REPO = Path(__file__).resolve().parents[1]
 PAGES = docgen.doc_files(REPO)
 README = REPO / "README.md"
-#: Pages other branches add (issues 10, 11, 14); links to them are allowed while they are missing.
-#: Once merged they are checked like any other page; then this set can be emptied.
-PENDING = {"docs/demo.md"}
 #: Files whose text may not name places outside the repository (this test names them on purpose).
 _OUTSIDE = re.compile(r"\.\./shared|(?<![\w.])/work/")
 
@@ -34,8 +31,6 @@ def test_relative_link_resolves(page, link):
     path, _, anchor = unquote(link).partition("#")
     target = (page.parent / path).resolve() if path else page
     assert target.is_relative_to(REPO), f"{_rel(page)} links outside the repository: {link}"
-    if _rel(target) in PENDING and not target.exists():
-        return
     assert target.exists(), f"{_rel(page)}: {link} points to a missing file"
     if anchor:
         assert target.suffix == ".md", f"{_rel(page)}: {link}: anchors only into Markdown pages"
@@ -112,8 +107,7 @@ def test_index_lists_every_page():
     index = (REPO / "docs" / "index.md").read_text()
     listed = {l.partition("#")[0] for l in docgen.links(index)}
     pages = {p.name for p in (REPO / "docs").glob("*.md")} - {"index.md"}
-    pending = {Path(p).name for p in PENDING}
-    assert pages | pending <= listed, f"docs/index.md does not list {sorted(pages | pending - listed)}"
+    assert pages <= listed, f"docs/index.md does not list {sorted(pages - listed)}"
 
 
 def test_python_requires_matches_the_code():

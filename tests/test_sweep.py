@@ -297,6 +297,12 @@ def test_results_command_prints_and_writes_csv(tmp_path, capsys):
     assert set(summary[summary.method == "pb"].status) == {"diverged"}
     assert len(pd.read_csv(tmp_path / "s" / "records.csv")) == 2 * 2 * 3 + 2 * 2 * 2  # pb stops at epoch 2
     assert main(["results", str(tmp_path / "nothing")]) == 2
+    # time to accuracy: the gpipe runs set the default target; pb's runs never reach 0.99 of anything here
+    fast = pd.read_csv(tmp_path / "s" / "speedup.csv")
+    assert "time to accuracy" in out and set(fast.method) == {"gpipe", "pb"} and (fast.runs == 2).all()
+    assert (fast[fast.method == "gpipe"].speedup.dropna() == 1.0).all()
+    assert main(["results", str(tmp_path / "s"), "--target", "2.0"]) == 0  # reached by no run
+    assert (pd.read_csv(tmp_path / "s" / "speedup.csv").reached == 0).all()
 
 
 def test_sweep_dry_run_lists_states(tmp_path, capsys):

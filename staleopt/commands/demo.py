@@ -1,24 +1,32 @@
-"""``staleopt demo``: the headline sweep on MNIST-1D, its table and the accuracy-vs-stages figure."""
+"""``staleopt demo``: the headline sweep on MNIST-1D, its tables, its claims (evaluated from the runs) and figures."""
 from __future__ import annotations
 
 import argparse
+import json
 import math
+import os
+import platform
 import time
 from pathlib import Path
 
-__all__ = ["register", "run", "DEFAULT_SWEEP", "pivot"]
+__all__ = ["register", "run", "DEFAULT_SWEEP", "pivot", "speedup_pivot", "provenance", "markdown"]
 
 #: The demo's sweep file, in the repository next to the package.
 DEFAULT_SWEEP = Path(__file__).resolve().parents[2] / "experiments" / "demo.toml"
 
 EXAMPLES = """\
-Runs experiments/demo.toml: gpipe, pipedream, 1f1b, pipemare-t1 and pipemare
-on MNIST-1D over P = 1, 2, 4, 8, 16 and the model's maximum, 2 seeds each, then
-prints the results and writes into OUT:
+Runs experiments/demo.toml: gpipe, pipedream, pipemare-stash (PipeMare Fig. 2's
+"PipeDream"), 1f1b, dataflow (uncorrected), pipemare-t1 and pipemare on MNIST-1D
+at P = 8 and the model's maximum (39), 3 seeds, 20 epochs each, then prints the
+accuracy table, the time to accuracy (speedup over GPipe in pipeline time) and
+the demo's claims evaluated from the runs, and writes into OUT:
 
-  accuracy_vs_stages.png        utilization, memory (x GPipe), accuracy vs P (PipeMare Fig. 2)
+  accuracy_vs_stages.png        utilization, memory (x GPipe), accuracy, speedup to the target vs P (PipeMare Fig. 2)
   accuracy_vs_epoch_P<max>.png  accuracy curves at the largest P (PipeMare Fig. 7/8)
+  accuracy_vs_time_P<max>.png   accuracy against pipeline time at the largest P (PipeMare Fig. 11)
   summary.csv, records.csv      per-group summary (mean, 95% CI over seeds) and every record
+  speedup.csv, claims.csv       time to accuracy per method and P; each claim, its evidence and verdict
+  run.json                      date, CPU, torch version, workers, threads, times
 
 It is a resumable sweep: run it again after an interruption and finished runs
 are kept.
@@ -26,6 +34,7 @@ are kept.
 examples:
   staleopt demo                          # runs/demo, 2 workers
   staleopt demo --out /tmp/demo --workers 4
+  staleopt demo --out /tmp/demo-2t --worker-threads 2   # other float rounding: do the claims still hold?
   staleopt demo --sweep experiments/my_sweep.toml --out runs/mine
 """
 
@@ -37,7 +46,11 @@ def register(subparsers) -> None:
     p.add_argument("--out", default="runs/demo", help="sweep directory (default runs/demo)")
     p.add_argument("--sweep", default=None, metavar="FILE", help=f"sweep file (default {DEFAULT_SWEEP.name} "
                                                                   "in the repository's experiments/)")
-    p.add_argument("--workers", type=int, default=2, help="parallel runs (default 2), one torch thread each")
+    p.add_argument("--workers", type=int, default=2, help="parallel runs (default 2)")
+    p.add_argument("--worker-threads", type=int, default=1, help="torch threads per run (default 1)")
+    p.add_argument("--target", type=float, default=None,
+                   help="accuracy of the time-to-accuracy table, figure and claims (default 0.85, "
+                        "staleopt.claims.DEMO_TARGET)")
     p.add_argument("--no-bar", action="store_true", help="no progress bar")
     p.set_defaults(func=run)
 
@@ -49,6 +62,13 @@ def _cell(mean, ci, diverged, runs):
     return text + (f" ({diverged}/{runs} div)" if diverged else "")
 
 
+def _in_order(methods):
+    """The distinct ``methods`` in :data:`staleopt.plot.sweep.METHOD_ORDER` (others after, alphabetically)."""
+    from ..plot.sweep import METHOD_ORDER
+    return sorted(dict.fromkeys(methods), key=lambda m: (METHOD_ORDER.index(m) if m in METHOD_ORDER
+                                                         else len(METHOD_ORDER), m))
+
+
 def pivot(summary, value: str = "best_acc"):
     """Methods x stages table of ``value`` (mean ± CI over seeds), diverged runs counted in each cell.
 
@@ -56,11 +76,9 @@ def pivot(summary, value: str = "best_acc"):
     :data:`staleopt.plot.sweep.METHOD_ORDER`.
     """
     import pandas as pd
-    from ..plot.sweep import METHOD_ORDER
     cells = {(r.method, int(r.stages)): _cell(getattr(r, value), getattr(r, value + "_ci"), r.diverged, r.runs)
              for r in summary.itertuples()}
-    methods = sorted(dict.fromkeys(summary["method"]),
-                     key=lambda m: (METHOD_ORDER.index(m) if m in METHOD_ORDER else len(METHOD_ORDER), m))
+    methods = _in_order(summary["method"])
     stages = sorted({s for _, s in cells})
     table = pd.DataFrame([[cells.get((m, s), "") for s in stages] for m in methods], index=methods,
                          columns=[f"P={s}" for s in stages])
@@ -68,8 +86,54 @@ def pivot(summary, value: str = "best_acc"):
     return table
 
 
+def speedup_pivot(table):
+    """Methods x stages table of :func:`staleopt.speedup.speedup_table`'s speedup over GPipe.
+
+    A cell is ``"3.93x"`` when every run reached the target, ``"2.10x (2/3)"``
+    when only some did (mean over those), ``"- (0/3)"`` when none did.
+    """
+    import pandas as pd
+
+    def cell(r):
+        if r.reached == 0:
+            return f"- (0/{r.runs})"
+        text = f"{r.speedup:.2f}x" if math.isfinite(r.speedup) else "-"
+        return text + ("" if r.reached == r.runs else f" ({r.reached}/{r.runs})")
+    cells = {(r.method, int(r.stages)): cell(r) for r in table.itertuples()}
+    methods = _in_order(table["method"])
+    stages = sorted({s for _, s in cells})
+    out = pd.DataFrame([[cells.get((m, s), "") for s in stages] for m in methods], index=methods,
+                       columns=[f"P={s}" for s in stages])
+    out.index.name = "method"
+    return out
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def provenance(seconds: float, report, run_dirs, workers: int, threads: int, target) -> dict:
+    """Where and how a demo run happened: date, CPU, cores, torch version, workers, threads, target, times.
+
+    ``seconds``: this launch, wall clock; ``run_seconds``: the sum of every run's own
+    training time (from the runs' ``done`` files, whichever launch trained them).
+    """
+    import torch
+    run_seconds = sum(json.loads((Path(d) / "done").read_text())["seconds"] for d in run_dirs)
+    return {"date": time.strftime("%Y-%m-%d", time.gmtime()), "cpu": _cpu_name(), "cores": os.cpu_count(),
+            "torch": torch.__version__.split("+")[0], "workers": workers, "worker_threads": threads,
+            "target": target, "runs": report.total, "runs_trained_now": len(report.finished),
+            "seconds": round(seconds), "run_seconds": round(run_seconds)}
+
+
 def run(args) -> int:
-    from .. import sweep
+    from .. import claims, speedup, sweep
     from ..errors import ConfigError
     from ..plot import sweep as plots
 
@@ -77,12 +141,12 @@ def run(args) -> int:
     if not path.is_file():
         raise ConfigError(f"demo sweep file {path} not found: run from a checkout of the repository "
                           "(experiments/demo.toml) or pass --sweep FILE")
-    if args.workers < 1:
-        raise ConfigError(f"--workers must be >= 1, got {args.workers}")
+    if args.workers < 1 or args.worker_threads < 1:
+        raise ConfigError(f"--workers and --worker-threads must be >= 1, got {args.workers} and {args.worker_threads}")
     spec = sweep.load_sweep(path)
     out = Path(args.out)
     t0 = time.perf_counter()
-    report = sweep.run_sweep(spec, out, workers=args.workers, threads=1, bar=not args.no_bar)
+    report = sweep.run_sweep(spec, out, workers=args.workers, threads=args.worker_threads, bar=not args.no_bar)
     elapsed = time.perf_counter() - t0
     ids = {c.run_id() for c in spec.configs}
     records = sweep.collect(out)
@@ -94,19 +158,70 @@ def run(args) -> int:
     summary.to_csv(out / "summary.csv", index=False)
     hw = records.groupby(["method", "stages"], sort=False)[["utilization", "memory_ratio_gpipe"]].first()
     largest = int(summary["stages"].max())
+    target = claims.DEMO_TARGET if args.target is None else args.target
 
     print(f"\n{spec.name or path.stem}: {report.total} runs ({len(report.skipped)} already done, "
           f"{len(report.finished)} run now, {len(report.failed)} failed) in {elapsed:.0f} s "
-          f"with {args.workers} worker(s)")
+          f"with {args.workers} worker(s) x {args.worker_threads} thread(s)")
     print("\nbest test accuracy over epochs (mean ± 95% CI over seeds; 'div' = runs that diverged):")
-    print(pivot(summary).to_string())
+    table = pivot(summary)
+    print(table.to_string())
     print(f"\npipeline utilization and weight+optimizer memory (x GPipe) at P = {largest}:")
     at = hw.xs(largest, level="stages") if largest in hw.index.get_level_values("stages") else hw
-    print(at.loc[[m for m in pivot(summary).index if m in at.index]].to_string(float_format=lambda v: f"{v:.3f}"))
-    figure = plots.save(plots.plot_accuracy_vs_stages(records, title=spec.description or None),
-                        out / "accuracy_vs_stages.png")
-    curves = plots.save(plots.plot_accuracy_vs_epoch(records, largest), out / f"accuracy_vs_epoch_P{largest}.png")
-    print(f"\nwrote {figure}, {curves}, {out / 'summary.csv'}, {out / 'records.csv'}")
+    print(at.loc[[m for m in table.index if m in at.index]].to_string(float_format=lambda v: f"{v:.3f}"))
+    written = [out / "summary.csv", out / "records.csv"]
+    fast = speedup.speedup_table(records, target)
+    fast.to_csv(out / "speedup.csv", index=False)
+    written.append(out / "speedup.csv")
+    print(f"\ntime to accuracy {target:.3f}: speedup over GPipe at the same P (pipeline time = steps to the "
+          "target / utilization; (k/n): only k of n seeds reached it):")
+    print(speedup_pivot(fast).to_string())
+    verdicts = claims.evaluate(records, target=target)
+    verdicts.to_csv(out / "claims.csv", index=False)
+    written.append(out / "claims.csv")
+    print("\nclaims (evaluated from these runs):")
+    print(verdicts.to_string(index=False, max_colwidth=120))
+    info = provenance(elapsed, report, [out / 'runs' / r for r in sorted(set(records['run']))], args.workers,
+                      args.worker_threads, target)
+    (out / "run.json").write_text(json.dumps(info, indent=2) + "\n")
+    figures = [plots.save(plots.plot_accuracy_vs_stages(records, title=spec.description or None, target=target),
+                          out / "accuracy_vs_stages.png"),
+               plots.save(plots.plot_accuracy_vs_epoch(records, largest), out / f"accuracy_vs_epoch_P{largest}.png"),
+               plots.save(plots.plot_accuracy_vs_time(records, largest, target=target),
+                          out / f"accuracy_vs_time_P{largest}.png")]
+    print(f"\nwrote {', '.join(map(str, figures + written + [out / 'run.json']))}")
     for run_id in report.failed:
         print(f"failed: {out / 'runs' / run_id / 'error.txt'}")
     return 0 if report.ok else 1
+
+
+def markdown(directory) -> str:
+    """The README's demo block from a demo's output files (``summary.csv``, ``speedup.csv``, ``claims.csv``,
+    ``run.json``; the committed copies are in docs/demo/): accuracy table, time to accuracy, claims."""
+    import pandas as pd
+    from .. import claims
+    directory = Path(directory)
+    summary = pd.read_csv(directory / "summary.csv")
+    info = json.loads((directory / "run.json").read_text())
+    fast = pd.read_csv(directory / "speedup.csv")
+    verdicts = pd.read_csv(directory / "claims.csv")
+    seeds = int(summary["runs"].max())
+    took = (f"{info['seconds'] / 60:.1f} minutes" if info["runs_trained_now"] == info["runs"] else
+            f"{info['runs']} runs trained over several launches")
+    lines = [f"Best test accuracy over epochs, mean ± 95% CI over {seeds} seeds (`div`: runs that diverged); "
+             f"`staleopt demo` on {info['date']}, {info['cores']} cores ({info['cpu']}), torch {info['torch']}, "
+             f"{info['workers']} workers x {info['worker_threads']} thread, {took}. The last digits "
+             "depend on the CPU (float rounding); docs/demo.md says how long the demo takes and which claims "
+             "were checked on seeds and a thread count the demo does not use.", ""]
+    table = pivot(summary)
+    lines.append("| method | " + " | ".join(table.columns) + " |")
+    lines.append("| --- |" + " --- |" * len(table.columns))
+    lines += [f"| {m} | " + " | ".join(row) + " |" for m, row in zip(table.index, table.values.tolist())]
+    sp = speedup_pivot(fast)
+    lines += ["", f"Time to accuracy {info['target']:.3f}: speedup over GPipe at the same `P` in simulated pipeline time, steps to the target / pipeline "
+              "utilization (`(k/n)`: only k of n seeds reached it):", "",
+              "| method | " + " | ".join(sp.columns) + " |", "| --- |" + " --- |" * len(sp.columns)]
+    lines += [f"| {m} | " + " | ".join(row) + " |" for m, row in zip(sp.index, sp.values.tolist())]
+    lines += ["", "Claims, evaluated from the run (`staleopt demo` prints them and writes `claims.csv`):", "",
+              claims.format_table(verdicts), ""]
+    return "\n".join(lines)

@@ -1,4 +1,5 @@
-"""``staleopt plot``: accuracy, utilization and memory against stages (PipeMare Fig. 2), or accuracy curves."""
+"""``staleopt plot``: accuracy, utilization, memory and time to accuracy against stages (PipeMare Fig. 2), or
+accuracy against epochs or pipeline time at one stage count."""
 from __future__ import annotations
 
 import argparse
@@ -11,12 +12,17 @@ examples:
   staleopt plot runs/demo --out runs/demo/accuracy_vs_stages.png
   staleopt plot runs/demo --out fig.pdf --metric final_acc --methods gpipe,pipemare
   staleopt plot runs/demo --curves --stages 16 --out runs/demo/curves_P16.png
+  staleopt plot runs/demo --time --stages 39 --target 0.95   # accuracy against pipeline time
 
 Default figure (PipeMare Figure 2 layout): three panels against the number of
 stages, one line per method: pipeline utilization, weight + optimizer memory
 relative to GPipe, and test accuracy (best over epochs, mean over seeds with
-a confidence band). Diverged runs are drawn as x, never dropped.
---curves draws test accuracy against epochs at one stage count (Fig. 7/8).
+a confidence band), and, when the sweep has GPipe runs, each method's speedup
+to a target accuracy over GPipe in pipeline time (steps to the target divided
+by the pipeline utilization; PipeMare Table 2). Diverged runs are drawn as x,
+never dropped.
+--curves draws test accuracy against epochs at one stage count (Fig. 7/8);
+--time draws it against simulated pipeline time (Fig. 11).
 """
 
 
@@ -27,9 +33,14 @@ def register(subparsers) -> None:
     p.add_argument("sweep_dir", metavar="SWEEP_DIR", help="the --out directory of `staleopt sweep`")
     p.add_argument("--out", default=None,
                    help="image path, format from the suffix (default SWEEP_DIR/accuracy_vs_stages.png, "
-                        "or SWEEP_DIR/accuracy_vs_epoch_P<stages>.png with --curves)")
+                        "SWEEP_DIR/accuracy_vs_epoch_P<stages>.png with --curves, "
+                        "SWEEP_DIR/accuracy_vs_time_P<stages>.png with --time)")
     p.add_argument("--curves", action="store_true", help="test accuracy against epochs at --stages")
-    p.add_argument("--stages", type=int, default=None, help="stage count P of the --curves plot")
+    p.add_argument("--time", action="store_true", help="test accuracy against pipeline time at --stages")
+    p.add_argument("--target", type=float, default=None,
+                   help="target accuracy of the time-to-accuracy panel and line (default: GPipe's mean best "
+                        "accuracy minus 0.01)")
+    p.add_argument("--stages", type=int, default=None, help="stage count P of the --curves or --time plot")
     p.add_argument("--metric", choices=("best_acc", "final_acc"), default="best_acc",
                    help="accuracy shown against stages (default best_acc: the best over epochs)")
     p.add_argument("--methods", default=None, help="comma-separated methods to draw (default: all in the sweep)")
@@ -48,17 +59,26 @@ def run(args) -> int:
         raise ConfigError(f"{sweep_dir} is not a sweep directory (no runs/ inside); pass the --out directory "
                           "of `staleopt sweep` or `staleopt demo`")
     methods = args.methods.split(",") if args.methods else None
-    if args.curves:
+    if args.curves and args.time:
+        raise ConfigError("--curves and --time are two different figures; pass one of them")
+    if args.curves or args.time:
         if args.stages is None:
-            raise ConfigError("--curves needs --stages P (one of the sweep's stage counts)")
-        fig = plots.plot_accuracy_vs_epoch(sweep_dir, args.stages, level=args.level, methods=methods,
-                                           title=args.title)
-        out = args.out or sweep_dir / f"accuracy_vs_epoch_P{args.stages}.png"
+            raise ConfigError(f"--{'curves' if args.curves else 'time'} needs --stages P (one of the sweep's "
+                              "stage counts)")
+        if args.curves:
+            fig = plots.plot_accuracy_vs_epoch(sweep_dir, args.stages, level=args.level, methods=methods,
+                                               title=args.title)
+            out = args.out or sweep_dir / f"accuracy_vs_epoch_P{args.stages}.png"
+        else:
+            fig = plots.plot_accuracy_vs_time(sweep_dir, args.stages, target=args.target, level=args.level,
+                                              methods=methods, title=args.title)
+            out = args.out or sweep_dir / f"accuracy_vs_time_P{args.stages}.png"
     else:
         if args.stages is not None:
-            raise ConfigError("--stages selects the stage count of --curves; the default figure shows all stages")
+            raise ConfigError("--stages selects the stage count of --curves or --time; the default figure shows "
+                              "all stages")
         fig = plots.plot_accuracy_vs_stages(sweep_dir, metric=args.metric, level=args.level, methods=methods,
-                                            title=args.title)
+                                            title=args.title, target=args.target)
         out = args.out or sweep_dir / "accuracy_vs_stages.png"
     print(f"wrote {plots.save(fig, out, dpi=args.dpi)}")
     return 0

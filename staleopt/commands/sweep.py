@@ -43,6 +43,12 @@ examples:
   staleopt results runs/demo --by method,stages   # group by these keys only (others pooled)
   staleopt results runs/demo --level 0.9          # 90% confidence intervals
   staleopt results runs/demo --partial            # also the runs in flight, up to their last epoch
+  staleopt results runs/demo --target 0.95        # time to accuracy 0.95: speedup over GPipe per method and P
+
+When the sweep has GPipe runs (or --target is given) it also prints the time to
+a target accuracy: the steps each run needed to reach it (first epoch at the
+target) divided by the method's pipeline utilization, and the speedup over
+GPipe at the same stage count (PipeMare Table 2); written to SWEEP_DIR/speedup.csv.
 """
 
 
@@ -90,6 +96,9 @@ def register(subparsers) -> None:
     r.add_argument("--level", type=float, default=0.95, help="confidence level (default 0.95)")
     r.add_argument("--csv", default=None, help="summary CSV path (default SWEEP_DIR/summary.csv)")
     r.add_argument("--records", default=None, help="all records CSV path (default SWEEP_DIR/records.csv)")
+    r.add_argument("--target", type=float, default=None,
+                   help="target accuracy of the time-to-accuracy table (default: GPipe's mean best accuracy "
+                        "minus 0.01, when the sweep has GPipe runs)")
     r.add_argument("--partial", action="store_true",
                    help="include runs in flight or interrupted, up to their last recorded epoch")
     r.set_defaults(func=run_results_command)
@@ -158,7 +167,8 @@ def _fmt(mean, ci):
 
 
 def run_results_command(args) -> int:
-    from .. import sweep
+    from .. import speedup, sweep
+    from ..config import field_names
     from ..errors import ConfigError
 
     sweep_dir = Path(args.sweep_dir)
@@ -183,5 +193,17 @@ def run_results_command(args) -> int:
     print(f"\n{sum(states.values())} runs: " + ", ".join(f"{n} {s}" for s, n in sorted(states.items())))
     if args.partial and set(states) - {"done"}:
         print("--partial: runs not done count with their last recorded epoch as the final one")
-    print(f"wrote {args.csv or sweep_dir / 'summary.csv'} and {args.records or sweep_dir / 'records.csv'}")
+    written = [args.csv or sweep_dir / "summary.csv", args.records or sweep_dir / "records.csv"]
+    target = args.target
+    if target is None and "gpipe" in set(records["method"]):
+        target = speedup.default_target(records)
+    if target is not None:
+        keys = [k for k in summary.columns if k in field_names() and k != "method"]
+        fast = speedup.speedup_table(records, target, keys=["method", *keys])
+        fast.to_csv(sweep_dir / "speedup.csv", index=False)
+        written.append(sweep_dir / "speedup.csv")
+        print(f"\ntime to accuracy {target:.4g} (pipeline time = steps to the target / utilization; speedup over "
+              "gpipe at the same configuration; mean over the runs that reached it):")
+        print(fast.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+    print(f"wrote {', '.join(map(str, written))}")
     return 0

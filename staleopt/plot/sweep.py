@@ -9,11 +9,19 @@ varies, seeds pooled); each method keeps its color across panels and figures.
   ``P`` (PipeMare Fig. 2, 3): pipeline utilization, weight + optimizer memory
   relative to GPipe, and test accuracy (by default the best over epochs, as
   PipeMare App. C reports it) as the mean over seeds with a Student-t
-  confidence band (:func:`staleopt.sweep.t_interval`). Diverged runs stay in
-  the mean and are also drawn as ``x`` markers at their own value.
+  confidence band (:func:`staleopt.stats.t_interval`). Diverged runs stay in
+  the mean and are also drawn as ``x`` markers at their own value; a point
+  with a diverged run has no band (its interval would span the plot).
+  A fourth panel gives the time-to-accuracy view (PipeMare §4, Table 2):
+  each method's speedup to a target accuracy over GPipe at the same ``P``
+  (:func:`staleopt.speedup.speedup_table`), drawn where every seed reached it.
 * :func:`plot_accuracy_vs_epoch`: test accuracy against epochs at one ``P``
   (PipeMare Fig. 7, 8), mean over seeds with its band; a diverged run's last
   epoch is marked ``x``.
+* :func:`plot_accuracy_vs_time`: test accuracy against simulated pipeline time
+  at one ``P`` (PipeMare Fig. 11, "normalized time"): each epoch at
+  ``T(step) = step / utilization`` (:func:`staleopt.speedup.with_pipeline_time`),
+  with the target accuracy as a dashed line.
 """
 from __future__ import annotations
 
@@ -23,9 +31,11 @@ from typing import List, Optional, Sequence, Tuple, Union
 import numpy as np
 import pandas as pd
 
+from .. import speedup, stats
 from ..errors import ConfigError
 
-__all__ = ["METHOD_ORDER", "per_run", "line_keys", "plot_accuracy_vs_stages", "plot_accuracy_vs_epoch", "save"]
+__all__ = ["METHOD_ORDER", "per_run", "line_keys", "plot_accuracy_vs_stages", "plot_accuracy_vs_epoch",
+           "plot_accuracy_vs_time", "save"]
 
 #: Legend order of the papers' methods (others follow alphabetically).
 METHOD_ORDER = ("gpipe", "pipedream-flush", "pipedream", "pipedream-vs", "pipedream-2bw", "pipemare-stash",
@@ -54,19 +64,14 @@ def line_keys(records: pd.DataFrame) -> List[str]:
     return ["method"] + varying
 
 
-def per_run(source) -> pd.DataFrame:
-    """One row per run: its line keys, ``stages``, ``seed``, ``best_acc``, ``final_acc``, ``epochs_run``,
-    ``diverged`` (bool) and the hardware columns (constant within a run)."""
+def per_run(source, target: Optional[float] = None) -> pd.DataFrame:
+    """One row per run (:func:`staleopt.stats.per_run`): its line keys, ``stages``, ``seed``, ``best_acc``,
+    ``final_acc``, ``epochs_run``, ``diverged`` (bool), the hardware columns (constant within a run) and,
+    given ``target``, ``steps_to_target``."""
     records = _records(source)
-    keys = line_keys(records)
-    rows = []
-    for _, r in records.sort_values(["run", "epoch"]).groupby("run", sort=False):
-        last = r.iloc[-1]
-        rows.append({**{k: last[k] for k in keys}, "stages": int(last["stages"]), "seed": last["seed"],
-                     "best_acc": r["test_acc"].max(), "final_acc": last["test_acc"], "epochs_run": len(r),
-                     "diverged": last["status"] == "diverged", "utilization": last["utilization"],
-                     "memory_ratio_gpipe": last["memory_ratio_gpipe"]})
-    return pd.DataFrame(rows)
+    table = stats.per_run(records, [*line_keys(records), "stages"], target=target)
+    table["stages"] = table["stages"].astype(int)
+    return table
 
 
 def _order(labels) -> List:
@@ -95,12 +100,13 @@ def _lines(table: pd.DataFrame, keys: Sequence[str], methods: Optional[Sequence[
     return out
 
 
-def _band(ax, x, values_by_x, style, label, level, markersize=4):
-    """Mean line of each ``x``'s values with its Student-t band (none where fewer than 2 values)."""
-    from ..sweep import t_interval
-    stats = [t_interval(v, level) for v in values_by_x]
-    mean = np.array([s[0] for s in stats])
-    half = np.array([0.0 if np.isnan(s[1]) else s[1] for s in stats])
+def _band(ax, x, values_by_x, style, label, level, markersize=4, banded=None):
+    """Mean line of each ``x``'s values with its Student-t band (none where fewer than 2 values, or where
+    ``banded`` is false: a group with a diverged run, whose interval would only say that runs differ)."""
+    intervals = [stats.t_interval(v, level) for v in values_by_x]
+    mean = np.array([s[0] for s in intervals])
+    half = np.array([0.0 if np.isnan(s[1]) or (banded is not None and not banded[i]) else s[1]
+                     for i, s in enumerate(intervals)])
     ax.plot(x, mean, ms=markersize, lw=1.5, label=label, **style)
     if np.any(half > 0):
         ax.fill_between(x, mean - half, mean + half, color=style["color"], alpha=0.1, lw=0)
@@ -131,12 +137,16 @@ def _stage_axis(ax, stages):
 
 def plot_accuracy_vs_stages(source, metric: str = "best_acc", level: float = 0.95,
                             methods: Optional[Sequence[str]] = None, title: Optional[str] = None,
-                            figsize: Tuple[float, float] = (13.0, 3.8)):
-    """PipeMare Fig. 2 layout: utilization, memory (x GPipe) and ``metric`` against ``P``, one line per method.
+                            target: Optional[float] = None, figsize: Optional[Tuple[float, float]] = None):
+    """PipeMare Fig. 2 layout: utilization, memory (x GPipe) and ``metric`` against ``P``, one line per method,
+    and, when the sweep has GPipe runs, the speedup to ``target`` accuracy over GPipe.
 
     ``metric``: ``"best_acc"`` (max over epochs) or ``"final_acc"`` (last
     epoch); the band is the ``level`` Student-t interval over seeds. Each
     diverged run is also an ``x`` at its own value; nothing is dropped.
+    ``target``: default :func:`staleopt.speedup.default_target` (GPipe's mean
+    best accuracy minus 0.01); a point of the speedup panel is drawn only where
+    every seed of the method and of GPipe reached it.
     """
     from matplotlib.figure import Figure
     if metric not in _METRICS:
@@ -144,8 +154,13 @@ def plot_accuracy_vs_stages(source, metric: str = "best_acc", level: float = 0.9
     records = _records(source)
     table, keys = per_run(records), line_keys(records)
     stages = sorted(table["stages"].unique())
-    fig = Figure(figsize=figsize, layout="constrained")
-    axes = fig.subplots(1, 3)
+    timed = "gpipe" in set(records["method"]) and "microbatches" in records.columns
+    if timed:
+        target = speedup.default_target(records) if target is None else target
+        fast = speedup.speedup_table(records, target, keys=[*keys, "stages"])
+        fast = fast[(fast["reached"] == fast["runs"]) & fast["speedup"].notna()]
+    fig = Figure(figsize=figsize or ((17.0 if timed else 13.0), 3.8), layout="constrained")
+    axes = fig.subplots(1, 4 if timed else 3)
     diverged = False
     for label, style, rows in _lines(table, keys, methods):
         by_p = [rows[rows["stages"] == p] for p in stages]
@@ -153,13 +168,21 @@ def plot_accuracy_vs_stages(source, metric: str = "best_acc", level: float = 0.9
         by_p = [r for r in by_p if len(r)]
         axes[0].plot(xs, [r["utilization"].mean() for r in by_p], ms=4, label=label, **style)
         axes[1].plot(xs, [r["memory_ratio_gpipe"].mean() for r in by_p], ms=4, label=label, **style)
-        _band(axes[2], xs, [r[metric] for r in by_p], style, label, level)
+        _band(axes[2], xs, [r[metric] for r in by_p], style, label, level,
+              banded=[not r["diverged"].any() for r in by_p])
         ok = rows[~rows["diverged"]]
         axes[2].scatter(ok["stages"], ok[metric], s=8, color=style["color"], alpha=0.5, lw=0, label="_seed")
         bad = rows[rows["diverged"]]
         if len(bad):
             _mark_diverged(axes[2], bad["stages"], bad[metric], style["color"])
             diverged = True
+        if timed:
+            mine = fast.merge(rows[keys].drop_duplicates(), on=keys).sort_values("stages")
+            axes[3].plot(mine["stages"], mine["speedup"], ms=4, label=label, **style)
+    if timed:
+        axes[3].set_yscale("log", base=2)
+        axes[3].set_ylabel(f"speedup to accuracy {target:.3f} (x GPipe)")
+        axes[3].set_title("time to accuracy (pipeline time)", fontsize=10)
     for ax in axes:
         _stage_axis(ax, stages)
     axes[0].set_ylabel("pipeline utilization")
@@ -207,6 +230,53 @@ def plot_accuracy_vs_epoch(source, stages: int, level: float = 0.95, methods: Op
     ax.set_xlabel("epoch")
     ax.set_ylabel(f"test accuracy (mean, {level:.0%} CI)")
     ax.set_title(title or f"P = {stages}", fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.set_ylim(0.0, 1.0)
+    ax.legend(*_legend(ax, diverged), fontsize=8, frameon=False)
+    return fig
+
+
+def plot_accuracy_vs_time(source, stages: int, target: Optional[float] = None, level: float = 0.95,
+                          methods: Optional[Sequence[str]] = None, title: Optional[str] = None,
+                          figsize: Tuple[float, float] = (6.5, 4.0)):
+    """Test accuracy against simulated pipeline time at ``P = stages`` (PipeMare Fig. 11), mean over seeds.
+
+    Each epoch sits at the seeds' mean ``T(step)`` (fully utilized minibatch
+    times, :func:`staleopt.speedup.with_pipeline_time`): GPipe's points are
+    ``(N + P - 1) / N`` times further right than an asynchronous method's. The
+    dashed line is ``target`` (default: GPipe's mean best accuracy minus 0.01,
+    when the sweep has GPipe runs); a diverged run's last epoch is marked ``x``.
+    """
+    from matplotlib.figure import Figure
+    records = _records(source)
+    available = sorted(int(p) for p in records["stages"].unique())
+    if int(stages) not in available:
+        raise ConfigError(f"the sweep has no runs with stages={stages}; it has stages {available}")
+    if target is None and "gpipe" in set(records["method"]):
+        target = speedup.default_target(records)
+    at = speedup.with_pipeline_time(records[records["stages"].astype(int) == int(stages)])
+    keys = line_keys(records)
+    fig = Figure(figsize=figsize, layout="constrained")
+    ax = fig.add_subplot()
+    diverged = False
+    runs_table = at.groupby("run", sort=False).first().reset_index()
+    for label, style, rows in _lines(runs_table, keys, methods):
+        mine = at[at["run"].isin(rows["run"])]
+        epochs = sorted(mine["epoch"].unique())
+        times = [mine.loc[mine["epoch"] == e, "pipeline_time"].mean() for e in epochs]
+        _band(ax, times, [mine.loc[mine["epoch"] == e, "test_acc"] for e in epochs], style, label, level,
+              markersize=3)
+        ends = mine.sort_values("epoch").groupby("run").tail(1)
+        bad = ends[ends["status"] == "diverged"]
+        if len(bad):
+            _mark_diverged(ax, bad["pipeline_time"], bad["test_acc"], style["color"])
+            diverged = True
+    if target is not None:
+        ax.axhline(target, color="0.4", lw=1, ls="--", label=f"target {target:.3f}")
+    ax.set_xscale("log")
+    ax.set_xlabel("pipeline time (minibatches of a fully utilized pipeline)")
+    ax.set_ylabel(f"test accuracy (mean, {level:.0%} CI)")
+    ax.set_title(title or f"time to accuracy, P = {stages}", fontsize=10)
     ax.grid(alpha=0.3)
     ax.set_ylim(0.0, 1.0)
     ax.legend(*_legend(ax, diverged), fontsize=8, frameon=False)

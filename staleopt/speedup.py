@@ -1,0 +1,166 @@
+"""Time to accuracy: measured steps to a target accuracy, priced by the analytic pipeline utilization.
+
+PipeMare compares methods by the time a pipeline needs to reach a target
+accuracy (§4, Table 2: targets 94.0 on CIFAR10, 75.5 on ImageNet; Fig. 11,
+"normalized time"), not by accuracy alone. Throughput is proportional to
+pipeline utilization (§2), so ``n`` optimizer steps take
+
+    T(n) = n / Util          (minibatch times of a fully utilized pipeline)
+
+with ``Util = N / (N + P - 1)`` for GPipe and 1 for the asynchronous methods
+(:func:`staleopt.hardware.time_to_accuracy`; phased methods, PipeMareW and the
+hybrid, amortize their phases over the first ``n`` steps). The steps come from
+the run (:func:`staleopt.stats.steps_to_target`: the first epoch whose test
+accuracy reaches the target), the utilization from the hardware model: the
+simulator does not time the pipeline, it prices the steps it ran.
+
+* :func:`with_pipeline_time`: each record's ``pipeline_time = T(step)``, the
+  x-axis of accuracy against time;
+* :func:`time_to_target`: per run, ``steps_to_target`` and ``time_to_target``;
+* :func:`speedup_table`: per method and ``P``, the runs that reached the
+  target, their mean steps and time, and the speedup
+  ``T_baseline / T_method`` against GPipe at the same ``P`` (same target).
+"""
+from __future__ import annotations
+
+import json
+import math
+from typing import Dict, Optional, Sequence
+
+import pandas as pd
+
+from . import methods, stats
+from .config import RunConfig, field_names
+from .corrections import Hybrid, Warmup
+from .errors import ConfigError
+from .hardware import time_to_accuracy
+from .train import method_args
+
+__all__ = ["DEFAULT_MARGIN", "pipeline_time", "with_pipeline_time", "default_target", "time_to_target",
+           "speedup_table"]
+
+#: Default target: the baseline's mean best accuracy minus this (PipeMare Table 2: 94.0 against GPipe's 95.0).
+DEFAULT_MARGIN = 0.01
+#: Int config fields that a CSV round trip may turn into floats (a column with NaN).
+_INT_FIELDS = ("stages", "microbatches", "epochs", "batch_size", "seed", "anneal_steps", "warmup_steps",
+               "pipelined_steps", "max_steps")
+_NEEDED = ("run", "method", "stages", "microbatches", "epoch", "step", "test_acc", "status")
+
+
+def _check(records: pd.DataFrame) -> None:
+    missing = [c for c in _NEEDED if c not in records.columns]
+    if missing:
+        raise ConfigError(f"records lack the columns {missing} that time to accuracy needs; pass the records of "
+                          "staleopt.sweep.collect (config keys and per-epoch records)")
+
+
+def _config(row) -> RunConfig:
+    """The run's :class:`~staleopt.config.RunConfig` from a record row (JSON cells back to dicts, NaN to None)."""
+    values = {}
+    for k in field_names():
+        v = row.get(k)
+        if isinstance(v, str) and v[:1] in "[{":
+            v = json.loads(v)
+        elif isinstance(v, float) and math.isnan(v):
+            v = None
+        elif hasattr(v, "item"):
+            v = v.item()
+        if v is not None:
+            values[k] = int(v) if k in _INT_FIELDS and isinstance(v, float) else v
+    return RunConfig.from_dict(values)
+
+
+def _phases(run_records: pd.DataFrame) -> Dict[str, float]:
+    """PipeMareW's ``warmup_steps`` / the hybrid's ``pipelined_steps`` of a run ({} for other methods).
+
+    The lengths are :func:`staleopt.train.method_args` of the run's config, with the
+    steps per epoch read from the records (``step / epoch`` of the first full epoch).
+    """
+    method = str(run_records["method"].iloc[0])
+    corrections = methods.resolve(method)[1] if method in methods.names() else []
+    if not any(isinstance(c, (Warmup, Hybrid)) for c in corrections):
+        return {}
+    first = run_records.sort_values("epoch").iloc[0]
+    cfg = _config(first)
+    steps_per_epoch = math.ceil(float(first["step"]) / float(first["epoch"]))
+    args = method_args(cfg, steps_per_epoch * cfg.batch_size)
+    return {k: float(args[k]) for k in ("warmup_steps", "pipelined_steps") if k in args}
+
+
+def pipeline_time(steps: float, method: str, stages: int, microbatches: int,
+                  phases: Optional[Dict[str, float]] = None) -> float:
+    """``T(steps)``: pipeline time of the first ``steps`` optimizer steps, in fully utilized minibatch times.
+
+    :func:`staleopt.hardware.time_to_accuracy` with the phases cut at ``steps``
+    (a warmup longer than ``steps`` covers all of them). NaN ``steps`` give NaN.
+    """
+    if not math.isfinite(steps):
+        return math.nan
+    cut = {k: min(v, steps) for k, v in (phases or {}).items()}
+    return time_to_accuracy(float(steps), method, int(stages), int(microbatches), **cut)
+
+
+def with_pipeline_time(records: pd.DataFrame) -> pd.DataFrame:
+    """A copy of ``records`` with ``pipeline_time``: ``T(step)`` of each record (:func:`pipeline_time`)."""
+    _check(records)
+    out = records.copy()
+    out["pipeline_time"] = math.nan
+    for _, r in records.groupby("run", sort=False):
+        first = r.iloc[0]
+        phases = _phases(r)
+        out.loc[r.index, "pipeline_time"] = [
+            pipeline_time(float(s), first["method"], first["stages"], first["microbatches"], phases)
+            for s in r["step"]]
+    return out
+
+
+def default_target(records: pd.DataFrame, baseline: str = "gpipe", margin: float = DEFAULT_MARGIN) -> float:
+    """``baseline``'s mean best test accuracy over its runs minus ``margin`` (PipeMare Table 2's targets
+    sit about a point below synchronous training)."""
+    _check(records)
+    base = records[records["method"] == baseline]
+    if base.empty:
+        raise ConfigError(f"no {baseline!r} runs to set the target from; pass a target accuracy "
+                          f"(--target) or a baseline the sweep has: {sorted(set(records['method']))}")
+    return float(base.groupby("run")["test_acc"].max().mean()) - margin
+
+
+def time_to_target(records: pd.DataFrame, target: float, keys: Sequence[str] = ("method", "stages")) -> pd.DataFrame:
+    """Per run: ``keys``, ``seed``, ``best_acc``, ``diverged``, ``steps_to_target`` and ``time_to_target``
+    (``T(steps_to_target)``; NaN where the run never reached ``target``)."""
+    _check(records)
+    keys = list(dict.fromkeys([*keys, "method", "stages", "microbatches"]))
+    table = stats.per_run(records, keys, target=target)
+    times = []
+    for row in table.itertuples():
+        r = records[records["run"] == row.run]
+        times.append(pipeline_time(row.steps_to_target, row.method, row.stages, row.microbatches, _phases(r)))
+    table["time_to_target"] = times
+    return table
+
+
+def speedup_table(records: pd.DataFrame, target: float, baseline: str = "gpipe",
+                  keys: Sequence[str] = ("method", "stages")) -> pd.DataFrame:
+    """Per group of ``keys``: ``runs``, ``reached`` (runs that reached ``target``), the mean
+    ``steps_to_target`` and ``time_to_target`` over those, and ``speedup`` =
+    baseline's mean time / this group's at the same ``P`` (NaN where either never reached it).
+
+    A group where only some runs reached the target has its mean over those and
+    ``reached < runs``: read the speedup with that count.
+    """
+    table = time_to_target(records, target, keys)
+    rows = []
+    for key, g in table.groupby(list(keys), sort=False):
+        key = key if isinstance(key, tuple) else (key,)
+        hit = g[g["steps_to_target"].notna()]
+        rows.append({**dict(zip(keys, key)), "runs": len(g), "reached": len(hit),
+                     "diverged": int(g["diverged"].sum()),
+                     "steps_to_target": hit["steps_to_target"].mean() if len(hit) else math.nan,
+                     "time_to_target": hit["time_to_target"].mean() if len(hit) else math.nan})
+    out = pd.DataFrame(rows)
+    same = [k for k in keys if k != "method"]  # the baseline is matched on every key but the method
+    base = {tuple(r[same]): r["time_to_target"] for _, r in out[out["method"] == baseline].iterrows()}
+    out["speedup"] = [base.get(tuple(r[same]), math.nan) / r["time_to_target"] if r["time_to_target"] > 0
+                      else math.nan for _, r in out.iterrows()]
+    out.attrs["target"] = target
+    return out
