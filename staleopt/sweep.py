@@ -62,6 +62,7 @@ from . import lease
 from .checkpoint import Checkpoint, atomic_write_text, check_every
 from .config import RunConfig, field_names, validate_field
 from .errors import ClaimLostError, ConfigError, SweepConfigError
+from .validate import check_int
 from .stats import check_level, divergence_count, per_run, status_text, t_interval
 
 __all__ = ["Sweep", "load_sweep", "expand", "shard", "parse_shard", "run_sweep", "SweepReport",
@@ -341,8 +342,7 @@ def run_sweep(sweep: Union[Sweep, str, os.PathLike, Sequence[RunConfig]], out: U
     configs = list(sweep.configs if isinstance(sweep, Sweep) else sweep)
     if shard_spec is not None:
         configs = shard(configs, *shard_spec)
-    if workers < 1:
-        raise ConfigError(f"workers must be >= 1, got {workers}")
+    check_int("workers", workers, 1)
     if executor not in ("local", "ray"):
         raise ConfigError(f"executor must be 'local' or 'ray', got {executor!r}")
     check_every(checkpoint_every)

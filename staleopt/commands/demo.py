@@ -9,6 +9,9 @@ import platform
 import time
 from pathlib import Path
 
+from ..errors import ConfigError
+from ..validate import check_int
+
 __all__ = ["register", "run", "DEFAULT_SWEEP", "pivot", "speedup_pivot", "provenance", "markdown"]
 
 #: The demo's sweep file, in the repository next to the package.
@@ -134,15 +137,14 @@ def provenance(seconds: float, report, run_dirs, workers: int, threads: int, tar
 
 def run(args) -> int:
     from .. import claims, speedup, sweep
-    from ..errors import ConfigError
     from ..plot import sweep as plots
 
     path = Path(args.sweep) if args.sweep else DEFAULT_SWEEP
     if not path.is_file():
         raise ConfigError(f"demo sweep file {path} not found: run from a checkout of the repository "
                           "(experiments/demo.toml) or pass --sweep FILE")
-    if args.workers < 1 or args.worker_threads < 1:
-        raise ConfigError(f"--workers and --worker-threads must be >= 1, got {args.workers} and {args.worker_threads}")
+    check_int("--workers", args.workers, 1)
+    check_int("--worker-threads", args.worker_threads, 1)
     spec = sweep.load_sweep(path)
     out = Path(args.out)
     t0 = time.perf_counter()

@@ -4,6 +4,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from ..errors import ConfigError
+from ..validate import check_int
+
 __all__ = ["register", "run"]
 
 EXAMPLES = """\
@@ -46,13 +49,11 @@ def register(subparsers) -> None:
 
 def run(args) -> int:
     from .. import sweep
-    from ..errors import ConfigError
     from ..ledger import run as ledger, spec
     from ..ledger.analytic import analytic_rows
     from ..ledger.report import table
 
-    if args.workers < 1:
-        raise ConfigError(f"--workers must be >= 1, got {args.workers}")
+    check_int("--workers", args.workers, 1)
     experiments = spec.load_all(args.scale, Path(args.ledger_dir) if args.ledger_dir else spec.LEDGER_DIR)
     selection = ([spec.find(experiments, name) for name in args.claim] if args.claim
                  else [(e, None) for e in experiments])

@@ -7,6 +7,9 @@ import math
 import sys
 from pathlib import Path
 
+from ..errors import ConfigError
+from ..validate import check_int
+
 __all__ = ["register", "run_sweep_command", "run_results_command"]
 
 SWEEP_EXAMPLES = """\
@@ -122,14 +125,13 @@ def _describe(run_dir: Path, state: str, epochs: int, timeout: float) -> str:
 
 def run_sweep_command(args) -> int:
     from .. import data, lease, sweep
-    from ..errors import ConfigError
 
     spec = sweep.load_sweep(args.sweep_file)
     out = Path(args.out) if args.out else Path("runs") / (spec.name or Path(args.sweep_file).stem)
     shard_spec = sweep.parse_shard(args.shard) if args.shard else None
     configs = sweep.shard(spec.configs, *shard_spec) if shard_spec else spec.configs
-    if args.workers < 1 or args.worker_threads < 1:
-        raise ConfigError("--workers and --worker-threads must be >= 1")
+    check_int("--workers", args.workers, 1)
+    check_int("--worker-threads", args.worker_threads, 1)
     timeout = lease.DEFAULT_TIMEOUT if args.claim_timeout is None else args.claim_timeout
     if not timeout > 0:
         raise ConfigError(f"--claim-timeout must be > 0 seconds, got {timeout}")
@@ -169,7 +171,6 @@ def _fmt(mean, ci):
 def run_results_command(args) -> int:
     from .. import speedup, sweep
     from ..config import field_names
-    from ..errors import ConfigError
 
     sweep_dir = Path(args.sweep_dir)
     if not (sweep_dir / "runs").is_dir():

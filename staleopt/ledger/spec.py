@@ -37,6 +37,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from .. import sweep
 from ..config import RunConfig, field_names
 from ..errors import ConfigError, SweepConfigError
+from ..validate import check_int
 
 __all__ = ["SCALES", "LEDGER_DIR", "Recipe", "Check", "Experiment", "load_recipes", "load_experiment",
            "load_all", "find", "selects", "RULE_KEYS"]
@@ -199,8 +200,7 @@ def load_experiment(path: Path, scale: str = "cpu", recipes: Optional[Dict[str, 
         raise SweepConfigError(f"{path}: unknown top-level keys {unknown}; allowed: title, paper, order, [[runs]], "
                                "[[check]]")
     order = spec.get("order", 0)
-    if isinstance(order, bool) or not isinstance(order, int):
-        raise SweepConfigError(f"{path}: order must be an int (experiments run in increasing order), got {order!r}")
+    check_int(f"{path}: order", order, error=SweepConfigError, why="experiments run in increasing order")
     if not spec.get("runs") or not spec.get("check"):
         raise SweepConfigError(f"{path}: an experiment needs at least one [[runs]] and one [[check]]")
     exp = Experiment(path.stem, str(spec.get("title", path.stem)), str(spec.get("paper", "")), scale,

@@ -5,7 +5,7 @@ diverged scores the accuracy recorded when it stopped). Runs of different
 methods with the same seed share the initial weights and the data order, so
 comparisons are paired by seed: the rule looks at the per-seed differences
 ``d_s`` and their mean with a 95% Student-t interval
-``mean ± t_{0.975, n-1} s / sqrt(n)`` (:func:`staleopt.sweep.t_interval`).
+``mean ± t_{0.975, n-1} s / sqrt(n)`` (:func:`staleopt.stats.t_interval`).
 
 =========  ==========================================  =====================  ======================
 rule       ``d_s``                                     reproduced             partly
@@ -31,7 +31,7 @@ from typing import Dict, List, Sequence
 
 import pandas as pd
 
-from ..sweep import t_interval
+from ..stats import t_interval
 from .spec import Check, selects
 
 __all__ = ["Row", "REPRODUCED", "PARTLY", "NOT", "NOT_RUN", "VERDICTS", "scores", "evaluate", "setting_text"]
