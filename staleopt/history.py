@@ -163,6 +163,17 @@ class _Moves:
         self.swaps: List[Tuple[int, int]] = []
         self.copies: Tuple[Tuple[list, list], ...] = (([], []), ([], []), ([], []))
 
+    def raw_to_parameters(self, row: List[torch.Tensor], data: List[torch.Tensor], spare: List[torch.Tensor]) -> None:
+        """Raw ``w_t`` from ``row`` into the spare row and the parameters (where a correction rewrites it),
+        the parameters' version back into ``row``: ``spare <- row``, ``row <- data``, ``data <- spare``."""
+        c1, c2, c3 = self.copies
+        c1[0].extend(spare)
+        c1[1].extend(row)
+        c2[0].extend(row)
+        c2[1].extend(data)
+        c3[0].extend(data)
+        c3[1].extend(spare)
+
 
 def _copy(dst: List[torch.Tensor], src: List[torch.Tensor], foreach: bool) -> None:
     if not dst:
@@ -208,7 +219,7 @@ class SwapMoves(MoveStrategy):
     def plan(self, h, pending, targets, moves):
         t, loaded, rewritten = h._t, h._loaded, h._rewritten
         rest, done = [], []
-        c1, c2, c3 = moves.copies
+        c1 = moves.copies[0]
         for i in pending:  # the moves of every step, in bulk; the rare ones in _one
             v, m = targets[i]
             L = loaded[i]
@@ -218,13 +229,7 @@ class SwapMoves(MoveStrategy):
                     done.append(i)
                     continue
                 if m and v == t and L != t:  # raw w_t to the parameters (to rewrite) and the spare row
-                    row, data, spare = h._slot_views[i][L % h._M[i]], h.views[i].data, h._spare[i]
-                    c1[0].extend(spare)
-                    c1[1].extend(row)
-                    c2[0].extend(row)
-                    c2[1].extend(data)
-                    c3[0].extend(data)
-                    c3[1].extend(spare)
+                    moves.raw_to_parameters(h._slot_views[i][L % h._M[i]], h.views[i].data, h._spare[i])
                     done.append(i)
                     continue
             elif L == t and v == t and not m:  # rewritten w_t back to raw, from the spare row
@@ -264,12 +269,7 @@ class SwapMoves(MoveStrategy):
             return t, False, False
         row = h._slot_views[i][L % M]  # holds w_t
         if v == t and m and not mod:  # raw w_t to the parameters (to be rewritten) and the spare row
-            c1[0].extend(spare)
-            c1[1].extend(row)
-            c2[0].extend(row)
-            c2[1].extend(data)
-            c3[0].extend(data)
-            c3[1].extend(spare)
+            moves.raw_to_parameters(row, data, spare)
             return t, True, False
         if mod:  # w_t back to the parameters, the raw w_L back to its row
             c1[0].extend(data)

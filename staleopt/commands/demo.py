@@ -78,10 +78,14 @@ def pivot(summary, value: str = "best_acc"):
     ``summary`` is :func:`staleopt.sweep.summarize` grouped by method and stages; rows follow
     :data:`staleopt.plot.sweep.METHOD_ORDER`.
     """
+    return _pivot({(r.method, int(r.stages)): _cell(getattr(r, value), getattr(r, value + "_ci"), r.diverged, r.runs)
+                   for r in summary.itertuples()}, summary["method"])
+
+
+def _pivot(cells, methods):
+    """A methods x ``P=s`` DataFrame of ``cells[(method, stages)]`` (``""`` where a cell is missing)."""
     import pandas as pd
-    cells = {(r.method, int(r.stages)): _cell(getattr(r, value), getattr(r, value + "_ci"), r.diverged, r.runs)
-             for r in summary.itertuples()}
-    methods = _in_order(summary["method"])
+    methods = _in_order(methods)
     stages = sorted({s for _, s in cells})
     table = pd.DataFrame([[cells.get((m, s), "") for s in stages] for m in methods], index=methods,
                          columns=[f"P={s}" for s in stages])
@@ -95,20 +99,12 @@ def speedup_pivot(table):
     A cell is ``"3.93x"`` when every run reached the target, ``"2.10x (2/3)"``
     when only some did (mean over those), ``"- (0/3)"`` when none did.
     """
-    import pandas as pd
-
     def cell(r):
         if r.reached == 0:
             return f"- (0/{r.runs})"
         text = f"{r.speedup:.2f}x" if math.isfinite(r.speedup) else "-"
         return text + ("" if r.reached == r.runs else f" ({r.reached}/{r.runs})")
-    cells = {(r.method, int(r.stages)): cell(r) for r in table.itertuples()}
-    methods = _in_order(table["method"])
-    stages = sorted({s for _, s in cells})
-    out = pd.DataFrame([[cells.get((m, s), "") for s in stages] for m in methods], index=methods,
-                       columns=[f"P={s}" for s in stages])
-    out.index.name = "method"
-    return out
+    return _pivot({(r.method, int(r.stages)): cell(r) for r in table.itertuples()}, table["method"])
 
 
 def _cpu_name() -> str:

@@ -55,6 +55,14 @@ def _records(source) -> pd.DataFrame:
     return records
 
 
+def _at_stages(records: pd.DataFrame, stages: int) -> pd.DataFrame:
+    """The records of the runs with ``P = stages``; a :class:`ConfigError` naming the sweep's stage counts if none."""
+    available = sorted(int(p) for p in records["stages"].unique())
+    if int(stages) not in available:
+        raise ConfigError(f"the sweep has no runs with stages={stages}; it has stages {available}")
+    return records[records["stages"].astype(int) == int(stages)]
+
+
 def line_keys(records: pd.DataFrame) -> List[str]:
     """Config keys that tell lines apart: ``method`` and every other varying key but ``stages``, ``seed``."""
     from ..config import field_names
@@ -208,10 +216,7 @@ def plot_accuracy_vs_epoch(source, stages: int, level: float = 0.95, methods: Op
     """
     from matplotlib.figure import Figure
     records = _records(source)
-    available = sorted(int(p) for p in records["stages"].unique())
-    if int(stages) not in available:
-        raise ConfigError(f"the sweep has no runs with stages={stages}; it has stages {available}")
-    at = records[records["stages"].astype(int) == int(stages)]
+    at = _at_stages(records, stages)
     keys = line_keys(records)
     fig = Figure(figsize=figsize, layout="constrained")
     ax = fig.add_subplot()
@@ -249,12 +254,9 @@ def plot_accuracy_vs_time(source, stages: int, target: Optional[float] = None, l
     """
     from matplotlib.figure import Figure
     records = _records(source)
-    available = sorted(int(p) for p in records["stages"].unique())
-    if int(stages) not in available:
-        raise ConfigError(f"the sweep has no runs with stages={stages}; it has stages {available}")
+    at = speedup.with_pipeline_time(_at_stages(records, stages))
     if target is None and "gpipe" in set(records["method"]):
         target = speedup.default_target(records)
-    at = speedup.with_pipeline_time(records[records["stages"].astype(int) == int(stages)])
     keys = line_keys(records)
     fig = Figure(figsize=figsize, layout="constrained")
     ax = fig.add_subplot()
