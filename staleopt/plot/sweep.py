@@ -217,21 +217,9 @@ def plot_accuracy_vs_epoch(source, stages: int, level: float = 0.95, methods: Op
     from matplotlib.figure import Figure
     records = _records(source)
     at = _at_stages(records, stages)
-    keys = line_keys(records)
     fig = Figure(figsize=figsize, layout="constrained")
     ax = fig.add_subplot()
-    diverged = False
-    runs_table = at.groupby("run", sort=False).first().reset_index()
-    for label, style, rows in _lines(runs_table, keys, methods):
-        mine = at[at["run"].isin(rows["run"])]
-        epochs = sorted(mine["epoch"].unique())
-        _band(ax, epochs, [mine.loc[mine["epoch"] == e, "test_acc"] for e in epochs], style, label, level,
-              markersize=3)
-        ends = mine.sort_values("epoch").groupby("run").tail(1)
-        bad = ends[ends["status"] == "diverged"]
-        if len(bad):
-            _mark_diverged(ax, bad["epoch"], bad["test_acc"], style["color"])
-            diverged = True
+    diverged = _accuracy_curves(ax, at, line_keys(records), methods, "epoch", level)
     ax.set_xlabel("epoch")
     ax.set_ylabel(f"test accuracy (mean, {level:.0%} CI)")
     ax.set_title(title or f"P = {stages}", fontsize=10)
@@ -239,6 +227,25 @@ def plot_accuracy_vs_epoch(source, stages: int, level: float = 0.95, methods: Op
     ax.set_ylim(0.0, 1.0)
     ax.legend(*_legend(ax, diverged), fontsize=8, frameon=False)
     return fig
+
+
+def _accuracy_curves(ax, at: pd.DataFrame, keys: List[str], methods, x: str, level: float) -> bool:
+    """One band per line: test accuracy per epoch against the seeds' mean of column ``x`` at that epoch
+    (``"epoch"`` or ``"pipeline_time"``); a diverged run's last epoch is marked ``x``. True if any diverged."""
+    diverged = False
+    runs_table = at.groupby("run", sort=False).first().reset_index()
+    for label, style, rows in _lines(runs_table, keys, methods):
+        mine = at[at["run"].isin(rows["run"])]
+        epochs = sorted(mine["epoch"].unique())
+        xs = epochs if x == "epoch" else [mine.loc[mine["epoch"] == e, x].mean() for e in epochs]
+        _band(ax, xs, [mine.loc[mine["epoch"] == e, "test_acc"] for e in epochs], style, label, level,
+              markersize=3)
+        ends = mine.sort_values("epoch").groupby("run").tail(1)
+        bad = ends[ends["status"] == "diverged"]
+        if len(bad):
+            _mark_diverged(ax, bad[x], bad["test_acc"], style["color"])
+            diverged = True
+    return diverged
 
 
 def plot_accuracy_vs_time(source, stages: int, target: Optional[float] = None, level: float = 0.95,
@@ -257,22 +264,9 @@ def plot_accuracy_vs_time(source, stages: int, target: Optional[float] = None, l
     at = speedup.with_pipeline_time(_at_stages(records, stages))
     if target is None and "gpipe" in set(records["method"]):
         target = speedup.default_target(records)
-    keys = line_keys(records)
     fig = Figure(figsize=figsize, layout="constrained")
     ax = fig.add_subplot()
-    diverged = False
-    runs_table = at.groupby("run", sort=False).first().reset_index()
-    for label, style, rows in _lines(runs_table, keys, methods):
-        mine = at[at["run"].isin(rows["run"])]
-        epochs = sorted(mine["epoch"].unique())
-        times = [mine.loc[mine["epoch"] == e, "pipeline_time"].mean() for e in epochs]
-        _band(ax, times, [mine.loc[mine["epoch"] == e, "test_acc"] for e in epochs], style, label, level,
-              markersize=3)
-        ends = mine.sort_values("epoch").groupby("run").tail(1)
-        bad = ends[ends["status"] == "diverged"]
-        if len(bad):
-            _mark_diverged(ax, bad["pipeline_time"], bad["test_acc"], style["color"])
-            diverged = True
+    diverged = _accuracy_curves(ax, at, line_keys(records), methods, "pipeline_time", level)
     if target is not None:
         ax.axhline(target, color="0.4", lw=1, ls="--", label=f"target {target:.3f}")
     ax.set_xscale("log")
