@@ -48,6 +48,8 @@ import itertools
 import json
 import multiprocessing
 import os
+import signal
+import threading
 import time
 import traceback
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -288,10 +290,39 @@ def _interrupted(job, error: Exception) -> Tuple[str, str, float]:
     return RunConfig.from_dict(job[1]).run_id(), "interrupted", 0.0
 
 
-def _init_worker(threads: Optional[int]) -> None:
+#: Seconds between a pool worker's checks that the launch that started it is still alive.
+PARENT_POLL_SECONDS = 1.0
+
+
+def _init_worker(threads: Optional[int], parent: int) -> None:
+    """Set the worker's torch threads and make it exit when its launch dies (:func:`_exit_with_parent`)."""
     if threads:
         import torch
         torch.set_num_threads(threads)
+    threading.Thread(target=_exit_with_parent, args=(parent,), daemon=True, name="staleopt-parent-watch").start()
+
+
+def _exit_with_parent(parent: int) -> None:
+    """End this worker once ``parent`` is gone (it was re-parented): a launch killed by any signal, SIGKILL
+    included, leaves no worker training on. The run's claim then goes stale and a relaunch resumes it from
+    its checkpoint (docs/long-runs.md)."""
+    while os.getppid() == parent:
+        time.sleep(PARENT_POLL_SECONDS)
+    os._exit(1)
+
+
+def _sigterm_as_exit(signum, frame):
+    raise SystemExit(128 + signum)
+
+
+def _stop_workers(before: set) -> None:
+    """Terminate the pool's worker processes: the children started since ``before`` was taken.
+
+    ``ProcessPoolExecutor.shutdown`` cannot stop a running task, so without this an interrupted launch
+    would wait for every run in flight to finish (Ctrl-C) or leave them training (SIGTERM)."""
+    for child in multiprocessing.active_children():
+        if child.pid not in before:
+            child.terminate()
 
 
 @dataclass
@@ -396,19 +427,29 @@ def run_sweep(sweep: Union[Sweep, str, os.PathLike, Sequence[RunConfig]], out: U
                 torch.set_num_threads(old)
         elif jobs:
             ctx = multiprocessing.get_context(context)
-            with ProcessPoolExecutor(min(workers, len(jobs)), mp_context=ctx, initializer=_init_worker,
-                                     initargs=(threads,)) as pool:
-                futures = {pool.submit(_execute, *job): job for job in jobs}
-                try:
-                    for fut in as_completed(futures):
-                        try:
-                            result = fut.result()
-                        except BrokenProcessPool as e:  # a worker died; the pool runs nothing more
-                            result = _interrupted(futures[fut], e)
-                        record(result)
-                except BaseException:
-                    pool.shutdown(wait=False, cancel_futures=True)
-                    raise
+            before = {child.pid for child in multiprocessing.active_children()}
+            # SIGTERM becomes SystemExit (in the main thread, where signals are delivered), so the
+            # workers are stopped below instead of training on after the launch is gone.
+            main = threading.current_thread() is threading.main_thread()
+            old_handler = signal.signal(signal.SIGTERM, _sigterm_as_exit) if main else None
+            try:
+                with ProcessPoolExecutor(min(workers, len(jobs)), mp_context=ctx, initializer=_init_worker,
+                                         initargs=(threads, os.getpid())) as pool:
+                    futures = {pool.submit(_execute, *job): job for job in jobs}
+                    try:
+                        for fut in as_completed(futures):
+                            try:
+                                result = fut.result()
+                            except BrokenProcessPool as e:  # a worker died; the pool runs nothing more
+                                result = _interrupted(futures[fut], e)
+                            record(result)
+                    except BaseException:
+                        pool.shutdown(wait=False, cancel_futures=True)
+                        _stop_workers(before)
+                        raise
+            finally:
+                if main:
+                    signal.signal(signal.SIGTERM, old_handler)
     finally:
         pbar.close()
     return report

@@ -22,12 +22,16 @@ REPO = Path(__file__).resolve().parents[1]
 def fake_train(config, progress=False):
     """A deterministic stand-in for staleopt.train.run: records are a function of the run id only.
 
-    ``$FAKE_LOG`` collects the run ids it was called with; ``$FAKE_SLEEP`` seconds pass per run;
+    ``$FAKE_LOG`` collects the run ids it was called with, ``$FAKE_PIDS`` the process ids it ran in;
+    ``$FAKE_SLEEP`` seconds pass per run;
     method ``pb`` "diverges" after its first epoch.
     """
     if os.environ.get("FAKE_LOG"):
         with open(os.environ["FAKE_LOG"], "a") as f:
             f.write(config.run_id() + "\n")
+    if os.environ.get("FAKE_PIDS"):
+        with open(os.environ["FAKE_PIDS"], "a") as f:
+            f.write(f"{os.getpid()}\n")
     time.sleep(float(os.environ.get("FAKE_SLEEP", "0")))
     rng = random.Random(config.run_id())
     rows = []
@@ -179,6 +183,56 @@ def test_process_pool_gives_the_same_records(tmp_path):
     report = sweep.run_sweep(path, tmp_path / "pool", workers=2, train_fn="test_sweep:fake_train", bar=False)
     assert report.ok and len(report.finished) == 4
     pd.testing.assert_frame_equal(_records(tmp_path / "serial"), _records(tmp_path / "pool"))
+
+
+def _alive(pid):
+    """Whether ``pid`` runs (a zombie, dead but not yet reaped by its new parent, does not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+    except OSError:  # no /proc: ask the kernel
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        return True
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
+@pytest.mark.parametrize("signame", ["SIGTERM", "SIGKILL"])
+def test_a_killed_launch_leaves_no_worker_training(tmp_path, signame):
+    """SIGTERM stops the pool's workers at once; after SIGKILL each worker sees its launch gone and exits."""
+    import signal
+    import subprocess
+
+    pids = tmp_path / "pids"
+    proc = subprocess.Popen([sys.executable, "-m", "staleopt.cli", "sweep", str(_write(tmp_path)), "--out",
+                             str(tmp_path / "s"), "--no-bar", "--workers", "2", "--train-fn", "test_sweep:fake_train"],
+                            env={**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "tests"), str(REPO)]),
+                                 "FAKE_SLEEP": "120", "FAKE_PIDS": str(pids)},
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    workers = []
+    try:
+        deadline = time.time() + 60
+        while len(workers) < 2:
+            assert proc.poll() is None and time.time() < deadline, "the two workers did not start their runs"
+            time.sleep(0.05)
+            workers = [int(p) for p in pids.read_text().split()] if pids.exists() else []
+        os.kill(proc.pid, getattr(signal, signame))
+        proc.wait(timeout=30)
+        deadline = time.time() + 3 + 3 * sweep.PARENT_POLL_SECONDS
+        while any(_alive(w) for w in workers) and time.time() < deadline:
+            time.sleep(0.05)
+        assert not [w for w in workers if _alive(w)], f"workers still running {time.time() - deadline:+.1f} s after the launch died"
+        assert len(list((tmp_path / "s" / "runs").glob("*/done"))) == 0  # nothing finished: 120 s runs
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        for w in workers:
+            if _alive(w):
+                os.kill(w, signal.SIGKILL)
 
 
 def test_records_round_trip_exactly_and_carry_the_config(tmp_path):
