@@ -3,6 +3,8 @@ PY      ?= python3
 VENV    := .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
+# `make test` adds the test extras (pytest, ray, notebook runners) on top; `make demo` needs none of them.
+TESTSTAMP := $(VENV)/.installed-test
 # Torch is pinned here (not in setup.cfg): these wheels are known to work together.
 TORCH   := torch==2.14.1 torchvision==0.29.1
 THREADS ?= 2
@@ -15,10 +17,14 @@ $(STAMP): setup.cfg pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q $(TORCH)
-	$(BIN)/pip install -q -e '.[test]'
+	$(BIN)/pip install -q -e .
 	touch $(STAMP)
 
-test: install
+$(TESTSTAMP): $(STAMP)
+	$(BIN)/pip install -q -e '.[test]'
+	touch $(TESTSTAMP)
+
+test: $(TESTSTAMP)
 	OMP_NUM_THREADS=$(THREADS) $(BIN)/python -m pytest -q tests
 
 demo: install
