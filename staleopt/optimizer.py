@@ -558,15 +558,19 @@ class PipelineOptimizer(torch.optim.Optimizer):
         if "backward-pending" not in self._seen:  # the gradient did not come through the model output
             self._on_backward_start(None)
         self._seen.add("recompute")
-        plan = window.plan
-        targets = [plan.recompute[i] if i in window.views else b for i, b in enumerate(plan.backward)]
-        rewrite = self._history.load(targets)
+        plan, inside = window.plan, window.views
+        targets = [plan.recompute[i] if i in inside else b for i, b in enumerate(plan.backward)]
+        rewrite = self._history.load(targets)  # (a history may hand back views it reloaded outside the window)
         if rewrite:
             with torch.no_grad():
                 for k, stages in plan.recompute_rewriters:
-                    mine = [v for v in rewrite if v.index in stages]
+                    mine = [v for v in rewrite if v.index in stages and v.index in inside]
                     if mine:
                         k.recompute_view(mine, plan.delays, plan.recomp)
+                for k, stages in plan.rewriters:
+                    mine = [v for v in rewrite if v.index in stages and v.index not in inside]
+                    if mine:
+                        k.backward_view(mine, plan.delays)
 
     def _leave_recompute(self, window: RecomputeWindow) -> None:
         """The recomputation ended (or torch stopped it early): the backward views back into the parameters."""
@@ -677,11 +681,13 @@ class PipelineOptimizer(torch.optim.Optimizer):
                             "the PipelineOptimizer after setting requires_grad")
 
     def _check_recomputed(self) -> None:
-        """A step of a schedule that recomputes ahead of the backward pass needs ``opt.checkpoint`` (else the
-        segments the schedule recomputes silently kept their forward activations, or recomputed with
-        ``u_bkwd`` through torch's own checkpoint)."""
+        """A step of a schedule that recomputes ahead of the backward pass (``tau_bkwd < tau_recomp < tau_fwd``
+        at some stage) needs ``opt.checkpoint`` (else the segments the schedule recomputes silently kept
+        their forward activations, or recomputed with ``u_bkwd`` through torch's own checkpoint)."""
         plans = self._step_plans()
-        if "backward" in self._seen and "checkpoint" not in self._seen and any(p.recomputing for p in plans):
+        if "backward" in self._seen and "checkpoint" not in self._seen and any(
+                b != r != f for p in plans for f, b, r in zip(*p.delays, p.recomp)):  # (tau_recomp = tau_fwd:
+            # the forward's activations, as without recomputation)
             self._seen = set()
             raise LoopError(f"schedule {self._schedule!r} recomputes activations with tau_recomp = "
                             f"{plans[0].recomp} (tau_bkwd = {plans[0].delays[1]}), but no opt.checkpoint call ran "
