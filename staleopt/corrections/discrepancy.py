@@ -29,8 +29,9 @@ class DiscrepancyCorrection(Correction):
 
     * ``"causal"`` (default): the accumulator as it was when that pass ran in the pipeline,
       ``s = t - tau_bkwd_i`` and ``s' = t - tau_recomp_i`` (App. B.4's polynomial). T2 keeps the
-      accumulators ``delta_{t-k}`` for ``k`` up to ``max(tau_bkwd_i, tau_recomp_i)``: one
-      weight-sized row per step of that depth, only for corrected stages that have one;
+      accumulators ``delta_{t-k}`` for ``k`` up to ``max(tau_bkwd_i, tau_recomp_i)`` (the latter
+      where ``tau_recomp_i < tau_fwd_i``; largest delays): one weight-sized row per step of that
+      depth, only for corrected stages that have one;
     * ``"current"``: ``s = s' = t``, the accumulator at the step that applies the gradient (it
       uses updates a real pipeline does not have yet when the backward pass runs).
 
@@ -67,7 +68,8 @@ class DiscrepancyCorrection(Correction):
         self._ring: Dict[int, tuple] = {}
         for i, c in enumerate(engine.chunks):
             if self.gamma[c.stage] is not None:
-                M = 1 + (max(tb[c.stage], tr[c.stage]) if causal else 0)
+                s = c.stage  # the recompute view reads delta only where tau_recomp < tau_fwd
+                M = 1 + (max(tb[s], tr[s] if tr[s] < tf[s] else 0) if causal else 0)
                 p0 = c.params[0]
                 ring = torch.zeros((M, c.numel), dtype=p0.dtype, device=p0.device)
                 self._ring[i] = (M, ring, [c.split(ring[r]) for r in range(M)])
@@ -82,7 +84,14 @@ class DiscrepancyCorrection(Correction):
     def _read(self, index: int, tau: int) -> List[torch.Tensor]:
         """The accumulator a view delayed by ``tau`` reads this step: ``delta_{t-tau}`` (causal) or ``delta_t``."""
         t = self.engine.step_count
-        return self._delta_at(index, t - tau if self.accumulator == "causal" else t)
+        if self.accumulator == "current":
+            return self._delta_at(index, t)
+        if tau >= self._ring[index][0]:
+            raise CorrectionError(f"T2 keeps delta_(t - k) for k < {self._ring[index][0]} at stage "
+                                  f"{self.engine.chunks[index].stage} but a view delayed by {tau} reads it: the "
+                                  "engine's largest delays (max_delays, max_recompute_delays) must bound every step's "
+                                  "(please report this)")
+        return self._delta_at(index, t - tau)
 
     def delta(self, stage: int) -> torch.Tensor:
         """The flat velocity estimate ``delta_t`` of ``stage`` (concatenated over its chunks).
