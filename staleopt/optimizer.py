@@ -69,8 +69,8 @@ import torch
 import torch.utils.checkpoint
 from torch import nn
 
-from ._torch_compat import (disable_dynamo, flatten, optimizer_load_state_dict_hooks, optimizer_state_dict_hooks,
-                            queue_callback)
+from ._torch_compat import (current_autograd_node, disable_dynamo, flatten, optimizer_load_state_dict_hooks,
+                            optimizer_state_dict_hooks, queue_callback)
 from .corrections.base import Correction
 from .errors import CheckpointError, ConfigError, CorrectionError, DetachedError, LoopError, OptimizerMismatchError
 from .history import STRATEGIES, History, SlotHistory, StageView
@@ -294,6 +294,11 @@ class PipelineOptimizer(torch.optim.Optimizer):
         self._hooks = [model.register_forward_pre_hook(_Callback(self._on_forward_start)),
                        model.register_forward_hook(_Callback(self._on_forward_end)),
                        model.register_state_dict_pre_hook(_Callback(self._on_state_dict))]
+        self._recomputing = 0  # recompute windows open now
+        if any(b != r != f for f, b, r in zip(tf, tb, tr)):  # a recompute schedule: catch torch's checkpoint
+            modules = {id(m): m for m in (model.get_submodule(u.name) for u in self._partition.units)
+                       if m is not model}
+            self._hooks += [m.register_forward_pre_hook(_Callback(self._on_unit_forward)) for m in modules.values()]
         weakref.finalize(self, _remove_handles, self._hooks)  # hooks die with their wrapper
         # the history and the corrections' state travel in state_dict()["staleopt"], added and read by
         # torch's own optimizer hooks (so hooks a user registers see it too)
@@ -540,15 +545,23 @@ class PipelineOptimizer(torch.optim.Optimizer):
             return torch.utils.checkpoint.checkpoint(function, *args, use_reentrant=False, **kwargs)
         self._seen.add("checkpoint")
         plan = self._plan()
-        if not plan.recomputing:
-            return torch.utils.checkpoint.checkpoint(function, *args, use_reentrant=False, **kwargs)
         window = RecomputeWindow(self, plan, self._step)
         out = torch.utils.checkpoint.checkpoint(function, *args, use_reentrant=False, context_fn=window.contexts,
                                                 **kwargs)
-        view_of = self._view_of_param
-        reached = reached_parameters(out, list(args) + list(kwargs.values()))
-        window.views = frozenset(view_of[p] for p in reached if p in view_of) & plan.recomputing
+        if plan.recomputing:
+            view_of = self._view_of_param
+            reached = reached_parameters(out, list(args) + list(kwargs.values()))
+            window.views = frozenset(view_of[p] for p in reached if p in view_of) & plan.recomputing
         return out
+
+    def _on_unit_forward(self, module, args):
+        """Under a recompute schedule, a stage's module that runs during the backward pass outside
+        :meth:`checkpoint` is a recomputation with ``u_bkwd`` (``torch.utils.checkpoint`` called directly)."""
+        if not self._recomputing and current_autograd_node() is not None:
+            raise LoopError(f"{type(module).__name__} ran its forward during the backward pass outside "
+                            f"opt.checkpoint: torch.utils.checkpoint recomputes with the backward weights, but "
+                            f"schedule {self._schedule!r} recomputes with tau_recomp = {self._plan().recomp}; "
+                            "call opt.checkpoint(segment, x) instead (docs/wrapper.md)")
 
     def _enter_recompute(self, window: RecomputeWindow) -> None:
         """The recomputation of ``window``'s segment begins: its stages' recompute views into the parameters."""

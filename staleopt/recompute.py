@@ -46,11 +46,13 @@ class RecomputeWindow:
         return contextlib.nullcontext(), self
 
     def __enter__(self):
+        self.engine._recomputing += 1
         if self.views:
             self.engine._enter_recompute(self)
         return self
 
     def __exit__(self, *exc):
+        self.engine._recomputing -= 1
         if self.views:
             self.engine._leave_recompute(self)
         return False

@@ -243,10 +243,30 @@ def test_bad_calls():
         opt.checkpoint(model, x)
 
 
-@pytest.mark.parametrize("how", [None, "torch"])
-def test_a_recompute_schedule_refuses_a_step_without_opt_checkpoint(how):
+def test_a_recompute_schedule_refuses_a_step_without_opt_checkpoint():
     with pytest.raises(LoopError, match="no opt.checkpoint call ran"):
-        train([(0, 1, how), (2, 2, how)], CUSTOM, steps=1)
+        train([(0, 1, None), (2, 2, None)], CUSTOM, steps=1)
+
+
+@pytest.mark.parametrize("segments", [[(0, 1, "torch"), (2, 2, "torch")], [(0, 1, "opt"), (2, 2, "torch")],
+                                      [(0, 0, "torch"), (1, 2, "opt")]])
+def test_torchs_checkpoint_under_a_recompute_schedule_is_caught(segments):
+    """torch.utils.checkpoint would recompute with u_bkwd: a stage module running inside the backward pass
+    outside opt.checkpoint raises (also mixed with opt.checkpoint, also torch's reentrant variant)."""
+    with pytest.raises(LoopError, match="outside opt.checkpoint.*tau_recomp = \\[3, 2, 2\\]"):
+        train(segments, CUSTOM, steps=1)
+
+    class Reentrant(Net):
+        def forward(self, x):
+            x = torch.utils.checkpoint.checkpoint(self.run, 0, 1, x, use_reentrant=True)
+            return self.run(2, 2, x)
+    model = Reentrant(WIDTHS, [])
+    opt = PipelineOptimizer(model, torch.optim.SGD(model.parameters(), lr=LR), stages=3, schedule=CUSTOM)
+    x = data(1)[0][0].requires_grad_()
+    with pytest.raises(LoopError, match="outside opt.checkpoint"):
+        model(x).sum().backward()
+    # without recompute delays torch's checkpoint is the contract's recomputation (tau_recomp = tau_bkwd)
+    train(segments, schedules.get("custom", tau_fwd=TF, tau_bkwd=TB), steps=1)
 
 
 # ----------------------------------------------------------------------------- the executed timeline
