@@ -8,6 +8,8 @@
 * :func:`optimizer_state_dict_hooks`, :func:`optimizer_load_state_dict_hooks` — the hooks registered
   with ``Optimizer.register_(load_)state_dict_pre/post_hook`` (``Optimizer._optimizer_*_hooks``), so a
   wrapper that delegates its ``state_dict`` to another optimizer still runs them;
+* :func:`current_autograd_node` — the autograd node running now, ``None`` outside a backward pass
+  (``torch._C._current_autograd_node``; tells a recomputation inside the backward pass apart);
 * :func:`disable_dynamo` — keep ``torch.compile`` out of a function (``torch._disable_dynamo``; what
   ``Optimizer.state_dict`` uses).
 """
@@ -18,7 +20,7 @@ from typing import Any, Callable, Dict, List, Tuple
 import torch
 from torch.utils._pytree import tree_flatten
 
-__all__ = ["queue_callback", "flatten", "sequence_nr", "optimizer_state_dict_hooks",
+__all__ = ["queue_callback", "flatten", "sequence_nr", "current_autograd_node", "optimizer_state_dict_hooks",
            "optimizer_load_state_dict_hooks", "disable_dynamo"]
 
 disable_dynamo = torch._disable_dynamo
@@ -27,6 +29,11 @@ disable_dynamo = torch._disable_dynamo
 def queue_callback(fn: Callable[[], None]) -> None:
     """Call ``fn`` at the end of the backward pass that is running now."""
     torch.autograd.Variable._execution_engine.queue_callback(fn)
+
+
+def current_autograd_node():
+    """The autograd node whose backward is running now (``None`` outside a backward pass)."""
+    return torch._C._current_autograd_node()
 
 
 def flatten(tree: Any) -> List[Any]:

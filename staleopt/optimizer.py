@@ -46,7 +46,10 @@ Limits (documented, not checked):
 * only ops that save the *parameter tensor itself* for their backward see
   ``u_bkwd``; an op that saves a transformed copy of a weight (weight norm,
   ``W * 2``, parametrizations) uses the forward view in its backward;
-* activation checkpointing inside the model recomputes with the backward view;
+* activation checkpointing: :meth:`PipelineOptimizer.checkpoint` recomputes with the recompute view
+  ``u_recomp`` (:mod:`staleopt.recompute`); ``torch.utils.checkpoint`` called directly recomputes
+  with the backward view (a schedule with ``tau_recomp != tau_bkwd`` refuses a step without
+  ``opt.checkpoint``, not a mix of the two);
 * buffers (BatchNorm running statistics) are not delayed;
 * a loss term that reads parameters directly (an explicit L2 penalty) sees
   whichever view is loaded when its backward runs;
@@ -63,14 +66,16 @@ import weakref
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 import torch
+import torch.utils.checkpoint
 from torch import nn
 
-from ._torch_compat import (disable_dynamo, flatten, optimizer_load_state_dict_hooks, optimizer_state_dict_hooks,
-                            queue_callback)
+from ._torch_compat import (current_autograd_node, disable_dynamo, flatten, optimizer_load_state_dict_hooks,
+                            optimizer_state_dict_hooks, queue_callback)
 from .corrections.base import Correction
 from .errors import CheckpointError, ConfigError, CorrectionError, DetachedError, LoopError, OptimizerMismatchError
 from .history import STRATEGIES, History, SlotHistory, StageView
 from .partition import Partition, dataflow, partition_model
+from .recompute import RecomputeWindow, reached_parameters
 from .schedules import Schedule
 from .stage_lr import StageGroups
 from .validate import check_int
@@ -248,27 +253,22 @@ class PipelineOptimizer(torch.optim.Optimizer):
 
         P = self._partition.num_stages
         tf, tb = self._schedule.delays(P, microbatches)
-        tr = self._schedule.recompute_delays(P, microbatches)
-        if list(tr) != list(tb):
-            raise ConfigError(
-                f"schedule {self._schedule!r} recomputes activations ahead of the backward pass "
-                f"(tau_recomp = {list(tr)}, tau_bkwd = {list(tb)}); training does not simulate that yet: the "
-                "recompute view u_recomp = w_(t - tau_recomp) (PipeMare App. D.1) needs an activation-checkpoint "
-                "entry point the engine does not have. Train with the same pipeline without recompute "
-                "(schedule.without_recompute(); method 'pipemare' for 'pipemare-recompute'); timelines, the "
-                "hardware model, theory and the advisor accept recompute schedules (docs/schedules.md)")
-        for c in self._corrections:
-            tf, tb = c.delays(list(tf), list(tb), None)
-        self._max_delays = (list(tf), list(tb))
+        tf, tb, tr = _apply_corrections(self._corrections, tf, tb, self._schedule.recompute_delays(P, microbatches),
+                                        None)
+        self._max_delays = (tf, tb)
+        self._max_recompute = tr
         self._schedule_delays = None  # per pass, before corrections (deterministic schedules: fixed)
         if not self._schedule.random:
             if self._microbatch_passes:
                 tf_ij, tb_ij = self._schedule.microbatch_delays(P, microbatches)
-                self._schedule_delays = [([row[j] for row in tf_ij], [row[j] for row in tb_ij])
-                                         for j in range(microbatches)]
+                tr_ij = self._schedule.microbatch_recompute_delays(P, microbatches)
+                self._schedule_delays = [([row[j] for row in tf_ij], [row[j] for row in tb_ij],
+                                          [row[j] for row in tr_ij]) for j in range(microbatches)]
             else:
-                self._schedule_delays = [self._schedule.delays(P, microbatches)]
-        rewritten = [any(c.rewrites_backward_view for c in self._corrections) and f != b for f, b in zip(tf, tb)]
+                self._schedule_delays = [(*self._schedule.delays(P, microbatches),
+                                          self._schedule.recompute_delays(P, microbatches))]
+        rewritten = [any(c.rewrites_backward_view for c in self._corrections) and (f != b or f != r)
+                     for f, b, r in zip(tf, tb, tr)]
         self._history: History = self._make_history([max(f, b) for f, b in zip(tf, tb)], rewritten)
         self._views = self._history.views
         self._stored = [v for v in self._views if v.H]  # the views whose versions the history keeps
@@ -284,6 +284,8 @@ class PipelineOptimizer(torch.optim.Optimizer):
         self._outside = [p for g in self._base.param_groups for p in g["params"] if id(p) not in self._stage_of_param]
         self._warned = set()
         self._traced = False  # the first training forward's graph was checked (stage order, cast weights)
+        self._in_forward = False  # a training forward of the model is running (opt.checkpoint acts)
+        self._view_of_param = {id(p): v.index for v in self._views for p in v.params}
         self._copies_weights = False  # that graph reads cast copies of the weights (autocast inside forward)
         self._initialized = True
         for c in self._corrections:
@@ -292,6 +294,11 @@ class PipelineOptimizer(torch.optim.Optimizer):
         self._hooks = [model.register_forward_pre_hook(_Callback(self._on_forward_start)),
                        model.register_forward_hook(_Callback(self._on_forward_end)),
                        model.register_state_dict_pre_hook(_Callback(self._on_state_dict))]
+        self._recomputing = 0  # recompute windows open now
+        if any(b != r != f for f, b, r in zip(tf, tb, tr)):  # a recompute schedule: catch torch's checkpoint
+            modules = {id(m): m for m in (model.get_submodule(u.name) for u in self._partition.units)
+                       if m is not model}
+            self._hooks += [m.register_forward_pre_hook(_Callback(self._on_unit_forward)) for m in modules.values()]
         weakref.finalize(self, _remove_handles, self._hooks)  # hooks die with their wrapper
         # the history and the corrections' state travel in state_dict()["staleopt"], added and read by
         # torch's own optimizer hooks (so hooks a user registers see it too)
@@ -426,6 +433,17 @@ class PipelineOptimizer(torch.optim.Optimizer):
         return list(self._current_delays()[1])
 
     @property
+    def tau_recomp(self) -> List[int]:
+        """Per-stage recompute delays of the current step (PipeMare App. D.1; ``tau_bkwd`` unless the
+        schedule recomputes ahead of the backward pass): what :meth:`checkpoint` recomputes with."""
+        return list(self._plan().recomp)
+
+    @property
+    def max_recompute_delays(self) -> List[int]:
+        """Largest ``tau_recomp`` any step can have."""
+        return list(self._max_recompute)
+
+    @property
     def max_delays(self) -> Tuple[List[int], List[int]]:
         """Largest delays any step can have (sizes the history)."""
         return list(self._max_delays[0]), list(self._max_delays[1])
@@ -459,18 +477,20 @@ class PipelineOptimizer(torch.optim.Optimizer):
         if self._plans is None:
             P, N = self._partition.num_stages, self._microbatches
             raw = self._schedule_delays
-            if raw is None:  # a random schedule draws every step
-                raw = [self._schedule.sample(P, N, self._generator)]
+            if raw is None:  # a random schedule draws every step (and recomputes inside the backward pass)
+                tf, tb = self._schedule.sample(P, N, self._generator)
+                raw = [(tf, tb, tb)]
             plans = []
-            for tf, tb in raw:
-                for c in self._corrections:
-                    tf, tb = c.delays(list(tf), list(tb), self._step)
+            for tf, tb, tr in raw:
+                tf, tb, tr = _apply_corrections(self._corrections, tf, tb, tr, self._step)
                 for i in range(P):
-                    if not (0 <= tf[i] <= self._max_delays[0][i] and 0 <= tb[i] <= self._max_delays[1][i]):
-                        raise CorrectionError(f"step {self._step} asked for delays ({tf[i]}, {tb[i]}) at stage {i}, "
-                                              f"outside 0..{self._max_delays[0][i]}/{self._max_delays[1][i]}; a "
-                                              "correction's delays(step=None) must bound its delays")
-                plans.append(_PassPlan(self._step, (list(tf), list(tb)), self._views, self._corrections,
+                    if not (0 <= tf[i] <= self._max_delays[0][i] and 0 <= tb[i] <= self._max_delays[1][i]
+                            and (tr[i] == tb[i] or tb[i] <= tr[i] <= tf[i])):
+                        raise CorrectionError(f"step {self._step} asked for delays ({tf[i]}, {tb[i]}, {tr[i]}) at "
+                                              f"stage {i}, outside 0..{self._max_delays[0][i]}/"
+                                              f"{self._max_delays[1][i]} or not tau_bkwd <= tau_recomp <= "
+                                              "tau_fwd; a correction's delays(step=None) must bound its delays")
+                plans.append(_PassPlan(self._step, (tf, tb), tr, self._views, self._corrections,
                                        self._plan_cache))
             self._plans = plans
         return self._plans
@@ -483,9 +503,9 @@ class PipelineOptimizer(torch.optim.Optimizer):
     def _current_delays(self) -> Tuple[List[int], List[int]]:
         return self._plan().delays
 
-    def _load(self, backward: bool) -> None:
+    def _load(self, backward: bool, plan: Optional["_PassPlan"] = None) -> None:
         """Put each stage's forward (or backward) view into the parameters (corrections rewrite the latter)."""
-        plan = self._plan()
+        plan = plan or self._plan()
         if not backward:
             self._history.load(plan.forward)
             return
@@ -496,6 +516,78 @@ class PipelineOptimizer(torch.optim.Optimizer):
                     mine = [v for v in rewrite if v.index in stages]
                     if mine:
                         k.backward_view(mine, plan.delays)
+
+    # ------------------------------------------------------------------ activation recomputation
+    def checkpoint(self, function, *args, **kwargs):
+        """``torch.utils.checkpoint.checkpoint(function, *args, use_reentrant=False, **kwargs)`` whose
+        recomputation reads the recompute view (PipeMare App. A.3, App. D.1; docs/design.md §1).
+
+        Call it inside the model's forward where you would call torch's checkpoint. During the
+        backward pass the segment's activations are recomputed with ``u_recomp_i = w_{t - tau_recomp_i}``
+        (T2: ``- (tau_fwd_i - tau_recomp_i) delta``, :class:`~staleopt.corrections.DiscrepancyCorrection`)
+        for each stage the segment reads whose ``tau_recomp`` differs from ``tau_bkwd``; ``W^T delta``
+        still reads ``u_bkwd`` (:mod:`staleopt.recompute`). ``tau_recomp == tau_fwd`` equals no
+        checkpointing; ``tau_recomp == tau_bkwd`` (every schedule but ``dataflow-recompute`` and custom
+        ``tau_recomp``) equals torch's checkpoint. Outside a training forward of the model (eval, no
+        grad) it is torch's checkpoint. ``kwargs`` go to torch's (``preserve_rng_state``,
+        ``determinism_check``, ``debug``, ``early_stop``); ``use_reentrant`` and ``context_fn`` are the
+        engine's.
+        """
+        self._check_attached()
+        if function is self._model:
+            raise ConfigError("opt.checkpoint(model, ...) would rerun the wrapped model's forward (and its hooks) "
+                              "during the backward pass: call opt.checkpoint on segments inside model.forward")
+        for key in ("use_reentrant", "context_fn"):
+            if key in kwargs:
+                raise ConfigError(f"opt.checkpoint sets {key} itself (non-reentrant, with the recompute view as "
+                                  f"its recompute context); call it without {key}=")
+        if not (self._in_forward and torch.is_grad_enabled()):
+            return torch.utils.checkpoint.checkpoint(function, *args, use_reentrant=False, **kwargs)
+        self._seen.add("checkpoint")
+        plan = self._plan()
+        window = RecomputeWindow(self, plan, self._step)
+        out = torch.utils.checkpoint.checkpoint(function, *args, use_reentrant=False, context_fn=window.contexts,
+                                                **kwargs)
+        if plan.recomputing:
+            view_of = self._view_of_param
+            reached = reached_parameters(out, list(args) + list(kwargs.values()))
+            window.views = frozenset(view_of[p] for p in reached if p in view_of) & plan.recomputing
+        return out
+
+    def _on_unit_forward(self, module, args):
+        """Under a recompute schedule, a stage's module that runs during the backward pass outside
+        :meth:`checkpoint` is a recomputation with ``u_bkwd`` (``torch.utils.checkpoint`` called directly)."""
+        if not self._recomputing and current_autograd_node() is not None:
+            raise LoopError(f"{type(module).__name__} ran its forward during the backward pass outside "
+                            f"opt.checkpoint: torch.utils.checkpoint recomputes with the backward weights, but "
+                            f"schedule {self._schedule!r} recomputes with tau_recomp = {self._plan().recomp}; "
+                            "call opt.checkpoint(segment, x) instead (docs/wrapper.md)")
+
+    def _enter_recompute(self, window: RecomputeWindow) -> None:
+        """The recomputation of ``window``'s segment begins: its stages' recompute views into the parameters."""
+        if window.step != self._step:
+            raise LoopError(f"a segment checkpointed in the forward pass of step {window.step} is recomputed at "
+                            f"step {self._step}: call backward() before opt.step()")
+        if "backward-pending" not in self._seen:  # the gradient did not come through the model output
+            self._on_backward_start(None)
+        self._seen.add("recompute")
+        plan, inside = window.plan, window.views
+        targets = [plan.recompute[i] if i in inside else b for i, b in enumerate(plan.backward)]
+        rewrite = self._history.load(targets)  # (a history may hand back views it reloaded outside the window)
+        if rewrite:
+            with torch.no_grad():
+                for k, stages in plan.recompute_rewriters:
+                    mine = [v for v in rewrite if v.index in stages and v.index in inside]
+                    if mine:
+                        k.recompute_view(mine, plan.delays, plan.recomp)
+                for k, stages in plan.rewriters:
+                    mine = [v for v in rewrite if v.index in stages and v.index not in inside]
+                    if mine:
+                        k.backward_view(mine, plan.delays)
+
+    def _leave_recompute(self, window: RecomputeWindow) -> None:
+        """The recomputation ended (or torch stopped it early): the backward views back into the parameters."""
+        self._load(backward=True, plan=window.plan)
 
     def _restore(self) -> None:
         """Put ``w_t`` back into the parameters."""
@@ -512,10 +604,13 @@ class PipelineOptimizer(torch.optim.Optimizer):
                 self._pass, self._passes = self._passes, self._passes + 1
             self._load(backward=False)
             self._autocast_outside = torch.is_autocast_enabled(self._device_type)
+            self._in_forward = True
         else:
+            self._in_forward = False
             self._restore()
 
     def _on_forward_end(self, module, args, output):
+        self._in_forward = False
         if module.training and torch.is_grad_enabled():
             outputs = [t for t in flatten(output) if isinstance(t, torch.Tensor) and t.grad_fn is not None]
             if not self._traced:
@@ -598,6 +693,21 @@ class PipelineOptimizer(torch.optim.Optimizer):
                             "PipelineOptimizer was built now have gradients: they train without delay; build "
                             "the PipelineOptimizer after setting requires_grad")
 
+    def _check_recomputed(self) -> None:
+        """A step of a schedule that recomputes ahead of the backward pass (``tau_bkwd < tau_recomp < tau_fwd``
+        at some stage) needs ``opt.checkpoint`` (else the segments the schedule recomputes silently kept
+        their forward activations, or recomputed with ``u_bkwd`` through torch's own checkpoint)."""
+        plans = self._step_plans()
+        if "backward" in self._seen and "checkpoint" not in self._seen and any(
+                b != r != f for p in plans for f, b, r in zip(*p.delays, p.recomp)):  # (tau_recomp = tau_fwd:
+            # the forward's activations, as without recomputation)
+            self._seen = set()
+            raise LoopError(f"schedule {self._schedule!r} recomputes activations with tau_recomp = "
+                            f"{plans[0].recomp} (tau_bkwd = {plans[0].delays[1]}), but no opt.checkpoint call ran "
+                            "in this step's training forward: wrap each recomputed segment of the model's forward "
+                            "in opt.checkpoint(segment, x) (not torch.utils.checkpoint, which would recompute "
+                            "with u_bkwd; docs/wrapper.md), or train schedule.without_recompute()")
+
     def _check_storage(self) -> None:
         if [p.data_ptr() for p in self._ptr_params] != self._ptrs:
             raise LoopError("the model's parameters were moved or replaced after the PipelineOptimizer "
@@ -622,6 +732,7 @@ class PipelineOptimizer(torch.optim.Optimizer):
         self._restore()
         t = self._step
         delays = self._step_plans()[0].delays  # microbatch 0's: the step's nominal delays
+        self._check_recomputed()
         self._warn_if_unseen(delays)
         self._history.push(t)
         stored = self._stored
@@ -688,6 +799,7 @@ class PipelineOptimizer(torch.optim.Optimizer):
             "format": self.FORMAT,
             "step": self._step,
             "delays": None if self._plans is None else [plan.delays for plan in self._plans],
+            "recompute": None if self._plans is None else [plan.recomp for plan in self._plans],
             "passes": (self._passes, self._pass),
             "history": self._history.state_dict(),
             "generator": self._generator.get_state(),
@@ -724,10 +836,12 @@ class PipelineOptimizer(torch.optim.Optimizer):
                                           [{} for _ in self._stage_groups.state(self._base.param_groups)])
         self._history.load_state_dict(mine["history"])
         self._step = mine["step"]
-        delays = mine["delays"]
+        delays, recompute = mine["delays"], mine["recompute"]
+        if delays is not None and recompute is None:  # saved before tau_recomp: it was tau_bkwd
+            recompute = [b for _, b in delays]
         self._plans = None if delays is None else \
-            [_PassPlan(self._step, (list(f), list(b)), self._views, self._corrections, self._plan_cache)
-             for f, b in delays]
+            [_PassPlan(self._step, (list(f), list(b)), list(r), self._views, self._corrections, self._plan_cache)
+             for (f, b), r in zip(delays, recompute)]
         self._passes, self._pass = mine["passes"]
         self._generator.set_state(mine["generator"])
         for k, s in zip(self._corrections, mine["corrections"]):
@@ -746,6 +860,21 @@ class PipelineOptimizer(torch.optim.Optimizer):
                 f"corrections={self._corrections}, tau_fwd={tf}, tau_bkwd={tb})")
 
 
+def _apply_corrections(corrections: Sequence[Correction], tf, tb, tr, step: Optional[int]):
+    """``(tau_fwd, tau_bkwd, tau_recomp)`` after every correction's ``delays`` in list order; the recompute
+    delays go through them as a second backward (as in :attr:`staleopt.methods.Pipeline.recompute_delays`)."""
+    tf, tb, tr = list(tf), list(tb), list(tr)
+    if tr == tb:
+        for c in corrections:
+            tf, tb = c.delays(list(tf), list(tb), step)
+        return list(tf), list(tb), list(tb)
+    tfr = tf
+    for c in corrections:
+        tf, tb = c.delays(list(tf), list(tb), step)
+        tfr, tr = c.delays(list(tfr), list(tr), step)
+    return list(tf), list(tb), list(tr)
+
+
 def _upgrade(mine: dict) -> dict:
     """The ``"staleopt"`` entry of any earlier format in the current one (a copy; missing keys get defaults)."""
     mine = dict(mine)
@@ -755,24 +884,30 @@ def _upgrade(mine: dict) -> dict:
                               f"reads ({PipelineOptimizer.FORMAT}): upgrade staleopt")
     if version == 0:  # the ring bookkeeping and buffers were two top-level lists
         mine["history"] = {"slots": mine.pop("chunks"), "rings": mine["history"]}
-    for key, default in (("delays", None), ("passes", (0, 0)), ("stage_groups", []), ("corrections", [])):
+    for key, default in (("delays", None), ("recompute", None), ("passes", (0, 0)), ("stage_groups", []),
+                         ("corrections", [])):
         mine.setdefault(key, default)
     mine["format"] = PipelineOptimizer.FORMAT
     return mine
 
 
 class _PassPlan:
-    """What one pass of step ``t`` loads: ``forward``/``backward`` are the history targets
-    ``(version, rewritten)`` per view; ``rewriters`` pairs each correction that rewrites backward
-    views this pass with the indices of those views (declared by ``modifies_backward``). The part
-    that does not depend on ``t`` is computed once per set of delays (``cache``)."""
+    """What one pass of step ``t`` loads: ``forward``/``backward``/``recompute`` are the history
+    targets ``(version, rewritten)`` per view; ``rewriters`` (``recompute_rewriters``) pairs each
+    correction that rewrites backward (recompute) views this pass with the indices of those views
+    (declared by ``modifies_backward``, ``modifies_recompute``); ``recomputing``: the views whose
+    recompute view is not their backward view (``tau_recomp != tau_bkwd``; elsewhere the recompute
+    target *is* the backward one). The part that does not depend on ``t`` is computed once per set
+    of delays (``cache``)."""
 
-    __slots__ = ("delays", "forward", "backward", "rewriters")
+    __slots__ = ("delays", "recomp", "forward", "backward", "rewriters", "recompute", "recompute_rewriters",
+                 "recomputing")
 
-    def __init__(self, t: int, delays: Tuple[List[int], List[int]], views: Sequence[StageView],
+    def __init__(self, t: int, delays: Tuple[List[int], List[int]], recomp: List[int], views: Sequence[StageView],
                  corrections: Sequence[Correction], cache: Dict[tuple, tuple]):
         tf, tb = self.delays = delays
-        key = (tuple(tf), tuple(tb))
+        self.recomp = tr = recomp
+        key = (tuple(tf), tuple(tb), tuple(tr))
         rel = cache.get(key)
         if rel is None:
             if len(cache) >= 256:  # random schedules (Hogwild) draw new delays every step
@@ -780,9 +915,19 @@ class _PassPlan:
             by_view = [[k for k in corrections if k.modifies_backward(v.stage, tf[v.stage], tb[v.stage])]
                        for v in views]
             rewriters = [(k, {v.index for v, ks in zip(views, by_view) if k in ks}) for k in corrections]
-            rel = cache[key] = ([tf[v.stage] for v in views],
-                                [(tb[v.stage], bool(ks)) for v, ks in zip(views, by_view)],
-                                [(k, idx) for k, idx in rewriters if idx])
+            backward = [(tb[v.stage], bool(ks)) for v, ks in zip(views, by_view)]
+            recomputing = frozenset(v.index for v in views if tr[v.stage] != tb[v.stage])
+            by_view_r = [[k for k in corrections if k.modifies_recompute(v.stage, tf[v.stage], tr[v.stage])]
+                         if v.index in recomputing else [] for v in views]
+            recompute_rewriters = [(k, {v.index for v, ks in zip(views, by_view_r) if k in ks}) for k in corrections]
+            rel = cache[key] = ([tf[v.stage] for v in views], backward,
+                                [(k, idx) for k, idx in rewriters if idx],
+                                [(tr[v.stage], bool(ks)) if v.index in recomputing else b
+                                 for v, ks, b in zip(views, by_view_r, backward)],
+                                [(k, idx) for k, idx in recompute_rewriters if idx], recomputing)
         self.forward = [(t - a, False) for a in rel[0]]
         self.backward = [(t - a, m) for a, m in rel[1]]
         self.rewriters = rel[2]
+        self.recompute = [(t - a, m) for a, m in rel[3]]
+        self.recompute_rewriters = rel[4]
+        self.recomputing = rel[5]

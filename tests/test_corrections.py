@@ -49,28 +49,35 @@ def test_t1_applies_per_stage_lr_on_top_of_the_scheduler():
 
 
 # ----------------------------------------------------------------------------- T2
-def test_t2_matches_hand_computation():
-    """gamma, delta and the corrected backward view, step by step, against explicit formulas."""
+@pytest.mark.parametrize("accumulator", ["causal", "current"])
+def test_t2_matches_hand_computation(accumulator):
+    """gamma, delta and the corrected backward view (reading delta_(t - tau_bkwd), or delta_t), step by step,
+    against explicit formulas."""
     D, lr = 0.3, 0.05
     tf, tb = [4, 2, 0], [1, 0, 0]
     model = mlp(seed=2)
     opt = staleopt.PipelineOptimizer(model, torch.optim.SGD(model.parameters(), lr=lr), stages=3,
                                      schedule=schedules.get("custom", tau_fwd=tf, tau_bkwd=tb),
-                                     corrections=[DiscrepancyCorrection(D)])
+                                     corrections=[DiscrepancyCorrection(D, accumulator=accumulator)])
     t2 = opt.corrections[0]
     gamma = [D ** (1 / 3), D ** (1 / 2), None]
+    deltas = []  # delta_t of every step
     assert t2.gamma[0] == pytest.approx(gamma[0]) and t2.gamma[1] == pytest.approx(gamma[1])
     assert t2.gamma[2] is None
     hist = [snapshot(model)]
     delta = [[torch.zeros_like(w) for w in layer] for layer in hist[0]]
     for t, (x, y) in enumerate(batches(15, seed=2)):
+        deltas.append(delta)
         Wf = [hist[max(t - tf[i], 0)][i] for i in range(3)]
         Wb = []
         for i in range(3):
             raw = hist[max(t - tb[i], 0)][i]
-            Wb.append([w - (tf[i] - tb[i]) * d for w, d in zip(raw, delta[i])] if tf[i] > tb[i] else raw)
+            read = delta[i] if accumulator == "current" else \
+                deltas[t - tb[i]][i] if t >= tb[i] else [torch.zeros_like(w) for w in raw]
+            Wb.append([w - (tf[i] - tb[i]) * d for w, d in zip(raw, read)] if tf[i] > tb[i] else raw)
         grads = oracle_grads(x, y, Wf, Wb)
         new = [[w - lr * g for w, g in zip(hist[-1][i], grads[i])] for i in range(3)]
+        delta = list(delta)
         for i in range(2):
             delta[i] = [gamma[i] * d + (1 - gamma[i]) * (a - b) for d, a, b in zip(delta[i], new[i], hist[-1][i])]
         hist.append(new)
@@ -83,7 +90,8 @@ def test_t2_matches_hand_computation():
         for i in range(2):
             expect = torch.cat([delta[i][0].flatten(), delta[i][1]])
             torch.testing.assert_close(t2.delta(i), expect, atol=1e-12, rtol=0)
-    assert t2.extra_bytes() == sum(s.numel for s in opt.partition.stages[:2]) * 8
+    rows = [2, 1] if accumulator == "causal" else [1, 1]  # causal: stage 0 also keeps delta_(t-1)
+    assert t2.extra_bytes() == sum(r * s.numel for r, s in zip(rows, opt.partition.stages[:2])) * 8
     with pytest.raises(CorrectionError, match="T2 keeps no delta for stage 2.*corrected stages: \\[0, 1\\]"):
         t2.delta(2)
     with pytest.raises(CorrectionError, match="stage = 3 must be an int in 0..2"):

@@ -210,25 +210,35 @@ def test_2bw_at_one_stage_reads_the_current_version():
         assert schedules.get("2bw").delays(1, N) == ([0], [0])
 
 
-def test_training_refuses_a_recompute_delay_the_engine_does_not_simulate():
-    """Training with tau_recomp != tau_bkwd would silently step as the schedule without recompute (the engine
-    has no recompute view yet): the optimizer refuses it and names the fix (docs/schedules.md)."""
+def test_training_a_recompute_delay_needs_opt_checkpoint():
+    """With tau_recomp != tau_bkwd a step whose forward made no opt.checkpoint call would silently step as the
+    schedule without recompute: the optimizer refuses that step and names the fix (docs/wrapper.md); with
+    opt.checkpoint it trains (tests/test_engine_recompute.py checks what it computes)."""
     import torch
     from torch import nn
     from staleopt import PipelineOptimizer
-    from staleopt.errors import ConfigError
+    from staleopt.errors import LoopError
 
-    def make(schedule):
-        model = nn.Sequential(*[nn.Sequential(nn.Linear(4, 4), nn.Tanh()) for _ in range(4)]).double()
-        return PipelineOptimizer(model, torch.optim.SGD(model.parameters(), lr=0.05), stages=4, schedule=schedule)
+    class Net(nn.Sequential):
+        def forward(self, x):
+            return self.opt[0].checkpoint(super().forward, x) if self.opt else super().forward(x)
 
-    with pytest.raises(ConfigError, match="recomputes activations ahead of the backward.*without_recompute"):
-        make("pipemare-recompute")
+    def run(schedule, checkpoint):
+        model = Net(*[nn.Sequential(nn.Linear(4, 4), nn.Tanh()) for _ in range(4)]).double()
+        opt = PipelineOptimizer(model, torch.optim.SGD(model.parameters(), lr=0.05), stages=4, schedule=schedule)
+        model.opt = [opt] if checkpoint else []
+        model(torch.ones(2, 4, dtype=torch.float64)).sum().backward()
+        opt.step()
+
     custom = schedules.get("custom", tau_fwd=[3, 2, 1, 0], tau_bkwd=[0, 0, 0, 0], tau_recomp=[1, 1, 0, 0])
-    with pytest.raises(ConfigError, match="tau_recomp = \\[1, 1, 0, 0\\], tau_bkwd = \\[0, 0, 0, 0\\]"):
-        make(custom)
-    make(schedules.get("dataflow-recompute").without_recompute())
-    make(schedules.get("custom", tau_fwd=[3, 2, 1, 0], tau_bkwd=[0, 0, 0, 0], tau_recomp=[0, 0, 0, 0]))
+    for schedule in ("pipemare-recompute", custom):
+        with pytest.raises(LoopError, match="no opt.checkpoint call ran.*torch.utils.checkpoint.*without_recompute"):
+            run(schedule, checkpoint=False)
+    with pytest.raises(LoopError, match="tau_recomp = \\[1, 1, 0, 0\\] \\(tau_bkwd = \\[0, 0, 0, 0\\]\\)"):
+        run(custom, checkpoint=False)
+    run(custom, checkpoint=True)
+    run(schedules.get("dataflow-recompute").without_recompute(), checkpoint=False)
+    run(schedules.get("custom", tau_fwd=[3, 2, 1, 0], tau_bkwd=[0, 0, 0, 0], tau_recomp=[0, 0, 0, 0]), False)
 
 
 def test_what_if_recompute_memory_bounds_the_executed_one():

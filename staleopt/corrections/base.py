@@ -14,6 +14,10 @@ history's slots. The engine (:class:`staleopt.PipelineOptimizer`, and the refere
    :meth:`backward_view` rewrite it this step?
 3. :meth:`backward_view` — when the backward pass reaches the model output, after the history
    loaded the raw backward views, on the views it declared;
+3b. :meth:`recompute_view` — during the backward pass, when an activation recomputation
+   (:meth:`staleopt.PipelineOptimizer.checkpoint`) loads the raw recompute views of the stages it
+   recomputes (those whose ``tau_recomp`` differs from ``tau_bkwd``), on the views
+   :meth:`modifies_recompute` declared; the backward views come back when it ends;
 4. in ``step()``, with ``w_t`` back in the parameters and pushed into the history:
    :meth:`lr_factors` of every correction (multiplied together and onto the lr the user's
    scheduler set, never written back into ``group["lr"]``); then for each correction in list
@@ -73,6 +77,14 @@ class Correction:
 
     def backward_view(self, chunks: Sequence, delays: Delays) -> None:
         """Modify, in place, the loaded backward views (``view.data``) of ``chunks`` (those it declared)."""
+
+    def modifies_recompute(self, stage: int, tau_fwd: int, tau_recomp: int) -> bool:
+        """Whether :meth:`recompute_view` changes this stage's recompute view ``w_{t - tau_recomp}``
+        (PipeMare App. D.1; a function of its arguments only, cached like :meth:`modifies_backward`)."""
+        return False
+
+    def recompute_view(self, chunks: Sequence, delays: Delays, tau_recomp: List[int]) -> None:
+        """Modify, in place, the loaded recompute views (``view.data``) of ``chunks`` (those it declared)."""
 
     def lr_factors(self, delays: Delays, step: int) -> Optional[List[float]]:
         """Per-stage multipliers of the scheduler's lr for this step, or None for all 1."""

@@ -1,9 +1,12 @@
-"""PipeMare T2: discrepancy correction of the backward weights, PipeMare §3.2."""
+"""PipeMare T2: discrepancy correction of the backward (and recompute) weights, PipeMare §3.2, App. B.4, App. D.1."""
 from __future__ import annotations
+
+from typing import Dict, List
 
 import torch
 
-from ..errors import CorrectionError
+from ..errors import CheckpointError, CorrectionError
+from ..theory import ACCUMULATORS, t2_gamma
 from ..validate import check_int
 from .base import Correction
 
@@ -15,41 +18,83 @@ class DiscrepancyCorrection(Correction):
 
     Where ``tau_fwd_i > tau_bkwd_i``::
 
-        (u_bkwd_t)_i  = w_{t - tau_bkwd_i, i} - (tau_fwd_i - tau_bkwd_i) * delta_{t,i}
-        delta_{t+1,i} = gamma_i * delta_{t,i} + (1 - gamma_i) * (w_{t+1,i} - w_{t,i})
-        gamma_i       = D ** (1 / (tau_fwd_i - tau_bkwd_i))
+        (u_bkwd_t)_i   = w_{t - tau_bkwd_i, i}   - (tau_fwd_i - tau_bkwd_i)   * delta_{s,i}
+        (u_recomp_t)_i = w_{t - tau_recomp_i, i} - (tau_fwd_i - tau_recomp_i) * delta_{s',i}   (App. D.1)
+        delta_{t+1,i}  = gamma_i * delta_{t,i} + (1 - gamma_i) * (w_{t+1,i} - w_{t,i})
+        gamma_i        = D ** (1 / (tau_fwd_i - tau_bkwd_i)),  or 1 - 2/(tau_fwd_i - tau_bkwd_i + 1)
+                         for decay="invariant" (App. B.4 eq. 14)
 
-    ``delta`` starts at 0 and is one weight-sized buffer per corrected stage.
-    ``gamma_i`` uses the schedule's asynchronous delays (so ``delta`` keeps
-    tracking the weights through a synchronous warmup); the correction is applied
-    on the steps whose delays differ.
+    ``accumulator`` (the names are :data:`staleopt.theory.ACCUMULATORS`, one convention for theory
+    and training) says which ``delta`` a view reads:
+
+    * ``"causal"`` (default): the accumulator as it was when that pass ran in the pipeline,
+      ``s = t - tau_bkwd_i`` and ``s' = t - tau_recomp_i`` (App. B.4's polynomial). T2 keeps the
+      accumulators ``delta_{t-k}`` for ``k`` up to ``max(tau_bkwd_i, tau_recomp_i)`` (the latter
+      where ``tau_recomp_i < tau_fwd_i``; largest delays): one weight-sized row per step of that
+      depth, only for corrected stages that have one;
+    * ``"current"``: ``s = s' = t``, the accumulator at the step that applies the gradient (it
+      uses updates a real pipeline does not have yet when the backward pass runs).
+
+    Both agree, bit for bit, where ``tau_bkwd_i = tau_recomp_i = 0`` (every dataflow method).
+    ``delta`` starts at 0 (``delta_v = 0`` for ``v < 0``). ``gamma_i`` uses the schedule's
+    asynchronous delays (so ``delta`` keeps tracking the weights through a synchronous warmup); the
+    correction is applied on the steps whose delays differ.
     """
 
-    name, paper = "T2", "PipeMare §3.2"
+    name, paper = "T2", "PipeMare §3.2, App. B.4, App. D.1"
     rewrites_backward_view = True
     needs_raw_history = True
 
-    def __init__(self, decay: float):
-        if isinstance(decay, bool) or not isinstance(decay, (int, float)) or not 0.0 < float(decay) < 1.0:
+    def __init__(self, decay, accumulator: str = "causal"):
+        if decay != "invariant" and (isinstance(decay, bool) or not isinstance(decay, (int, float))
+                                     or not 0.0 < float(decay) < 1.0):
             raise CorrectionError(f"DiscrepancyCorrection(decay) must be a float in (0, 1) (the D of PipeMare "
-                                  f"§3.2; the paper sweeps 0.01-0.9), got {decay!r}")
-        self.decay = float(decay)
+                                  f"§3.2; the paper sweeps 0.01-0.9) or 'invariant' (App. B.4's "
+                                  f"gamma = 1 - 2/(k+1)), got {decay!r}")
+        if accumulator not in ACCUMULATORS:
+            raise CorrectionError(f"DiscrepancyCorrection(accumulator) must be one of {ACCUMULATORS} ('causal': "
+                                  f"a view reads delta_(t - tau), PipeMare App. B.4; 'current': delta_t), "
+                                  f"got {accumulator!r}")
+        self.decay = decay if decay == "invariant" else float(decay)
+        self.accumulator = accumulator
 
     def bind(self, engine):
         super().bind(engine)
         tf, tb = engine.max_delays
-        self.gamma = [self.decay ** (1.0 / (f - b)) if f > b else None for f, b in zip(tf, tb)]
-        self._delta = {}
+        tr = engine.max_recompute_delays
+        self.gamma = [t2_gamma(self.decay, f, b) if f > b else None for f, b in zip(tf, tb)]
+        causal = self.accumulator == "causal"
+        #: per corrected view: (rows M, the (M, numel) ring, per row its per-parameter views); delta_v in row v mod M
+        self._ring: Dict[int, tuple] = {}
         for i, c in enumerate(engine.chunks):
             if self.gamma[c.stage] is not None:
-                self._delta[i] = c.zeros()
-        # per tensor of the corrected stages: its delta view and its weight 1 - gamma_i
-        self._views = [v for flat, views in self._delta.values() for v in views]
-        self._weights = [1.0 - self.gamma[engine.chunks[i].stage] for i, (_, views) in self._delta.items()
-                         for _ in views]
+                s = c.stage  # the recompute view reads delta only where tau_recomp < tau_fwd
+                M = 1 + (max(tb[s], tr[s] if tr[s] < tf[s] else 0) if causal else 0)
+                p0 = c.params[0]
+                ring = torch.zeros((M, c.numel), dtype=p0.dtype, device=p0.device)
+                self._ring[i] = (M, ring, [c.split(ring[r]) for r in range(M)])
+        self._weights = [1.0 - self.gamma[engine.chunks[i].stage] for i, (_, _, rows) in self._ring.items()
+                         for _ in rows[0]]
+
+    def _delta_at(self, index: int, version: int) -> List[torch.Tensor]:
+        """Per-parameter views of view ``index``'s ``delta_version`` (``t - M < version <= t``)."""
+        M, _, rows = self._ring[index]
+        return rows[version % M]
+
+    def _read(self, index: int, tau: int) -> List[torch.Tensor]:
+        """The accumulator a view delayed by ``tau`` reads this step: ``delta_{t-tau}`` (causal) or ``delta_t``."""
+        t = self.engine.step_count
+        if self.accumulator == "current":
+            return self._delta_at(index, t)
+        if tau >= self._ring[index][0]:
+            raise CorrectionError(f"T2 keeps delta_(t - k) for k < {self._ring[index][0]} at stage "
+                                  f"{self.engine.chunks[index].stage} but a view delayed by {tau} reads it: the "
+                                  "engine's largest delays (max_delays, max_recompute_delays) must bound every step's "
+                                  "(please report this)")
+        return self._delta_at(index, t - tau)
 
     def delta(self, stage: int) -> torch.Tensor:
-        """The flat velocity estimate of ``stage`` (concatenated over its chunks).
+        """The flat velocity estimate ``delta_t`` of ``stage`` (concatenated over its chunks).
 
         Raises :class:`~staleopt.errors.CorrectionError` for a stage out of range, or one T2 does not correct
         (``tau_fwd_i = tau_bkwd_i``: no discrepancy, so no ``delta`` is kept).
@@ -60,7 +105,9 @@ class DiscrepancyCorrection(Correction):
             raise CorrectionError(f"T2 keeps no delta for stage {stage}: its forward and backward delays are equal "
                                   f"(tau_fwd = tau_bkwd = {tf[stage]}), so its backward weights need no correction; "
                                   f"corrected stages: {[i for i, g in enumerate(self.gamma) if g is not None]}")
-        return torch.cat([self._delta[i][0] for i, c in enumerate(self.engine.chunks) if c.stage == stage])
+        t = self.engine.step_count
+        return torch.cat([self._ring[i][1][t % self._ring[i][0]] for i, c in enumerate(self.engine.chunks)
+                          if c.stage == stage])
 
     def modifies_backward(self, stage, tau_fwd, tau_bkwd):
         return tau_fwd > tau_bkwd and self.gamma[stage] is not None
@@ -68,28 +115,64 @@ class DiscrepancyCorrection(Correction):
     def backward_view(self, chunks, delays):
         tf, tb = delays
         for c in chunks:
-            torch._foreach_add_(c.data, self._delta[c.index][1], alpha=-(tf[c.stage] - tb[c.stage]))
+            torch._foreach_add_(c.data, self._read(c.index, tb[c.stage]), alpha=-(tf[c.stage] - tb[c.stage]))
+
+    def modifies_recompute(self, stage, tau_fwd, tau_recomp):
+        return tau_fwd > tau_recomp and self.gamma[stage] is not None
+
+    def recompute_view(self, chunks, delays, tau_recomp):
+        """``u_recomp = w_{t - tau_recomp} - (tau_fwd - tau_recomp) delta`` (PipeMare App. D.1)."""
+        tf = delays[0]
+        for c in chunks:
+            torch._foreach_add_(c.data, self._read(c.index, tau_recomp[c.stage]),
+                                alpha=-(tf[c.stage] - tau_recomp[c.stage]))
 
     def after_update(self, chunks, delays, step):
-        """``delta += (1 - gamma) * ((w_{t+1} - w_t) - delta)``, one foreach call over all corrected stages."""
-        if not self._views:
+        """``delta_{t+1} = delta_t + (1 - gamma) ((w_{t+1} - w_t) - delta_t)``, one foreach call over all
+        corrected stages (written over ``delta_t`` in place, or into the ring row of ``delta_{t+1-M}``)."""
+        if not self._ring:
             return
-        new, old = [], []
-        for i in self._delta:
+        new, old, dst, src = [], [], [], []
+        for i, (M, _, rows) in self._ring.items():
             c = self.engine.chunks[i]
             new += c.data  # w_{t+1}
             old += c.stored(step)  # w_t
-        torch._foreach_lerp_(self._views, torch._foreach_sub(new, old), self._weights)
+            if M > 1:
+                src += rows[step % M]
+                dst += rows[(step + 1) % M]
+        if dst:
+            torch._foreach_copy_(dst, src)
+        views = [v for i, (M, _, rows) in self._ring.items() for v in rows[(step + 1) % M]]
+        torch._foreach_lerp_(views, torch._foreach_sub(new, old), self._weights)
 
     def state_dict(self):
-        return {"delta": {i: flat for i, (flat, _) in self._delta.items()}}
+        t = self.engine.step_count
+        state = {"delta": {i: ring[t % M] for i, (M, ring, _) in self._ring.items()}}
+        rings = {i: ring for i, (M, ring, _) in self._ring.items() if M > 1}
+        if rings:
+            state["rings"] = rings
+        return state
 
     def load_state_dict(self, state):
-        for i, flat in state["delta"].items():
-            self._delta[int(i)][0].copy_(flat)
+        """``delta`` alone (a checkpoint of an engine before the causal accumulator) loads where T2 keeps no
+        past accumulators; a stage that needs them raises :class:`~staleopt.errors.CheckpointError`."""
+        deltas = {int(i): flat for i, flat in state["delta"].items()}
+        rings = {int(i): ring for i, ring in state.get("rings", {}).items()}
+        for i, (M, ring, _) in self._ring.items():
+            if M == 1:
+                ring[0].copy_(deltas[i])
+            elif i in rings:
+                ring.copy_(rings[i])
+            else:
+                raise CheckpointError(f"this checkpoint keeps only T2's current accumulator delta_t, but stage "
+                                      f"{self.engine.chunks[i].stage} reads delta_(t - tau) for tau up to {M - 1} "
+                                      f"(accumulator='causal', tau_bkwd or tau_recomp > 0): continue it with "
+                                      f"DiscrepancyCorrection({self.decay!r}, accumulator='current'), the "
+                                      f"convention it was trained with, or restart the run")
 
     def extra_bytes(self):
-        return sum(f.numel() * f.element_size() for f, _ in self._delta.values())
+        return sum(ring.numel() * ring.element_size() for _, ring, _ in self._ring.values())
 
     def __repr__(self):
-        return f"DiscrepancyCorrection(decay={self.decay})"
+        extra = "" if self.accumulator == "causal" else f", accumulator={self.accumulator!r}"
+        return f"DiscrepancyCorrection(decay={self.decay!r}{extra})"
