@@ -115,3 +115,26 @@ def test_eq16_errors():
     with pytest.raises(ConfigError, match=r"tau_fwd\[0\] = 99 must be an int in 0\.\."):
         with opt.passes_with_delays([99] + [0] * (P - 1), [0] * P):
             pass
+
+
+def test_eq16_is_the_same_on_every_history():
+    """The passes at other delays move versions through the history: the minimal (swaps) and fast (copies)
+    histories and the reference engine (every version kept) give bit-equal iterates, with microbatch passes."""
+    from staleopt.reference import ReferencePipelineOptimizer
+    data = batches(8, in_dim=SIZES[0], batch=8, seed=16)
+    runs = []
+    for cls, memory in ((ReferencePipelineOptimizer, "minimal"), (staleopt.PipelineOptimizer, "minimal"),
+                        (staleopt.PipelineOptimizer, "fast")):
+        model = mlp(SIZES, seed=17)
+        opt = cls(model, torch.optim.Adam(model.parameters(), lr=1e-2), stages=P, schedule=_hogwild(), seed=SEED,
+                  memory=memory, microbatches=2, microbatch_passes=True)
+        for x, y in data:
+            def closure():
+                losses = [mse(model(xs), ys) / 2 for xs, ys in zip(x.chunk(2), y.chunk(2))]
+                for loss in losses:
+                    loss.backward()
+                return sum(losses)
+            eq16_step(opt, closure)
+        runs.append([p.detach().clone() for p in model.parameters()])
+    for other in runs[1:]:
+        assert all(torch.equal(a, b) for a, b in zip(runs[0], other))
