@@ -241,23 +241,27 @@ class Pipeline:
         """``[i][j]``: the delays of microbatch ``j`` of minibatch ``step`` at stage ``i``, forward, backward and
         recompute, as the executed timeline has them (:mod:`staleopt.timeline`).
 
-        Synchronous steps read ``w_t``: 0. A pipelined step reads the steady
-        delays, except that a pipeline refilling after its last flush at step ``s``
-        reads nothing older than the flush: ``min(tau, t - s)`` (``s`` the end of
-        the warmup, PipeMare §4; ``s = 0`` at the start of a run, where the
-        engine's ``w_{t - tau} = w_0`` for ``t < tau`` is the same clamp). At a
-        hybrid switch the pipeline drains: the steps before it keep their delays.
+        Microbatch ``j``'s delays are the schedule's, then each correction's ``delays(..., step)``, exactly
+        what the engine computes for pass ``j`` (``microbatch_passes``): a
+        :class:`~staleopt.corrections.Warmup` reads ``w_t`` during the warmup and refills after it
+        (``min(tau, t - W)``, PipeMare §4), a :class:`~staleopt.corrections.Hybrid` reads ``w_t`` after its
+        switch (the pipeline drained, stale-weights §4). Last, the run's start clamps to
+        ``min(tau, t)``: the engine's ``w_{t - tau} = w_0`` for ``t < tau``, said as the version read.
         """
         check_int("step", step, minimum=0)
         P, N = self.stages, self.microbatches
-        if self.synchronous(step):
-            zeros = [[0] * N for _ in range(P)]
-            return StepDelays(zeros, [list(r) for r in zeros], [list(r) for r in zeros])
         mf, mb = self.schedule.microbatch_delays(P, N)
-        for c in self.corrections:
-            mf, mb = c.delays(list(mf), list(mb), None)
-        age = step - self.refilled_at(step)
-        return StepDelays(*([[min(d, age) for d in row] for row in rows] for rows in (mf, mb, self._recompute[1])))
+        mr = self.schedule.microbatch_recompute_delays(P, N)
+        rows = [[[0] * N for _ in range(P)] for _ in range(3)]
+        for j in range(N):
+            fwd, bkwd, rf, recomp = ([row[j] for row in m] for m in (mf, mb, mf, mr))
+            for c in self.corrections:
+                fwd, bkwd = c.delays(list(fwd), list(bkwd), step)
+                rf, recomp = c.delays(list(rf), list(recomp), step)
+            for out, column in zip(rows, (fwd, bkwd, recomp)):
+                for i in range(P):
+                    out[i][j] = min(column[i], step)
+        return StepDelays(*rows)
 
     def delays_at(self, step: int) -> StepDelays:
         """Per-stage delays of step ``step`` (the largest over its microbatches, :meth:`microbatch_delays_at`)."""

@@ -503,6 +503,30 @@ class PipelineOptimizer(torch.optim.Optimizer):
     def _current_delays(self) -> Tuple[List[int], List[int]]:
         return self._plan().delays
 
+    @contextlib.contextmanager
+    def passes_with_delays(self, tau_fwd: Sequence[int], tau_bkwd: Sequence[int]):
+        """Within the block every training pass of the current step reads ``w_{t - tau_fwd_i}`` forward and
+        ``w_{t - tau_bkwd_i}`` backward at stage ``i`` instead of the step's delays (the corrections' view
+        rewrites apply; their ``delays`` do not); ``step()`` afterwards uses the step's own delays.
+        :func:`staleopt.hogwild.eq16_step` builds PipeMare App. E eq. (16) on it."""
+        self._check_attached()
+        depth = [max(f, b) for f, b in zip(*self._max_delays)]  # the versions the history keeps per stage
+        tau_fwd, tau_bkwd = list(tau_fwd), list(tau_bkwd)
+        if len(tau_fwd) != len(depth) or len(tau_bkwd) != len(depth):
+            raise ConfigError(f"passes_with_delays needs one delay per stage ({len(depth)}), got {len(tau_fwd)} "
+                              f"forward and {len(tau_bkwd)} backward")
+        tf, tb = ([check_int(f"{name}[{i}]", d, 0, depth[i], error=ConfigError,
+                             why="the history keeps max(max_delays) versions of each stage")
+                   for i, d in enumerate(delays)] for name, delays in (("tau_fwd", tau_fwd), ("tau_bkwd", tau_bkwd)))
+        own = self._step_plans()
+        # a recomputation inside these passes reads the backward view (tau_recomp := tau_bkwd)
+        self._plans = [_PassPlan(self._step, (tf, tb), list(tb), self._views, self._corrections, self._plan_cache)]
+        try:
+            yield
+        finally:
+            self._restore()
+            self._plans = own
+
     def _load(self, backward: bool, plan: Optional["_PassPlan"] = None) -> None:
         """Put each stage's forward (or backward) view into the parameters (corrections rewrite the latter)."""
         plan = plan or self._plan()

@@ -226,7 +226,8 @@ def test_warmup_is_gpipe_then_switches_exactly():
             train(m2, o2, [(x, y)])
             for a, b in zip(m1.parameters(), m2.parameters()):
                 assert torch.equal(a, b)
-    assert taus[:5] == [[0, 0, 0]] * 5 and taus[5:] == [[5, 3, 1]] * 5
+    assert taus[:5] == [[0, 0, 0]] * 5   # then the pipeline refills: min(tau, t - 5) (PipeMare §4)
+    assert taus[5:] == [[0, 0, 0], [1, 1, 1], [2, 2, 1], [3, 3, 1], [4, 3, 1]]
     t1 = o1.corrections[1]
     assert t1.lr_factors(([5, 3, 1], [0, 0, 0]), 5) == [pytest.approx(1 / 5), pytest.approx(1 / 3), 1.0]  # k = 0
     assert t1.lr_factors(([5, 3, 1], [0, 0, 0]), 9) == [1.0, 1.0, 1.0]  # k = 4 = K

@@ -15,10 +15,10 @@ VerticalSync()              every stage uses stage 0's version      PipeDream §
 from .base import Correction
 from .discrepancy import DiscrepancyCorrection
 from .lr_reschedule import LRReschedule, t1_factor
-from .phases import Hybrid, Warmup
+from .phases import Hybrid, Warmup, refill
 from .prediction import WeightPrediction
 from .stashing import Stashing
 from .vertical_sync import VerticalSync
 
 __all__ = ["Correction", "Stashing", "LRReschedule", "t1_factor", "DiscrepancyCorrection", "WeightPrediction",
-           "Warmup", "Hybrid", "VerticalSync"]
+           "Warmup", "Hybrid", "refill", "VerticalSync"]

@@ -43,9 +43,14 @@ class WeightPrediction(Correction):
     * ``"adam"`` — XPipe (PipeOptim eq. 6 with the moments in their right places):
       ``dW = m_hat / (sqrt(v_hat) + eps)``; the printed formula swaps ``m`` and ``v``.
 
-    SpecTrain and XPipe also predict the backward view; on the schedules where
-    prediction applies the backward reads the current weights (``tau_bkwd = 0``),
-    so that prediction has gap 0 and is the identity.
+    Backward pass: PipeOptim §III-B2 says SpecTrain and XPipe predict the backward weights too.
+    Here every rule predicts, per stage, the version the stage's own backward pass meets (PipeOptim
+    eq. 4's ``s``); on the schedules prediction accepts (``1f1b``, ``dataflow``, ``pb``) that
+    backward reads exactly that version, ``w_t`` (``tau_bkwd = 0``, the executed timeline's
+    version of every backward pass), so the backward prediction has gap 0 and is the identity.
+    SpecTrain's own code aims every stage at one moment instead, the end of the minibatch's backward
+    at stage 0, which adds a backward gap (docs/schedules.md, "Weight prediction's backward pass";
+    not simulated).
 
     ``state``: ``"auto"`` reads the base optimizer's buffers when it has the ones the
     rule needs (SGD with momentum for ``"sgdm"``, Adam/AdamW for ``"adam"``) and keeps
