@@ -26,7 +26,7 @@ class DelayCompensation(Correction):
         g  <-  g + lambda * g * g * (w_t - w_{t - tau_i})                  # §3 (derivation), §4 (algorithm)
 
     (element-wise). ``g * g`` is the paper's diagonal approximation ``lambda * G`` of the Hessian
-    (§3.2), so ``g + lambda * g * g * (w_t - w_bak)`` approximates the gradient at the current
+    (§3), so ``g + lambda * g * g * (w_t - w_bak)`` approximates the gradient at the current
     weights from the one computed at the backup ``w_bak``. ``mean_square_decay=None`` is DC-ASGD-c
     (constant ``lambda``); a value ``m`` is DC-ASGD-a (§4)::
 
@@ -51,7 +51,7 @@ class DelayCompensation(Correction):
 
     def __init__(self, lam: float = 0.04, mean_square_decay: Optional[float] = None, eps: float = 1e-7):
         self.lam = _check_positive("DelayCompensation(lam)", lam,
-                                   "the lambda of DC-ASGD §4; the paper uses 0.04 (DC-ASGD-c) and 2 (DC-ASGD-a)")
+                                   "the lambda of DC-ASGD §4; the methods use 0.04 (DC-ASGD-c) and 2 (DC-ASGD-a)")
         if mean_square_decay is not None and (isinstance(mean_square_decay, bool) or not isinstance(
                 mean_square_decay, (int, float)) or not 0.0 <= float(mean_square_decay) < 1.0):
             raise CorrectionError(f"DelayCompensation(mean_square_decay) must be None (DC-ASGD-c, constant lambda) or "
