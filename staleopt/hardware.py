@@ -12,7 +12,8 @@ optimizer it reports
 * **memory in bytes** — weights, gradients, optimizer slots and the extra
   weight copies each method keeps (stashed versions, 2BW's second buffer, the
   predicted weights, T2's buffer; PipeMare Table 1, App. A.1; 2BW paper §3.1;
-  PipeOptim Table I), and, given a microbatch size and an example input, the
+  PipeOptim Table I; the buffers of the corrections published since,
+  :func:`correction_bytes`), and, given a microbatch size and an example input, the
   activation memory with and without recompute (PipeMare App. A.2–A.3, Table 4).
 
 Each method's facts (delays, steady-state utilization and phases, in-flight
@@ -33,6 +34,7 @@ import torch
 from torch import nn
 
 from . import methods
+from .corrections import DelayCompensation, GapAware, NesterovLookahead
 from .errors import ConfigError
 from .methods import amortized_utilization, hybrid_speedup
 from .partition import Partition, partition_model
@@ -40,7 +42,8 @@ from .validate import check_int
 
 __all__ = ["OPTIMIZER_SLOTS", "MemoryReport", "pipeline_utilization", "amortized_utilization",
            "hybrid_speedup", "time_to_accuracy", "effective_delays", "in_flight_counts",
-           "activation_sizes", "activation_memory", "recompute_activation_memory", "memory_report"]
+           "activation_sizes", "activation_memory", "recompute_activation_memory", "correction_bytes",
+           "memory_report"]
 
 #: Weight-sized state buffers per optimizer (SGD: none; SGD momentum: the velocity; Adam, AdamW: m and v).
 OPTIMIZER_SLOTS = {"sgd": 0, "sgd-momentum": 1, "adam": 2, "adamw": 2}
@@ -192,6 +195,36 @@ def recompute_activation_memory(sizes: Sequence[Tuple[int, int]], recomputed: Se
     return sum(r * a + k * i for r, k, (a, i) in zip(recomputed, cached, sizes))
 
 
+def correction_bytes(pipeline: "methods.Pipeline", stage_bytes: Sequence[int], optimizer: str) -> int:
+    """Bytes of the weight-sized buffers the corrections published since the seeds keep (docs/corrections.md).
+
+    ``stage_bytes``: ``|w_i|`` per stage; ``tau_i = tau_fwd_i`` (the pipeline's largest delays).
+
+    * delay compensation (DC-ASGD, Zheng et al. §4) and Gap-Aware (Barkai et al.) compare ``w_t`` with
+      the version ``w_{t - tau_i}`` the gradient was computed with, so a stage keeps its ``tau_i`` latest
+      versions: ``sum_i |w_i| tau_i``, once for both, and nothing more with weight stashing (the stash
+      holds exactly these); plus one statistic ``|w_i|`` per delayed stage each for DC-ASGD-a
+      (``MeanSquare``) and Gap-Aware (the running mean square step ``v``);
+    * the Nesterov look-ahead (Ajanthan et al.): its momentum, ``|w_i|`` per stage (it replaces the base
+      optimizer's, so use it with ``optimizer="sgd"``; ``optimizer`` is not read otherwise);
+    * staleness-aware step sizes (Zhang et al.): nothing.
+    """
+    w = list(stage_bytes)
+    tau = pipeline.delays[0]
+    delayed = sum(wi for wi, t in zip(w, tau) if t > 0)
+    total, versions = 0, False
+    for c in pipeline.corrections:
+        if isinstance(c, (DelayCompensation, GapAware)):
+            versions = True
+            if isinstance(c, GapAware) or c.mean_square_decay is not None:
+                total += delayed
+        elif isinstance(c, NesterovLookahead):
+            total += sum(w)
+    if versions and not pipeline.stashes:
+        total += sum(wi * t for wi, t in zip(w, tau))
+    return total
+
+
 @dataclass(frozen=True)
 class MemoryReport:
     """Memory of one method on one model, in bytes (``*_bytes``); ratios are unitless.
@@ -207,6 +240,8 @@ class MemoryReport:
       (PipeOptim Table I: ``[M, 2M]``), plus the rule's own moments when the base
       optimizer lacks them (SpecTrain: 1 slot, XPipe: 2);
     * ``t2_bytes``: T2's ``delta``, ``|w_i|`` per stage with ``tau_fwd_i > tau_bkwd_i`` (PipeMare §3.2);
+    * ``correction_bytes``: the buffers of the corrections published since the seeds (delay
+      compensation, Gap-Aware, the Nesterov look-ahead; :func:`correction_bytes`);
     * ``weight_optimizer_bytes``: their sum (PipeMare Table 2's "Memory");
       ``ratio_to_gpipe`` divides it by GPipe's (weights + gradients + optimizer).
 
@@ -231,6 +266,7 @@ class MemoryReport:
     second_version_bytes: int
     prediction_bytes: int
     t2_bytes: int
+    correction_bytes: int
     weight_optimizer_bytes: int
     gpipe_weight_optimizer_bytes: int
     in_flight: Optional[Tuple[int, ...]] = None
@@ -285,11 +321,12 @@ def memory_report(model: nn.Module, method, stages: int, microbatches: int = 1, 
     slots = OPTIMIZER_SLOTS[optimizer]
     gpipe = (2 + slots) * W
     copies = pipeline.weight_copies(w, optimizer)
+    since = correction_bytes(pipeline, w, optimizer)
     report = dict(method=pipeline.name, stages=pipeline.stages, microbatches=pipeline.microbatches,
                   optimizer=optimizer, stage_weight_bytes=tuple(w), tau_fwd=tuple(tf), tau_bkwd=tuple(tb),
-                  weights_bytes=W, gradients_bytes=W, optimizer_bytes=slots * W, **copies,
+                  weights_bytes=W, gradients_bytes=W, optimizer_bytes=slots * W, **copies, correction_bytes=since,
                   weight_optimizer_bytes=gpipe + copies["stash_bytes"] + copies["second_version_bytes"]
-                  + copies["prediction_bytes"] + copies["t2_bytes"],
+                  + copies["prediction_bytes"] + copies["t2_bytes"] + since,
                   gpipe_weight_optimizer_bytes=gpipe)
     if (microbatch_size is None) != (example_input is None):
         raise ConfigError("activation memory needs both microbatch_size and example_input (a batch tensor)")

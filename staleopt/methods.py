@@ -16,8 +16,8 @@ from functools import cached_property
 from typing import Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 from . import schedules
-from .corrections import (Correction, DiscrepancyCorrection, Hybrid, LRReschedule, Stashing, VerticalSync,
-                          Warmup, WeightPrediction)
+from .corrections import (Correction, DelayCompensation, DiscrepancyCorrection, GapAware, Hybrid, LRReschedule,
+                          NesterovLookahead, StalenessAware, Stashing, VerticalSync, Warmup, WeightPrediction)
 from .errors import ConfigError, ScheduleError
 from .schedules import Delays, Program, Schedule, Sync
 from .validate import check_int
@@ -441,5 +441,23 @@ for _m in [
            lambda: [WeightPrediction("sgdm")]),
     Method("xpipe", "1f1b", "1F1B with Adam-based weight prediction (XPipe)", "PipeOptim §III-B2 eq. 6",
            lambda: [WeightPrediction("adam")]),
+    # The corrections published since the seeds, on PipeMare's dataflow pipeline (docs/corrections.md). The
+    # papers' workers compute each gradient at one stale version (weight stashing) and, for DC-ASGD and
+    # Gap-Aware, must keep that version anyway to compare it with w_t.
+    Method("async-nag", "dataflow", "dataflow + weight stashing with Nesterov's look-ahead in the update "
+           "(base optimizer: plain SGD)", "Ajanthan et al., ICML 2025",
+           lambda lookahead_momentum, max_momentum: [Stashing(), NesterovLookahead(lookahead_momentum,
+                                                                                   max_momentum)],
+           {"lookahead_momentum": 0.9, "max_momentum": None}),
+    Method("dc-asgd", "dataflow", "dataflow + weight stashing with delay compensation, constant lambda (DC-ASGD-c)",
+           "Zheng et al., ICML 2017 §3-4", lambda lam: [Stashing(), DelayCompensation(lam)], {"lam": 0.04}),
+    Method("dc-asgd-a", "dataflow", "dataflow + weight stashing with delay compensation, lambda / sqrt(MeanSquare) "
+           "(DC-ASGD-a)", "Zheng et al., ICML 2017 §4",
+           lambda lam, mean_square_decay: [Stashing(), DelayCompensation(lam, mean_square_decay)],
+           {"lam": 2.0, "mean_square_decay": 0.95}),
+    Method("gap-aware", "dataflow", "dataflow + weight stashing with each gradient divided by its Gap",
+           "Barkai et al., ICLR 2020", lambda beta: [Stashing(), GapAware(beta)], {"beta": 0.999}),
+    Method("staleness-aware", "dataflow", "dataflow with per-stage step sizes lr / tau (T1 without annealing)",
+           "Zhang et al., IJCAI 2016", lambda: [StalenessAware()]),
 ]:
     register(_m)

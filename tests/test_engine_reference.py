@@ -12,8 +12,8 @@ import torch
 
 import staleopt
 from staleopt import methods, schedules
-from staleopt.corrections import (DiscrepancyCorrection, Hybrid, LRReschedule, Stashing, VerticalSync, Warmup,
-                                  WeightPrediction)
+from staleopt.corrections import (DelayCompensation, DiscrepancyCorrection, GapAware, Hybrid, LRReschedule,
+                                  NesterovLookahead, StalenessAware, Stashing, VerticalSync, Warmup, WeightPrediction)
 from staleopt.reference import ReferenceHistory, ReferencePipelineOptimizer
 
 from helpers import TRAINABLE_METHODS, batches, mlp, mse
@@ -35,6 +35,11 @@ CASES.update({
     "1f1b + prediction + T1": dict(schedule="1f1b", corrections=[WeightPrediction(), LRReschedule(3)]),
     "1f1b + prediction('adam', own)": dict(schedule="1f1b", corrections=[WeightPrediction("adam", state="own")]),
     "dataflow + T2 + hybrid": dict(corrections=[DiscrepancyCorrection(0.2), Hybrid(4)]),
+    "dataflow + T1 + T2 + DC-ASGD-a + gap-aware": dict(corrections=[LRReschedule(3), DiscrepancyCorrection(0.3),
+                                                                     DelayCompensation(0.5, 0.9), GapAware(0.9)]),
+    "pb + gap-aware + Nesterov + staleness-aware (tau_bkwd > 0)": dict(
+        schedule="pb", microbatches=2, corrections=[GapAware(0.8), NesterovLookahead(0.5, 0.9), StalenessAware()]),
+    "hogwild + DC-ASGD (random delays)": dict(schedule="hogwild", seed=3, corrections=[DelayCompensation(0.5)]),
     "dataflow, microbatch passes": dict(microbatches=3, microbatch_passes=True, passes=3),
     "pipemare, microbatch passes": dict(schedule="pipemare", method_args=ARGS["pipemare"], microbatches=2,
                                         microbatch_passes=True, passes=2),

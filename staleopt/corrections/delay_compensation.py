@@ -1,0 +1,102 @@
+"""DC-ASGD: delay compensation of stale gradients, Zheng et al., ICML 2017, §3-4."""
+from __future__ import annotations
+
+from typing import Dict, Optional
+
+import torch
+
+from ..errors import CorrectionError
+from .base import Correction
+from .stale_weights import StaleWeights
+
+__all__ = ["DelayCompensation"]
+
+
+def _check_positive(what: str, value, why: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not float(value) > 0:
+        raise CorrectionError(f"{what} must be a positive number ({why}), got {value!r}")
+    return float(value)
+
+
+class DelayCompensation(Correction):
+    r"""Compensate the delay with a first-order Taylor step of the gradient (DC-ASGD, Zheng et al. 2017).
+
+    Per stage ``i`` with ``tau_i = tau_fwd_i`` of the step, before the base step::
+
+        g  <-  g + lambda * g * g * (w_t - w_{t - tau_i})                  # §3 (derivation), §4 (algorithm)
+
+    (element-wise). ``g * g`` is the paper's diagonal approximation ``lambda * G`` of the Hessian
+    (§3), so ``g + lambda * g * g * (w_t - w_bak)`` approximates the gradient at the current
+    weights from the one computed at the backup ``w_bak``. ``mean_square_decay=None`` is DC-ASGD-c
+    (constant ``lambda``); a value ``m`` is DC-ASGD-a (§4)::
+
+        MeanSquare_t = m * MeanSquare_{t-1} + (1 - m) * g * g              # MeanSquare_{-1} = 0
+        lambda_t     = lambda / (sqrt(MeanSquare_t) + eps)                 # element-wise
+
+    ``w_bak``, the weights the gradient was computed with, is the stage's *forward* view
+    ``w_{t - tau_fwd_i}`` (raw: the history's stored version, never T2's extrapolation): the stage's
+    own weights enter its gradient through the forward pass, while its backward view only carries
+    the error to earlier stages. With weight stashing (the named methods) the backward reads the same
+    version, so the gradient is the true gradient at ``w_bak``, as the paper's workers compute it.
+    Stages with ``tau_i = 0`` are left alone. The base optimizer then applies ``g`` (the paper:
+    SGD, ``w_{t+1} = w_t - eta * g``); its weight decay is added after the compensation.
+
+    Memory: the stale versions (a real stage keeps ``tau_i`` of them; the simulator's history
+    already does, :class:`~staleopt.corrections.stale_weights.StaleWeights`), plus ``MeanSquare``
+    (one weight-sized buffer per delayed stage) for DC-ASGD-a.
+    """
+
+    name, paper = "DC", "Zheng et al., ICML 2017, §3-4 (DC-ASGD)"
+    needs_raw_history = True
+
+    def __init__(self, lam: float = 0.04, mean_square_decay: Optional[float] = None, eps: float = 1e-7):
+        self.lam = _check_positive("DelayCompensation(lam)", lam,
+                                   "the lambda of DC-ASGD §4; the methods use 0.04 (DC-ASGD-c) and 2 (DC-ASGD-a)")
+        if mean_square_decay is not None and (isinstance(mean_square_decay, bool) or not isinstance(
+                mean_square_decay, (int, float)) or not 0.0 <= float(mean_square_decay) < 1.0):
+            raise CorrectionError(f"DelayCompensation(mean_square_decay) must be None (DC-ASGD-c, constant lambda) or "
+                                  f"a float in [0, 1) (DC-ASGD-a's m; the paper uses 0.95), got {mean_square_decay!r}")
+        self.mean_square_decay = None if mean_square_decay is None else float(mean_square_decay)
+        self.eps = _check_positive("DelayCompensation(eps)", eps, "added to sqrt(MeanSquare) to avoid 0/0")
+
+    def bind(self, engine):
+        super().bind(engine)
+        self._stale = StaleWeights(self)
+        self._ms: Dict[int, tuple] = {}
+        if self.mean_square_decay is not None:
+            self._ms = {c.index: c.zeros() for c in self._stale.views}
+
+    def before_update(self, delays, step):
+        tf = delays[0]
+        m = self.mean_square_decay
+        for c in self._stale.views:
+            tau = tf[c.stage]
+            stale = self._stale.version(c, step, tau)
+            for j, (p, w, s) in enumerate(zip(c.params, c.data, stale)):
+                g = p.grad
+                if g is None:
+                    continue
+                lam = self.lam
+                if m is not None:
+                    ms = self._ms[c.index][1][j]
+                    ms.mul_(m).addcmul_(g, g, value=1.0 - m)
+                    lam = self.lam / (ms.sqrt() + self.eps)
+                if tau > 0:
+                    g.add_(g * g * (w - s) * lam)
+
+    def after_update(self, chunks, delays, step):
+        self._stale.refresh(step)
+
+    def state_dict(self):
+        return {"stale": self._stale.state_dict(), "mean_square": {i: f for i, (f, _) in self._ms.items()}}
+
+    def load_state_dict(self, state):
+        self._stale.load_state_dict(state["stale"])
+        for i, flat in state["mean_square"].items():
+            self._ms[int(i)][0].copy_(flat)
+
+    def extra_bytes(self):
+        return self._stale.nbytes() + sum(f.numel() * f.element_size() for f, _ in self._ms.values())
+
+    def __repr__(self):
+        return f"DelayCompensation(lam={self.lam}, mean_square_decay={self.mean_square_decay})"
