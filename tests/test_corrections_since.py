@@ -250,13 +250,13 @@ def test_compensation_composes_with_t1_t2_and_warmup():
     lam, K, W0 = 0.5, 6, 2
     got, _ = run_engine([Warmup(W0), LRReschedule(K), DiscrepancyCorrection(0.3), DelayCompensation(lam)])
 
+    def tau_at(t):  # PipeMareW refills after its warmup: min(tau_i, t - W) (docs/schedules.md)
+        return [0] * P if t < W0 else [min(tau, t - W0) for tau in TAU]
+
     def update(i, t, g, W):
         w = W[t][i]
-        tau = 0 if t < W0 else TAU[i]
+        tau = tau_at(t)[i]
         return w - LR * t1_factor(tau, max(t - W0, 0), K) * (g + lam * g * g * (w - stale(W, t, i, tau)))
-
-    def tau_at(t):
-        return [0] * P if t < W0 else TAU
 
     Wv = [[p.detach().clone() for p in chain().parameters()]]
     want = []
