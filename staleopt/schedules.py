@@ -637,7 +637,7 @@ class Hogwild(Schedule):
 
     PipeMare's eq. (16) takes stage ``i``'s gradient with the whole model at
     ``w_{t - tau_i}``; here, as in a pipeline, each stage runs on its own version
-    ``w_{t - tau_j}`` during the same pass.
+    ``w_{t - tau_j}`` during the same pass; :func:`staleopt.hogwild.eq16_step` offers eq. (16).
     """
 
     name, paper, random = "hogwild", "PipeMare App. E", True

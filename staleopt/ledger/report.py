@@ -62,10 +62,13 @@ Choices that change numbers:
   (betas 0.9, 0.999); the learning rates are ours (0.02, 0.001).
 * **Hogwild!-style delays** (PipeMare App. E) use the `hogwild` schedule: each
   stage draws its delay per step from a truncated exponential whose mean is
-  the dataflow delay (`hogwild-t1` adds T1). Unlike App. E's eq. 16, where
-  stage `i`'s gradient is taken with the whole model at `w_{t - tau_i}`, each
-  stage here runs on its own version `w_{t - tau_j}` within one pass, as in a
-  pipeline.
+  the dataflow delay (`hogwild-t1` adds T1). Training uses the pipeline
+  semantics: each stage runs on its own version `w_{t - tau_j}` within one
+  pass. App. E's eq. 16 takes stage `i`'s gradient with the whole model at
+  `w_{t - tau_i}`; it is offered (`staleopt.hogwild.eq16_step`) but costs one
+  pass per distinct delay, about 30 per step at P = 39.
+* **PipeMareW's switch refills**: after the warmup of W steps, step t reads
+  `w_{t - min(tau_i, t - W)}`, as the executed pipeline does.
 """
 
 
