@@ -518,6 +518,7 @@ class PipelineOptimizer(torch.optim.Optimizer):
                         k.backward_view(mine, plan.delays)
 
     # ------------------------------------------------------------------ activation recomputation
+    @disable_dynamo
     def checkpoint(self, function, *args, **kwargs):
         """``torch.utils.checkpoint.checkpoint(function, *args, use_reentrant=False, **kwargs)`` whose
         recomputation reads the recompute view (PipeMare App. A.3, App. D.1; docs/design.md §1).
@@ -753,6 +754,7 @@ class PipelineOptimizer(torch.optim.Optimizer):
         for k in self._corrections:
             k.after_update(stored, delays, t)
         self._step = t + 1
+        self._in_forward = False
         self._plans = None
         self._passes, self._pass = 0, 0
         return loss
