@@ -48,8 +48,9 @@ Limits (documented, not checked):
   ``W * 2``, parametrizations) uses the forward view in its backward;
 * activation checkpointing: :meth:`PipelineOptimizer.checkpoint` recomputes with the recompute view
   ``u_recomp`` (:mod:`staleopt.recompute`); ``torch.utils.checkpoint`` called directly recomputes
-  with the backward view (a schedule with ``tau_recomp != tau_bkwd`` refuses a step without
-  ``opt.checkpoint``, not a mix of the two);
+  with the backward view (under a schedule with ``tau_bkwd < tau_recomp < tau_fwd`` a step without
+  ``opt.checkpoint``, and a stage *module* recomputed outside it, raise; a segment of raw parameter
+  ops under torch's checkpoint is not caught);
 * buffers (BatchNorm running statistics) are not delayed;
 * a loss term that reads parameters directly (an explicit L2 penalty) sees
   whichever view is loaded when its backward runs;
@@ -898,8 +899,8 @@ class _PassPlan:
     (declared by ``modifies_backward``, ``modifies_recompute``); ``recomputing``: the views whose
     recompute view is not their backward view (``tau_recomp != tau_bkwd``; elsewhere the recompute
     target *is* the backward one); ``needs_checkpoint``: some stage has ``tau_bkwd < tau_recomp <
-    tau_fwd`` (``tau_recomp = tau_fwd`` recomputes the forward's activations: no checkpoint needed). The part that does not depend on ``t`` is computed once per set
-    of delays (``cache``)."""
+    tau_fwd`` (``tau_recomp = tau_fwd`` recomputes the forward's activations: no checkpoint needed).
+    The part that does not depend on ``t`` is computed once per set of delays (``cache``)."""
 
     __slots__ = ("delays", "recomp", "forward", "backward", "rewriters", "recompute", "recompute_rewriters",
                  "recomputing", "needs_checkpoint")
