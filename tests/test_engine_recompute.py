@@ -430,3 +430,28 @@ def test_under_torch_compile_the_segments_run_eagerly_with_the_same_results():
             opt.step()
         runs.append([p.detach().clone() for p in model.parameters()])
     assert all(torch.equal(p, q) for p, q in zip(*runs))
+
+
+def test_recompute_delays_go_through_the_corrections_as_the_pipeline_says():
+    """The engine's largest tau_recomp equals methods.Pipeline.recompute_delays (stashing: the forward's
+    version; vertical sync: stage 0's), and a synchronous warmup step needs no opt.checkpoint."""
+    from staleopt import methods
+    from staleopt.corrections import Stashing, VerticalSync, Warmup
+    sched = schedules.get("dataflow-recompute", segment=2)
+    for extra in ([], [Stashing()], [VerticalSync()], [Stashing(), VerticalSync()], [Warmup(2)]):
+        model = Net(WIDTHS, [(0, 1, None), (2, 2, None)])
+        opt = PipelineOptimizer(model, torch.optim.SGD(model.parameters(), lr=LR), stages=3, schedule=sched,
+                                corrections=extra)
+        pipeline = methods.Pipeline("x", sched, extra, 3)
+        assert opt.max_recompute_delays == pipeline.recompute_delays
+        if extra and isinstance(extra[0], Warmup):
+            for x, y in data(2):                          # synchronous: all delays 0, nothing to recompute
+                opt.zero_grad()
+                ((model(x) - y) ** 2).mean().backward()
+                assert opt.tau_recomp == opt.tau_fwd == [0, 0, 0]
+                opt.step()
+            with pytest.raises(LoopError, match="no opt.checkpoint call ran"):
+                x, y = data(1)[0]
+                opt.zero_grad()
+                ((model(x) - y) ** 2).mean().backward()
+                opt.step()
