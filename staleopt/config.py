@@ -67,7 +67,7 @@ class RunConfig:
       ``5 W`` (PipeMare §3.1).
     * ``epochs``, ``batch_size``, ``seed``; ``max_steps`` caps the run (tests).
     * corrections: ``anneal_steps`` (T1's K, PipeMare eq. 4), ``decay`` (T2's
-      D, PipeMare §3.2), ``warmup_steps`` (PipeMareW), ``pipelined_steps``
+      D, PipeMare §3.2, or ``"invariant"``: App. B.4's gamma), ``warmup_steps`` (PipeMareW), ``pipelined_steps``
       (stale-weights paper §4 hybrid). The weight-prediction rule is part of
       the method (``pipeoptim``, ``spectrain``, ``xpipe``).
     * ``divergence_loss``: a training loss above it (or non-finite) ends the
@@ -95,7 +95,7 @@ class RunConfig:
     batch_size: int = 64
     seed: int = 0
     anneal_steps: Optional[int] = None
-    decay: Optional[float] = None
+    decay: Optional[Union[float, str]] = None
     warmup_steps: Optional[int] = None
     pipelined_steps: Optional[int] = None
     divergence_loss: Optional[float] = 100.0
@@ -182,11 +182,11 @@ def _fail(name, value, why):
     raise ConfigError(f"{name} = {value!r} {why}")
 
 
-def _float(name, v, lo=None, hi=None, optional=False, open_lo=False, open_hi=False):
+def _float(name, v, lo=None, hi=None, optional=False, open_lo=False, open_hi=False, other=None):
     if v is None and optional:
         return None
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-        _fail(name, v, "must be a finite number" + (" or None" if optional else ""))
+        _fail(name, v, "must be a finite number" + (f", {other}" if other else "") + (" or None" if optional else ""))
     if lo is not None and (v <= lo if open_lo else v < lo) or hi is not None and (v >= hi if open_hi else v > hi):
         _fail(name, v, f"must lie in {'(' if open_lo else '['}{lo}, {hi if hi is not None else 'inf'}"
                        f"{')' if open_hi or hi is None else ']'}")
@@ -265,7 +265,8 @@ _VALIDATORS = {
     "batch_size": lambda n, v: check_int(n, v, minimum=1),
     "seed": lambda n, v: check_int(n, v, minimum=0),
     "anneal_steps": lambda n, v: check_int(n, v, minimum=1, optional=True),
-    "decay": lambda n, v: _float(n, v, lo=0.0, hi=1.0, optional=True, open_lo=True, open_hi=True),
+    "decay": lambda n, v: v if v == "invariant" else _float(n, v, lo=0.0, hi=1.0, optional=True, open_lo=True,
+                                                            open_hi=True, other="'invariant'"),
     "warmup_steps": lambda n, v: check_int(n, v, minimum=0, optional=True),
     "pipelined_steps": lambda n, v: check_int(n, v, minimum=0, optional=True),
     "divergence_loss": lambda n, v: _float(n, v, lo=0.0, open_lo=True, optional=True),

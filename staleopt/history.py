@@ -6,6 +6,7 @@ calls, and corrections read it through the :class:`StageView` protocol:
 
 ==========================  ==========================================================================
 ``load(targets)``           put version ``v_i`` (raw, or to be rewritten in place) into stage view ``i``
+                            (forward, backward, and a recomputation's views, :mod:`staleopt.recompute`)
 ``restore()``               put ``w_t`` back into the parameters
 ``push(t)``                 the parameters hold ``w_t`` at rest: store it, forget ``w_{t - H_i}``
 ``advance(t)``              the base step wrote ``w_t`` into the parameters (their only copy)

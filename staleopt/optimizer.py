@@ -48,8 +48,9 @@ Limits (documented, not checked):
   ``W * 2``, parametrizations) uses the forward view in its backward;
 * activation checkpointing: :meth:`PipelineOptimizer.checkpoint` recomputes with the recompute view
   ``u_recomp`` (:mod:`staleopt.recompute`); ``torch.utils.checkpoint`` called directly recomputes
-  with the backward view (a schedule with ``tau_recomp != tau_bkwd`` refuses a step without
-  ``opt.checkpoint``, not a mix of the two);
+  with the backward view (under a schedule with ``tau_bkwd < tau_recomp < tau_fwd`` a step without
+  ``opt.checkpoint``, and a stage *module* recomputed outside it, raise; a segment of raw parameter
+  ops under torch's checkpoint is not caught);
 * buffers (BatchNorm running statistics) are not delayed;
 * a loss term that reads parameters directly (an explicit L2 penalty) sees
   whichever view is loaded when its backward runs;
@@ -542,6 +543,7 @@ class PipelineOptimizer(torch.optim.Optimizer):
                         k.backward_view(mine, plan.delays)
 
     # ------------------------------------------------------------------ activation recomputation
+    @disable_dynamo
     def checkpoint(self, function, *args, **kwargs):
         """``torch.utils.checkpoint.checkpoint(function, *args, use_reentrant=False, **kwargs)`` whose
         recomputation reads the recompute view (PipeMare App. A.3, App. D.1; docs/design.md §1).
@@ -722,9 +724,7 @@ class PipelineOptimizer(torch.optim.Optimizer):
         at some stage) needs ``opt.checkpoint`` (else the segments the schedule recomputes silently kept
         their forward activations, or recomputed with ``u_bkwd`` through torch's own checkpoint)."""
         plans = self._step_plans()
-        if "backward" in self._seen and "checkpoint" not in self._seen and any(
-                b != r != f for p in plans for f, b, r in zip(*p.delays, p.recomp)):  # (tau_recomp = tau_fwd:
-            # the forward's activations, as without recomputation)
+        if "backward" in self._seen and "checkpoint" not in self._seen and any(p.needs_checkpoint for p in plans):
             self._seen = set()
             raise LoopError(f"schedule {self._schedule!r} recomputes activations with tau_recomp = "
                             f"{plans[0].recomp} (tau_bkwd = {plans[0].delays[1]}), but no opt.checkpoint call ran "
@@ -777,6 +777,7 @@ class PipelineOptimizer(torch.optim.Optimizer):
         for k in self._corrections:
             k.after_update(stored, delays, t)
         self._step = t + 1
+        self._in_forward = False
         self._plans = None
         self._passes, self._pass = 0, 0
         return loss
@@ -921,11 +922,12 @@ class _PassPlan:
     correction that rewrites backward (recompute) views this pass with the indices of those views
     (declared by ``modifies_backward``, ``modifies_recompute``); ``recomputing``: the views whose
     recompute view is not their backward view (``tau_recomp != tau_bkwd``; elsewhere the recompute
-    target *is* the backward one). The part that does not depend on ``t`` is computed once per set
-    of delays (``cache``)."""
+    target *is* the backward one); ``needs_checkpoint``: some stage has ``tau_bkwd < tau_recomp <
+    tau_fwd`` (``tau_recomp = tau_fwd`` recomputes the forward's activations: no checkpoint needed).
+    The part that does not depend on ``t`` is computed once per set of delays (``cache``)."""
 
     __slots__ = ("delays", "recomp", "forward", "backward", "rewriters", "recompute", "recompute_rewriters",
-                 "recomputing")
+                 "recomputing", "needs_checkpoint")
 
     def __init__(self, t: int, delays: Tuple[List[int], List[int]], recomp: List[int], views: Sequence[StageView],
                  corrections: Sequence[Correction], cache: Dict[tuple, tuple]):
@@ -948,10 +950,12 @@ class _PassPlan:
                                 [(k, idx) for k, idx in rewriters if idx],
                                 [(tr[v.stage], bool(ks)) if v.index in recomputing else b
                                  for v, ks, b in zip(views, by_view_r, backward)],
-                                [(k, idx) for k, idx in recompute_rewriters if idx], recomputing)
+                                [(k, idx) for k, idx in recompute_rewriters if idx], recomputing,
+                                any(b != r != f for f, b, r in zip(tf, tb, tr)))
         self.forward = [(t - a, False) for a in rel[0]]
         self.backward = [(t - a, m) for a, m in rel[1]]
         self.rewriters = rel[2]
         self.recompute = [(t - a, m) for a, m in rel[3]]
         self.recompute_rewriters = rel[4]
         self.recomputing = rel[5]
+        self.needs_checkpoint = rel[6]

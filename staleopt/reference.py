@@ -9,7 +9,13 @@ checks after every step that the weights, the loaded views and the stored versio
 bit. The reference's memory grows by one model per step: it is for tests and for reading.
 
 Notation (docs/design.md §1, PipeMare §2): ``w_v`` is the weight vector after ``v`` steps; a view of stage
-``i`` at step ``t`` reads ``w_{t - tau_i}``, and ``w_v`` with ``v < 0`` is ``w_0``.
+``i`` at step ``t`` reads ``w_{t - tau_i}``, and ``w_v`` with ``v < 0`` is ``w_0``. The three views of the
+contract are three calls of :meth:`ReferenceHistory.load`: the forward view ``w_{t - tau_fwd}`` before the
+forward pass, the backward view ``w_{t - tau_bkwd}`` (T2 rewrites it) when the backward pass begins, and,
+while an ``opt.checkpoint`` segment is recomputed, the recompute view ``w_{t - tau_recomp}`` of its stages
+(T2 rewrites it too; PipeMare App. D.1), after which the backward view is loaded again. Every call copies
+every view from the store, so the reference hands back every view to rewrite and the engine rewrites each
+with the view it is in (``tests/test_engine_recompute.py`` checks it against a hand-derived gradient).
 """
 from __future__ import annotations
 

@@ -364,3 +364,94 @@ def test_opt_checkpoint_reproduces_the_executed_recompute_events(N, segment):
                 (((other(xs[m]) - ys[m]) ** 2).mean() / N).backward()
             base.step()
         assert max_diff([p.detach() for p in other.parameters()], simulated) > 1e-8
+
+
+def test_a_checkpoint_taken_mid_step_keeps_the_recompute_delays():
+    """state_dict() between microbatch passes saves each pass's tau_recomp; resuming there is bit-identical.
+    An entry from before tau_recomp (no "recompute" key) loads with tau_recomp = tau_bkwd."""
+    sched = schedules.get("dataflow-recompute", segment=2)
+    batches = data(6, rows=4)
+
+    def make():
+        model = Net(WIDTHS, [(0, 1, "opt"), (2, 2, "opt")])
+        opt = PipelineOptimizer(model, torch.optim.SGD(model.parameters(), lr=LR, momentum=0.9), stages=3,
+                                schedule=sched, corrections=[DiscrepancyCorrection(0.3)], microbatches=2,
+                                microbatch_passes=True)
+        model.opt = opt
+        return model, opt
+
+    def passes(model, opt, steps, first_pass=0):
+        for t, (x, y) in steps:
+            if first_pass == 0:
+                opt.zero_grad()
+            for j in range(first_pass, 2):
+                (((model(x[2 * j:2 * j + 2]) - y[2 * j:2 * j + 2]) ** 2).mean() / 2).backward()
+            first_pass = 0
+            opt.step()
+
+    model, opt = make()
+    passes(model, opt, enumerate(batches))
+    whole = [p.detach().clone() for p in model.parameters()]
+    model, opt = make()
+    passes(model, opt, enumerate(batches[:3]))
+    x, y = batches[3]
+    opt.zero_grad()
+    (((model(x[:2]) - y[:2]) ** 2).mean() / 2).backward()
+    state, weights = opt.state_dict(), model.state_dict()
+    grads = [p.grad.clone() for p in model.parameters()]
+    assert state["staleopt"]["recompute"] == [[2, 1, 1], [1, 0, 0]] == \
+        [[row[j] for row in sched.microbatch_recompute_delays(3, 2)] for j in range(2)]
+    model2, opt2 = make()
+    model2.load_state_dict(weights)
+    opt2.load_state_dict(state)
+    for p, g in zip(model2.parameters(), grads):
+        p.grad = g.clone()
+    passes(model2, opt2, [(3, batches[3])], first_pass=1)
+    passes(model2, opt2, enumerate(batches[4:], 4))
+    assert all(torch.equal(p, q) for p, q in zip(model2.parameters(), whole))
+    old = {**state, "staleopt": {k: v for k, v in state["staleopt"].items() if k != "recompute"}}
+    _, opt3 = make()
+    opt3.load_state_dict(old)
+    assert opt3.tau_recomp == opt3.tau_bkwd
+
+
+def test_under_torch_compile_the_segments_run_eagerly_with_the_same_results():
+    """opt.checkpoint is kept out of the compiled graph (a graph break): the same weights as eager, bit for bit."""
+    runs = []
+    for compiled in (False, True):
+        model = Net(WIDTHS, SEGMENTS["two segments"])
+        run = torch.compile(model, backend="aot_eager") if compiled else model
+        opt = PipelineOptimizer(run, torch.optim.SGD(model.parameters(), lr=LR), stages=3, schedule=CUSTOM,
+                                corrections=[DiscrepancyCorrection(0.3)])
+        model.opt = opt
+        for x, y in data(6):
+            opt.zero_grad()
+            ((run(x) - y) ** 2).mean().backward()
+            opt.step()
+        runs.append([p.detach().clone() for p in model.parameters()])
+    assert all(torch.equal(p, q) for p, q in zip(*runs))
+
+
+def test_recompute_delays_go_through_the_corrections_as_the_pipeline_says():
+    """The engine's largest tau_recomp equals methods.Pipeline.recompute_delays (stashing: the forward's
+    version; vertical sync: stage 0's), and a synchronous warmup step needs no opt.checkpoint."""
+    from staleopt import methods
+    from staleopt.corrections import Stashing, VerticalSync, Warmup
+    sched = schedules.get("dataflow-recompute", segment=2)
+    for extra in ([], [Stashing()], [VerticalSync()], [Stashing(), VerticalSync()], [Warmup(2)]):
+        model = Net(WIDTHS, [(0, 1, None), (2, 2, None)])
+        opt = PipelineOptimizer(model, torch.optim.SGD(model.parameters(), lr=LR), stages=3, schedule=sched,
+                                corrections=extra)
+        pipeline = methods.Pipeline("x", sched, extra, 3)
+        assert opt.max_recompute_delays == pipeline.recompute_delays
+        if extra and isinstance(extra[0], Warmup):
+            for x, y in data(2):                          # synchronous: all delays 0, nothing to recompute
+                opt.zero_grad()
+                ((model(x) - y) ** 2).mean().backward()
+                assert opt.tau_recomp == opt.tau_fwd == [0, 0, 0]
+                opt.step()
+            with pytest.raises(LoopError, match="no opt.checkpoint call ran"):
+                x, y = data(1)[0]
+                opt.zero_grad()
+                ((model(x) - y) ** 2).mean().backward()
+                opt.step()

@@ -208,3 +208,14 @@ def test_a_checkpoint_without_the_ring():
     _, causal = _make("causal")
     with pytest.raises(CheckpointError, match="accumulator='current'"):
         causal.load_state_dict(state)
+
+
+def test_run_config_takes_the_invariant_rule():
+    from staleopt import methods
+    from staleopt.config import RunConfig
+    from staleopt.errors import ConfigError
+    assert RunConfig(method="pipemare", decay="invariant").decay == "invariant"
+    with pytest.raises(ConfigError, match="'invariant'"):
+        RunConfig(method="pipemare", decay="invariants")
+    _, corrections = methods.resolve("pipemare", decay="invariant")
+    assert corrections[1].decay == "invariant"
