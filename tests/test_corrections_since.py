@@ -371,3 +371,17 @@ def test_hardware_counts_the_new_buffers():
     assert hardware.correction_bytes(bare, w, sgdm) == sum(a * t for a, t in zip(w, tau))
     bare = methods.Pipeline("ga", schedules.get("dataflow"), [GapAware(), DelayCompensation()], 4)
     assert hardware.correction_bytes(bare, w, sgdm) == sum(a * t for a, t in zip(w, tau)) + 100
+
+
+def test_memory_report_adds_the_correction_bytes():
+    model = mlp(seed=0)
+    plain = hardware.memory_report(model, "pipemare-stash", 3)
+    for name, extra in [("gap-aware", 1), ("dc-asgd", 0), ("dc-asgd-a", 1)]:
+        rep = hardware.memory_report(model, name, 3)
+        delayed = sum(rep.stage_weight_bytes[i] for i, t in enumerate(rep.tau_fwd) if t > 0)
+        assert rep.correction_bytes == extra * delayed
+        assert rep.weight_optimizer_bytes == plain.weight_optimizer_bytes + rep.correction_bytes
+    nag = hardware.memory_report(model, "async-nag", 3, optimizer="sgd")
+    assert nag.correction_bytes == nag.weights_bytes
+    assert nag.weight_optimizer_bytes == hardware.memory_report(model, "pipemare-stash", 3,
+                                                                optimizer="sgd-momentum").weight_optimizer_bytes
