@@ -453,9 +453,14 @@ class SlotHistory(History):
         self._t, self._loaded, self._rewritten, self._saved, self._rest = t, [t] * n, [False] * n, [False] * n, True
 
     def stored(self, view, version):
-        i = view.index
-        if not self._t - view.H <= version <= self._t or (version == self._t and not self._saved[i]):
-            raise CorrectionError(f"stage {view.stage}: weight version {version} is not stored at step {self._t}")
+        i, t = view.index, self._t
+        # the ring's M rows hold t - M + 1 .. t once w_t is pushed (minimal: M = H, so pushing w_t
+        # overwrote w_{t-H}), else t - H .. t - 1
+        oldest = t - self._M[i] + 1 if self._saved[i] else t - view.H
+        if not oldest <= version <= (t if self._saved[i] else t - 1):
+            raise CorrectionError(f"stage {view.stage}: weight version {version} is not stored at step {t} "
+                                  f"(stored: {oldest}..{t if self._saved[i] else t - 1}; w_t is stored once "
+                                  f"step() pushed it, and then replaced w_(t-{self._M[i]}))")
         return self._slot_views[i][version % self._M[i]]
 
     @property

@@ -81,3 +81,42 @@ def test_declared_needs_refuse_contradictions_without_type_checks():
 
     with pytest.raises(CorrectionError, match="DiscrepancyCorrection needs the raw weight history.*RewritesHistory"):
         _opt(model, schedule="dataflow", corrections=[DiscrepancyCorrection(0.3), RewritesHistory()])
+
+
+
+class _Probe(Correction):
+    """Reads, in before_update (after w_t was pushed), every version the history must still hold."""
+
+    needs_raw_history = True
+
+    def __init__(self):
+        self.read = []
+
+    def before_update(self, delays, step):
+        minimal = self.engine.history.strategy == "minimal"
+        for v in self.engine.chunks:
+            if v.H:
+                oldest = step - v.H + minimal  # minimal: pushing w_t overwrote w_(t-H)
+                self.read.append((v, [(u, [x.clone() for x in v.stored(u)]) for u in range(oldest, step + 1)]))
+                with pytest.raises(CorrectionError, match=f"version {oldest - 1} is not stored at step {step}"):
+                    v.stored(oldest - 1)
+
+
+@pytest.mark.parametrize("memory", ["minimal", "fast"])
+def test_stored_versions_are_the_weights_of_that_version_or_an_error(memory):
+    """A stored version is that version's weights, or an error: never a row a later version overwrote."""
+    model = mlp(seed=2)
+    probe = _Probe()
+    opt = _opt(model, schedule="dataflow", corrections=[probe], memory=memory)
+    weights = []  # w_0, w_1, ... per parameter
+    for x, y in batches(8):
+        weights.append([p.detach().clone() for p in model.parameters()])
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+    index = {id(p): j for j, p in enumerate(model.parameters())}
+    assert probe.read
+    for v, rows in probe.read:
+        for version, tensors in rows:
+            want = weights[max(version, 0)]  # w_v = w_0 for v < 0
+            assert all(torch.equal(x, want[index[id(p)]]) for x, p in zip(tensors, v.params)), (v, version)
