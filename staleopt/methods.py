@@ -404,6 +404,8 @@ def build(spec: Union[str, Schedule, Method, Pipeline], stages: int, microbatche
 # {0.01, ..., 0.9} with 0.1 in both grids (Table 8); step counts are in optimizer steps and
 # staleopt.train rescales them to the run's length when they are not given.
 ANNEAL_STEPS, DECAY, WARMUP_STEPS, PIPELINED_STEPS = 1000, 0.1, 1000, 1000
+#: T2's accumulator convention (staleopt.theory.ACCUMULATORS): the causal one, as a pipeline runs it.
+ACCUMULATOR = "causal"
 
 for _m in [
     Method("gpipe", "sync", "synchronous, flush every minibatch", "GPipe; PipeMare Table 1"),
@@ -422,19 +424,21 @@ for _m in [
     Method("pipemare-t1", "dataflow", "PipeMare with learning-rate rescheduling only", "PipeMare §3.1",
            lambda anneal_steps: [LRReschedule(anneal_steps)], {"anneal_steps": ANNEAL_STEPS}),
     Method("pipemare", "dataflow", "PipeMare: T1 learning-rate rescheduling + T2 discrepancy correction",
-           "PipeMare §3", lambda anneal_steps, decay: [LRReschedule(anneal_steps), DiscrepancyCorrection(decay)],
-           {"anneal_steps": ANNEAL_STEPS, "decay": DECAY}),
+           "PipeMare §3", lambda anneal_steps, decay, accumulator: [LRReschedule(anneal_steps),
+                                                                     DiscrepancyCorrection(decay, accumulator)],
+           {"anneal_steps": ANNEAL_STEPS, "decay": DECAY, "accumulator": ACCUMULATOR}),
     Method("hogwild-t1", "hogwild", "Hogwild!-style random per-stage delays with T1 learning-rate rescheduling",
            "PipeMare App. E", lambda anneal_steps: [LRReschedule(anneal_steps)], {"anneal_steps": ANNEAL_STEPS}),
     Method("pipemare-w", "dataflow", "PipeMareW: synchronous warmup, then PipeMare (T1 + T2)", "PipeMare §4",
-           lambda warmup_steps, anneal_steps, decay: [Warmup(warmup_steps), LRReschedule(anneal_steps),
-                                                      DiscrepancyCorrection(decay)],
-           {"warmup_steps": WARMUP_STEPS, "anneal_steps": ANNEAL_STEPS, "decay": DECAY}),
+           lambda warmup_steps, anneal_steps, decay, accumulator: [Warmup(warmup_steps), LRReschedule(anneal_steps),
+                                                                   DiscrepancyCorrection(decay, accumulator)],
+           {"warmup_steps": WARMUP_STEPS, "anneal_steps": ANNEAL_STEPS, "decay": DECAY, "accumulator": ACCUMULATOR}),
     Method("pipemare-recompute", "dataflow-recompute",
            "PipeMare with PipeMare Recompute in segments: recomputation reads tau_fwd > tau_recomp > tau_bkwd",
-           "PipeMare App. A.3, App. D", lambda anneal_steps, decay: [LRReschedule(anneal_steps),
-                                                                     DiscrepancyCorrection(decay)],
-           {"segment": None, "anneal_steps": ANNEAL_STEPS, "decay": DECAY}, schedule_params=("segment",)),
+           "PipeMare App. A.3, App. D", lambda anneal_steps, decay, accumulator: [
+               LRReschedule(anneal_steps), DiscrepancyCorrection(decay, accumulator)],
+           {"segment": None, "anneal_steps": ANNEAL_STEPS, "decay": DECAY, "accumulator": ACCUMULATOR},
+           schedule_params=("segment",)),
     Method("pipeoptim", "1f1b", "1F1B with optimizer-dependent weight prediction", "PipeOptim §III",
            lambda: [WeightPrediction("optimizer")]),
     Method("spectrain", "1f1b", "1F1B with SGD-momentum weight prediction (SpecTrain)", "PipeOptim §III-B2 eq. 6",

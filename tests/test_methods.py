@@ -6,7 +6,7 @@ import pytest
 from staleopt import hardware, methods, schedules
 from staleopt.config import RunConfig
 from staleopt.corrections import DiscrepancyCorrection, LRReschedule, Stashing, t1_factor
-from staleopt.errors import ConfigError, ScheduleError
+from staleopt.errors import ConfigError, CorrectionError, ScheduleError
 
 
 def test_build_resolves_methods_schedules_aliases_and_objects():
@@ -100,7 +100,7 @@ def test_version_policy_and_timeline_names():
 
 
 def test_hyperparameters_and_the_run_config_pipeline():
-    assert methods.hyperparameters("pipemare") == {"anneal_steps": 1000, "decay": 0.1}
+    assert methods.hyperparameters("pipemare") == {"anneal_steps": 1000, "decay": 0.1, "accumulator": "causal"}
     assert methods.hyperparameters("dataflow") == {} == methods.hyperparameters("gpipe")
     cfg = RunConfig(model="mlp", data="synthetic", method="pipemare", stages=3, decay=0.5)
     p = cfg.pipeline()
@@ -115,3 +115,14 @@ def test_table_lists_each_method_once():
     assert [r["method"] for r in rows] == methods.names()
     assert {r["schedule"] for r in rows} <= set(schedules.names())
     assert next(r for r in rows if r["method"] == "pipedream")["corrections"] == type(Stashing()).__name__
+
+
+def test_t2_methods_take_the_accumulator_convention():
+    """T2's methods pass ``accumulator`` through (causal by default, as theory.py); a bad name says the choices."""
+    for name in ("pipemare", "pipemare-w", "pipemare-recompute"):
+        t2 = [c for c in methods.resolve(name)[1] if isinstance(c, DiscrepancyCorrection)]
+        assert [c.accumulator for c in t2] == ["causal"], name
+        t2 = [c for c in methods.resolve(name, accumulator="current")[1] if isinstance(c, DiscrepancyCorrection)]
+        assert [c.accumulator for c in t2] == ["current"], name
+    with pytest.raises(CorrectionError, match=r"one of \('causal', 'current'\)"):
+        methods.resolve("pipemare", accumulator="delayed")
