@@ -450,8 +450,16 @@ def test_recompute_delays_go_through_the_corrections_as_the_pipeline_says():
                 ((model(x) - y) ** 2).mean().backward()
                 assert opt.tau_recomp == opt.tau_fwd == [0, 0, 0]
                 opt.step()
-            with pytest.raises(LoopError, match="no opt.checkpoint call ran"):
-                x, y = data(1)[0]
+            # after the warmup the pipeline refills (min(tau, t - W)): the first step whose delays put a
+            # recomputation between the backward and the forward (tau_bkwd < tau_recomp < tau_fwd) needs it
+            for t, (x, y) in enumerate(data(8), start=2):
                 opt.zero_grad()
                 ((model(x) - y) ** 2).mean().backward()
+                assert opt.tau_recomp == [min(r, t - 2) for r in opt.max_recompute_delays]
+                if any(b < r < f for f, b, r in zip(opt.tau_fwd, opt.tau_bkwd, opt.tau_recomp)):
+                    with pytest.raises(LoopError, match="no opt.checkpoint call ran"):
+                        opt.step()
+                    break
                 opt.step()
+            else:
+                raise AssertionError("the refilled pipeline never recomputed ahead of the backward pass")
