@@ -96,16 +96,17 @@ def test_steps_compute_the_forward_bit_for_bit_and_split_at_every_unit(name, kwa
     model = models.get(name, seed=0, num_classes=3, input_shape=shape, **kwargs).double()
     x = torch.randn(4, *shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
     steps = models.steps(model)
-    for layer in (model, steps):
-        out = model(x) if layer is model else run_layers(steps, x)
-        grads = torch.autograd.grad(out.square().sum(), list(model.parameters()))
-        if layer is model:
-            ref_out, ref_grads = out, grads
-    assert torch.equal(out, ref_out) and all(torch.equal(a, b) for a, b in zip(grads, ref_grads))
+    ref = model(x)
+    ref_grads = torch.autograd.grad(ref.square().sum(), list(model.parameters()))
+    out = run_layers(steps, x)
+    grads = torch.autograd.grad(out.square().sum(), list(model.parameters()))
+    assert torch.equal(out, ref) and all(torch.equal(a, b) for a, b in zip(grads, ref_grads))
     # each step reads at most one unit, in the units' order, so any partition's boundaries fall between steps
     units = [u.name for u in models.units_of(model)]
     named = {id(m): n for n, m in model.named_modules()}
-    read = [named[id(m)] for s in steps for m in segments._modules(s) if any(True for _ in m.parameters(False))]
+    declared = [s.modules if isinstance(s, Step) else (s,) if isinstance(s, nn.Module) else () for s in steps]
+    assert all(len(d) <= 1 for d in declared)
+    read = [named[id(m)] for d in declared for m in d if any(True for _ in m.parameters(recurse=False))]
     assert read == units
 
 
