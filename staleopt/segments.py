@@ -26,7 +26,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import torch
 from torch import nn
 
-from .errors import StageError, StageOrderError
+from .errors import ConfigError, StageError, StageOrderError
 from .recompute import reached_parameters
 
 __all__ = ["Step", "checkpoint_segments", "run_layers"]
@@ -125,13 +125,23 @@ def checkpoint_segments(opt: Optional[Any], layers: Sequence[Callable[[Any], Any
     Raises :class:`~staleopt.errors.StageError` when a layer straddles two segments, when the layers miss
     a stage, or when a segment's recomputation reads the weights of a stage outside the segment (a
     function reading parameters it did not declare); :class:`~staleopt.errors.StageOrderError` when the
-    layers run the segments out of order.
+    layers run the segments out of order; :class:`~staleopt.errors.ConfigError` when the schedule recomputes
+    ahead of the backward pass (``tau_bkwd < tau_recomp < tau_fwd``) without defining segments (a custom
+    ``tau_recomp``).
     """
     if opt is None or not torch.is_grad_enabled():
         return run_layers(layers, x)
     partition = opt.partition
     segments = opt.schedule.segments(partition.num_stages)
     if not segments:
+        (tf, tb), tr = opt.max_delays, opt.max_recompute_delays
+        ahead = [i for i, (f, b, r) in enumerate(zip(tf, tb, tr)) if b != r != f]
+        if ahead:
+            raise ConfigError(f"schedule {opt.schedule!r} recomputes stages {ahead} ahead of the backward pass "
+                              f"(tau_recomp = {tr}) but defines no segments (Schedule.segments), so "
+                              "checkpoint_segments cannot tell which stages to recompute together: call "
+                              "opt.checkpoint(segment, x) around each recomputed segment yourself, or use "
+                              "'dataflow-recompute'")
         return run_layers(layers, x)
     stage_of = {id(p): s.index for s in partition for p in s.params}
     for k, group in _group(layers, segments, stage_of):

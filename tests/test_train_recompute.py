@@ -9,7 +9,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from staleopt import data as datasets
-from staleopt import models, segments, train
+from staleopt import models, schedules, segments, train
+from staleopt.checkpoint import Checkpoint
 from staleopt.cli import main
 from staleopt.config import RunConfig
 from staleopt.corrections import DiscrepancyCorrection, LRReschedule
@@ -203,6 +204,11 @@ def test_layers_that_do_not_follow_the_segments_raise_typed_errors():
         Step(lambda h: h, "fc1")
     with pytest.raises(ConfigError, match="not a built-in"):
         models.steps(nn.Linear(2, 2))
+    # a custom tau_recomp recomputes ahead of the backward but names no segments: the helper cannot group
+    custom = schedules.get("custom", tau_fwd=[7, 5, 3, 1], tau_bkwd=[0, 0, 0, 0], tau_recomp=[3, 1, 3, 1])
+    opt = PipelineOptimizer(model, torch.optim.SGD(model.parameters(), lr=0.1), stages=4, schedule=custom)
+    with pytest.raises(ConfigError, match=r"no segments.*opt.checkpoint\(segment, x\)"):
+        checkpoint_segments(opt, models.steps(model), x)
 
 
 def test_segments_must_align_with_a_partition_given_by_cut_points():
@@ -220,6 +226,16 @@ def test_segments_must_align_with_a_partition_given_by_cut_points():
         checkpoint_segments(opt, list(model), x)
     block = model[1]  # split as the message says: each of its Linears a layer of its own
     assert torch.equal(checkpoint_segments(opt, [model[0], block[0], block[1], block[2], model[2]], x), model(x))
+
+
+def test_a_resumed_recompute_run_has_the_uninterrupted_records(tmp_path):
+    from test_checkpoint import interrupted_run, same_records
+    config = RunConfig(method="pipemare-recompute", stages=4, model="resnet1d", model_kwargs={"depth": 8, "width": 4},
+                       **{**SYNTH, "data_kwargs": {**SYNTH["data_kwargs"], "input_shape": [1, 16]}})
+    plain = train.run(config)
+    state = interrupted_run(config, tmp_path / "run.ckpt", 5, 2)  # mid-epoch 1 (step 10 of 12 per epoch)
+    assert state["optimizer"]["staleopt"]["step"] == 10
+    same_records(train.run(config, checkpoint=Checkpoint(tmp_path / "run.ckpt", every=5)), plain)
 
 
 def test_train_command_runs_pipemare_recompute(tmp_path):
