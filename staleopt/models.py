@@ -23,6 +23,11 @@ ResNet units: ``depth - 1`` convolutions, each followed by a batch norm, plus
 the classifier: ``2 (depth - 1) + 1``. Option A shortcuts (identity, stride-2
 subsampling and zero-padded channels where the shape changes) have no
 parameters, so they add no units.
+
+:func:`steps` gives each model's forward pass as layers that read one unit
+each (equal to ``model(x)`` bit for bit), which
+:func:`staleopt.segments.checkpoint_segments` runs with a recompute
+schedule's segments checkpointed (PipeMare App. A.3).
 """
 from __future__ import annotations
 
