@@ -23,11 +23,17 @@ ResNet units: ``depth - 1`` convolutions, each followed by a batch norm, plus
 the classifier: ``2 (depth - 1) + 1``. Option A shortcuts (identity, stride-2
 subsampling and zero-padded channels where the shape changes) have no
 parameters, so they add no units.
+
+:func:`steps` gives each model's forward pass as layers that read one unit
+each (equal to ``model(x)`` bit for bit), which
+:func:`staleopt.segments.checkpoint_segments` runs with a recompute
+schedule's segments checkpointed (PipeMare App. A.3).
 """
 from __future__ import annotations
 
 import inspect
 import math
+import sys
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Tuple
 
@@ -37,9 +43,10 @@ from torch import nn
 
 from .errors import ConfigError
 from .partition import units_of
+from .segments import Step
 from .validate import check_int
 
-__all__ = ["get", "names", "info", "num_units", "table", "ModelInfo",
+__all__ = ["get", "names", "info", "num_units", "table", "steps", "ModelInfo",
            "ResNet1d", "CNN1d", "MLP", "TransformerClassifier", "LeNet5", "CifarResNet", "resnet50_cifar"]
 
 
@@ -84,6 +91,13 @@ class _BasicBlock(nn.Module):
         out = self.bn2(self.conv2(out))
         return F.relu(out + self.shortcut(x))
 
+    def steps(self) -> List[Step]:
+        """:meth:`forward` one unit at a time; the input rides along for the shortcut: ``(x, out)``."""
+        return [Step(lambda x: (x, self.conv1(x)), self.conv1),
+                Step(lambda s: (s[0], F.relu(self.bn1(s[1]))), self.bn1),
+                Step(lambda s: (s[0], self.conv2(s[1])), self.conv2),
+                Step(lambda s: F.relu(self.bn2(s[1]) + self.shortcut(s[0])), self.bn2)]
+
 
 class _ResNet(nn.Module):
     """He et al. 2016 §4.2: a 3x3 stem, three groups of ``n`` basic blocks at widths w, 2w, 4w
@@ -112,6 +126,12 @@ class _ResNet(nn.Module):
     def forward(self, x):
         x = self.blocks(F.relu(self.bn(self.conv(x))))
         return self.fc(x.flatten(2).mean(2))
+
+    def steps(self) -> List[Callable]:
+        """:meth:`forward` as layers of one unit each (:func:`steps`)."""
+        return [self.conv, Step(lambda x: F.relu(self.bn(x)), self.bn),
+                *(s for block in self.blocks for s in block.steps()),
+                Step(lambda x: self.fc(x.flatten(2).mean(2)), self.fc)]
 
 
 class ResNet1d(_ResNet):
@@ -156,6 +176,10 @@ class CNN1d(nn.Module):
     def forward(self, x):
         return self.fc(self.features(x).mean(2))
 
+    def steps(self) -> List[Callable]:
+        """:meth:`forward` as layers of one unit each (:func:`steps`)."""
+        return [*self.features, Step(lambda x: self.fc(x.mean(2)), self.fc)]
+
 
 class MLP(nn.Module):
     """Flatten, ``depth`` hidden layers Linear(hidden) + ReLU, then Linear(num_classes)."""
@@ -176,6 +200,10 @@ class MLP(nn.Module):
     def forward(self, x):
         return self.net(x)
 
+    def steps(self) -> List[Callable]:
+        """:meth:`forward` as layers of one unit each (:func:`steps`)."""
+        return list(self.net)
+
 
 class _Attention(nn.Module):
     """Multi-head self-attention: ``softmax(Q K^T / sqrt(d_head)) V`` with fused QKV projection."""
@@ -187,10 +215,14 @@ class _Attention(nn.Module):
         self.proj = nn.Linear(dim, dim)
 
     def forward(self, x):
-        b, t, d = x.shape
-        q, k, v = self.qkv(x).view(b, t, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
+        return self.proj(self.attend(self.qkv(x)))
+
+    def attend(self, qkv):
+        """The heads' ``softmax(Q K^T / sqrt(d_head)) V``, concatenated, from the fused projection ``qkv``."""
+        b, t, d = qkv.shape[0], qkv.shape[1], qkv.shape[2] // 3
+        q, k, v = qkv.view(b, t, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
         a = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(d // self.heads), dim=-1) @ v
-        return self.proj(a.transpose(1, 2).reshape(b, t, d))
+        return a.transpose(1, 2).reshape(b, t, d)
 
 
 class _EncoderLayer(nn.Module):
@@ -207,6 +239,16 @@ class _EncoderLayer(nn.Module):
     def forward(self, x):
         x = x + self.attn(self.ln1(x))
         return x + self.fc2(F.gelu(self.fc1(self.ln2(x))))
+
+    def steps(self) -> List[Step]:
+        """:meth:`forward` one unit at a time; the residual stream rides along: ``(x, branch)``."""
+        attn = self.attn
+        return [Step(lambda x: (x, self.ln1(x)), self.ln1),
+                Step(lambda s: (s[0], attn.attend(attn.qkv(s[1]))), attn.qkv),
+                Step(lambda s: s[0] + attn.proj(s[1]), attn.proj),
+                Step(lambda x: (x, self.ln2(x)), self.ln2),
+                Step(lambda s: (s[0], F.gelu(self.fc1(s[1]))), self.fc1),
+                Step(lambda s: s[0] + self.fc2(s[1]), self.fc2)]
 
 
 class _Positions(nn.Module):
@@ -240,10 +282,19 @@ class TransformerClassifier(nn.Module):
         self.head = nn.Linear(dim, num_classes)
 
     def forward(self, x):
-        b, c, length = x.shape
-        tokens = x.view(b, c, length // self.patch, self.patch).permute(0, 2, 1, 3).reshape(b, length // self.patch, -1)
-        h = self.layers(self.pos(self.embed(tokens)))
+        h = self.layers(self.pos(self.embed(self.tokens(x))))
         return self.head(self.ln(h.mean(1)))
+
+    def tokens(self, x):
+        """``(B, C, L) -> (B, L / patch, C * patch)``: the sequence cut into patches."""
+        b, c, length = x.shape
+        return x.view(b, c, length // self.patch, self.patch).permute(0, 2, 1, 3).reshape(b, length // self.patch, -1)
+
+    def steps(self) -> List[Callable]:
+        """:meth:`forward` as layers of one unit each (:func:`steps`)."""
+        return [Step(lambda x: self.embed(self.tokens(x)), self.embed), self.pos,
+                *(s for layer in self.layers for s in layer.steps()),
+                Step(lambda h: self.ln(h.mean(1)), self.ln), self.head]
 
 
 class LeNet5(nn.Module):
@@ -268,6 +319,13 @@ class LeNet5(nn.Module):
         x = F.max_pool2d(F.relu(self.conv2(x)), 2)
         return self.fc3(F.relu(self.fc2(F.relu(self.fc1(x.flatten(1))))))
 
+    def steps(self) -> List[Callable]:
+        """:meth:`forward` as layers of one unit each (:func:`steps`)."""
+        return [Step(lambda x: F.max_pool2d(F.relu(self.conv1(x)), 2), self.conv1),
+                Step(lambda x: F.max_pool2d(F.relu(self.conv2(x)), 2), self.conv2),
+                Step(lambda x: F.relu(self.fc1(x.flatten(1))), self.fc1),
+                Step(lambda x: F.relu(self.fc2(x)), self.fc2), self.fc3]
+
 
 def resnet50_cifar(num_classes: int = 10, input_shape=(3, 32, 32)) -> nn.Module:
     """torchvision ResNet-50 with a 3x3 stride-1 stem convolution and no max-pool (PipeMare §4.1):
@@ -279,6 +337,49 @@ def resnet50_cifar(num_classes: int = 10, input_shape=(3, 32, 32)) -> nn.Module:
     nn.init.kaiming_normal_(model.conv1.weight, mode="fan_out", nonlinearity="relu")
     model.maxpool = nn.Identity()
     return model
+
+
+def _bottleneck_steps(block) -> List[Step]:
+    """torchvision's ``Bottleneck.forward`` one unit at a time, the input riding along: ``(x, out)``
+    (``out += identity`` becomes ``out + identity``: the same sum)."""
+    last = [Step(lambda s: block.relu(block.bn3(s[1]) + s[0]), block.bn3)]
+    if block.downsample is not None:
+        conv, bn = block.downsample
+        last = [Step(lambda s: (s[0], block.bn3(s[1])), block.bn3),
+                Step(lambda s: (s[1], conv(s[0])), conv),           # (out, conv(x))
+                Step(lambda s: block.relu(s[0] + bn(s[1])), bn)]
+    return [Step(lambda x: (x, block.conv1(x)), block.conv1),
+            Step(lambda s: (s[0], block.relu(block.bn1(s[1]))), block.bn1),
+            Step(lambda s: (s[0], block.conv2(s[1])), block.conv2),
+            Step(lambda s: (s[0], block.relu(block.bn2(s[1]))), block.bn2),
+            Step(lambda s: (s[0], block.conv3(s[1])), block.conv3), *last]
+
+
+def _torchvision_resnet_steps(model) -> List[Callable]:
+    """torchvision ``ResNet._forward_impl`` of Bottleneck blocks as layers of one unit each."""
+    blocks = [b for layer in (model.layer1, model.layer2, model.layer3, model.layer4) for b in layer]
+    if not all(hasattr(b, "conv3") and (b.downsample is None or len(b.downsample) == 2) for b in blocks):
+        raise ConfigError("staleopt.models.steps knows torchvision ResNets of Bottleneck blocks (resnet50-cifar); "
+                          "write the steps of this model yourself (docs/wrapper.md)")
+    return [model.conv1, Step(lambda x: model.maxpool(model.relu(model.bn1(x))), model.bn1),
+            *(s for b in blocks for s in _bottleneck_steps(b)),
+            Step(lambda x: model.fc(torch.flatten(model.avgpool(x), 1)), model.fc)]
+
+
+def steps(model: nn.Module) -> List[Callable]:
+    """A built-in model's forward pass as a sequence of layers that each read at most one unit
+    (:mod:`staleopt.segments`): run in order they compute ``model(x)`` bit for bit, and every
+    partition's stage boundaries fall between two of them, so any partition's recompute segments
+    can be checkpointed (:func:`staleopt.segments.checkpoint_segments`). A tuple ``(x, out)`` carries
+    a residual branch across a boundary."""
+    if callable(getattr(model, "steps", None)):
+        return model.steps()
+    tv = sys.modules.get("torchvision")
+    if tv is not None and isinstance(model, tv.models.ResNet):
+        return _torchvision_resnet_steps(model)
+    raise ConfigError(f"{type(model).__name__} is not a built-in staleopt model, so staleopt.models.steps does "
+                      "not know its layers: call staleopt.segments.checkpoint_segments(opt, layers, x) in its "
+                      "forward with its own layers (docs/wrapper.md)")
 
 
 @dataclass(frozen=True)

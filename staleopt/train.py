@@ -35,6 +35,13 @@ Choices (each documented because it changes numbers):
   ``linear-warmup`` ``min(n / W, 1)`` and ``inverse-sqrt`` ``n / W`` up to
   ``n = W``, then ``sqrt(W / n)`` (Fairseq's, PipeMare Table 7), for the
   ``n = k + 1``-th update and ``W = lr_warmup_steps``.
+* **Recompute.** Under a schedule that recomputes in segments
+  (``dataflow-recompute``, method ``pipemare-recompute``) the model's forward
+  runs its layers (:func:`staleopt.models.steps`) with each of the schedule's
+  segments (:meth:`~staleopt.schedules.Schedule.segments`) through one
+  ``opt.checkpoint`` call (:func:`staleopt.segments.checkpoint_segments`), so
+  the backward pass recomputes them with ``u_recomp`` (PipeMare App. A.3,
+  App. D.1). Every other schedule runs the model's own forward, unwrapped.
 * **Divergence.** A training loss that is non-finite or above
   ``divergence_loss`` ends the run before that step's update; the epoch is
   recorded with ``status = "diverged"``. Never an exception.
@@ -62,6 +69,7 @@ optimizer state + the method's extra copies) and ``memory_ratio_gpipe``.
 """
 from __future__ import annotations
 
+import functools
 import math
 import time
 from typing import Any, Dict, Mapping, Optional, Union
@@ -73,7 +81,7 @@ from tqdm.auto import tqdm
 
 from . import checkpoint as ckpt
 from . import data as datasets
-from . import hardware, methods, models
+from . import hardware, methods, models, segments
 from .config import LR_WARMUP_SCHEDULES, RunConfig
 from .errors import ConfigError
 from .methods import Pipeline
@@ -220,6 +228,8 @@ def _train(config: RunConfig, device: torch.device, progress: bool, checkpoint) 
     opt = PipelineOptimizer(model, build_optimizer(config, model.parameters()), stages=config.stages,
                             schedule=pipeline.schedule, corrections=pipeline.corrections,
                             microbatches=config.microbatches, seed=config.seed, partition=config.partition)
+    if opt.schedule.segments(opt.partition.num_stages):  # PipeMare Recompute: checkpoint the segments
+        model.forward = functools.partial(segments.checkpoint_segments, opt, models.steps(model))
     scheduler = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(config, spe, total))
     analytic = _hardware(config, model, pipeline, opt.partition, total, args)
     criterion = F.cross_entropy if data.task == "classification" else F.mse_loss
