@@ -44,7 +44,10 @@ Choices (each documented because it changes numbers):
   App. D.1). Every other schedule runs the model's own forward, unwrapped.
 * **Divergence.** A training loss that is non-finite or above
   ``divergence_loss`` ends the run before that step's update; the epoch is
-  recorded with ``status = "diverged"``. Never an exception.
+  recorded with ``status = "diverged"``. So does a non-finite test loss at an
+  epoch's end: the training loss reads stale forward weights, so ``w_t`` can
+  have overflowed up to ``tau_fwd`` steps before the training loss shows it,
+  and the evaluation (on ``w_t``) is where it shows first. Never an exception.
 * **Evaluation** at the end of each epoch: ``model.eval()`` under
   ``torch.no_grad()``, so the model holds ``w_t`` (docs/design.md §1) and BatchNorm
   uses its running statistics.
@@ -280,9 +283,12 @@ def _train(config: RunConfig, device: torch.device, progress: bool, checkpoint) 
                 done_batches += 1
                 if checkpoint is not None and checkpoint.due(opt.step_count):
                     save(epoch, done_batches, losses, epoch_order)
+            evaluation = _evaluate(model, data.test, data.task, device)
+            if not math.isfinite(evaluation["test_loss"]):  # w_t diverged ahead of the stale training loss
+                status = "diverged"
             records.append({"epoch": epoch, "step": opt.step_count,
                             "train_loss": sum(losses) / len(losses) if losses else math.nan,
-                            **_evaluate(model, data.test, data.task, device),
+                            **evaluation,
                             "lr_base": opt.param_groups[0]["lr"], "wall_time": time.perf_counter() - start,
                             "status": status, **analytic})
             losses, done_batches = [], 0

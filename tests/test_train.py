@@ -98,6 +98,22 @@ def test_divergence_ends_the_run_and_is_recorded():
     assert early["train_loss"].iloc[0] > 1e-3
 
 
+def test_a_non_finite_evaluation_is_divergence(monkeypatch):
+    """w_t can overflow while the training loss (on stale forward weights) is still finite: the evaluation
+    on w_t is where it shows first, and the run ends there as diverged instead of going on as "ok"."""
+    evaluate = train._evaluate
+    calls = []
+
+    def overflowed_at_epoch_2(*args):
+        calls.append(1)
+        out = evaluate(*args)
+        return {**out, "test_loss": math.nan} if len(calls) == 2 else out
+
+    monkeypatch.setattr(train, "_evaluate", overflowed_at_epoch_2)
+    rec = train.run(cfg(method="pipemare", stages=4, epochs=4))
+    assert rec["status"].tolist() == ["ok", "diverged"] and math.isfinite(rec["train_loss"].iloc[-1])
+
+
 def test_default_step_counts_scale_with_the_run():
     n = 200  # SMALL's training samples; 12 steps per epoch of 16
     c = cfg(epochs=8)  # 96 steps
