@@ -318,7 +318,7 @@ def test_method_table_and_resolution():
     sched, corr = methods.resolve("pipemare", decay=0.5)
     assert sched.name == "dataflow" and corr[1].decay == 0.5
     assert methods.resolve("1f1b")[1] == [] and methods.resolve("dataflow")[1] == []
-    with pytest.raises(ScheduleError, match="accepts: anneal_steps, decay"):
+    with pytest.raises(ScheduleError, match="accepts: accumulator, anneal_steps, decay"):
         methods.resolve("pipemare", warmup=3)
 
 

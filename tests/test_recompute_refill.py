@@ -82,7 +82,8 @@ def test_pipemare_recompute_method():
     assert [type(c).__name__ for c in p.corrections] == ["LRReschedule", "DiscrepancyCorrection"]
     q = methods.build("pipemare-recompute", 6, 2, segment=3, anneal_steps=7)
     assert q.schedule.segment == 3 and q.corrections[0].anneal_steps == 7
-    assert methods.hyperparameters("pipemare-recompute") == {"segment": None, "anneal_steps": 1000, "decay": 0.1}
+    assert methods.hyperparameters("pipemare-recompute") == {"segment": None, "anneal_steps": 1000, "decay": 0.1,
+                                                             "accumulator": "causal"}
 
 
 def test_hardware_prices_the_executed_segments():
