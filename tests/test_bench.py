@@ -14,15 +14,19 @@ import staleopt
 from staleopt import schedules
 from helpers import batches, mlp, mse
 
-SCRIPT = Path(__file__).resolve().parents[1] / "experiments" / "bench_overhead.py"
+EXPERIMENTS = Path(__file__).resolve().parents[1] / "experiments"
+
+
+def load(name):
+    spec = importlib.util.spec_from_file_location(name, EXPERIMENTS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("bench_overhead", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load("bench_overhead")
 
 
 @pytest.mark.parametrize("method, schedule, stash", [("dataflow", "dataflow", False), ("pipedream", "1f1b", True)])
@@ -81,6 +85,13 @@ def test_quick_run_writes_tables_and_plot(bench, tmp_path):
     assert stages.dataflow_bytes.is_monotonic_increasing
     assert (growth.dataflow_bytes == growth.dataflow_minimum_bytes).all()
     check_recompute_table(bench, pd.read_csv(tmp_path / "recompute.csv"))
+    # the docs' tables come from these CSVs (experiments/bench_markdown.py): one row per shown variant
+    md = load("bench_markdown")
+    assert md.main([str(tmp_path)]) == 0
+    assert md.step_table(step).count("\n| cnn1d (9) |") == 2
+    table = md.recompute_table(pd.read_csv(tmp_path / "recompute.csv")).splitlines()
+    assert len(table) == 2 + 6 and all(line.count("|") == 10 for line in table)
+    assert [line.split(" | ")[1] for line in table[2:]] == [label for label, _, _ in bench.RECOMPUTE] * 2
 
 
 def check_recompute_table(bench, rec: pd.DataFrame) -> None:
