@@ -65,16 +65,31 @@ after is recorded in ``meta.json``.
    ``pipemare``'s whole step against the plain step in the engine-bound
    setting (target <= 1.10).
 
+7. **Recompute.** ResNet-20 (batch 4, the engine-bound setting, and batch 128)
+   at ``P`` = 39 with the ``dataflow-recompute`` segments (PipeMare App. A.3):
+   (a) ``pipemare`` without checkpointing; (b) ``pipemare`` with each segment
+   through torch's non-reentrant checkpoint (:class:`TorchCheckpoint`: the
+   recomputation reads ``u_bkwd``); (c) ``pipemare-recompute`` through
+   :func:`staleopt.segments.checkpoint_segments` (``opt.checkpoint``: it reads
+   ``u_recomp = w_{t - tau_recomp}`` with T2). Interleaved like table 1; each
+   variant's step against the plain step, (a) and (b) per round (``ratio_b``
+   of (c): what the recompute view costs over plain checkpointing;
+   ``ratio_a`` of (b): what recomputing costs). (c)'s engine time adds the
+   recomputation machinery (:class:`SegmentClock`). Memory: ``opt.memory_bytes()``
+   and the bytes measured as in table 2, exact.
+
 Outputs in ``--out``: ``step.csv``, ``memory.csv``, ``handrolled.csv``,
-``breakdown.csv``, ``goals.csv``, ``growth.csv``, ``growth.png``,
+``breakdown.csv``, ``goals.csv``, ``recompute.csv``, ``growth.csv``, ``growth.png``,
 ``meta.json``; the tables are printed.
 """
 from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import copy
 import datetime
+import functools
 import gc
 import json
 import math
@@ -92,10 +107,11 @@ import torch.nn.functional as F
 from torch import nn
 
 import staleopt
-from staleopt import models, schedules
+from staleopt import models, schedules, segments
 from staleopt.corrections import DiscrepancyCorrection, WeightPrediction
 
-__all__ = ["main", "HandRolled", "EngineClock", "new_storage_bytes", "minimum_bytes", "ModelSpec", "MODELS"]
+__all__ = ["main", "HandRolled", "EngineClock", "SegmentClock", "TorchCheckpoint", "new_storage_bytes", "minimum_bytes",
+           "ModelSpec", "MODELS"]
 
 METHODS = ("pipemare", "pipedream", "pipeoptim")
 #: Every duration is this thread's CPU time, not wall time: the machine is shared, and a job waiting
@@ -267,10 +283,17 @@ def new_storage_bytes(before: Dict[int, int]) -> int:
     return sum(n for ptr, n in _storages().items() if ptr not in before)
 
 
-def documented_buffers(correction, partition, tau_fwd, tau_bkwd) -> int:
-    """Bytes of weight-sized buffers ``correction`` documents (see the module docstring)."""
+def documented_buffers(correction, partition, tau_fwd, tau_bkwd, tau_recomp=None) -> int:
+    """Bytes of weight-sized buffers ``correction`` documents (see the module docstring).
+
+    T2 with the causal accumulator keeps ``delta_{t-k}`` for ``k`` up to ``max(tau_bkwd_i, tau_recomp_i)``
+    (the latter where ``tau_recomp_i < tau_fwd_i``; PipeMare App. B.4, App. D.1): ``1 + that`` rows of
+    ``|w_i|`` per corrected stage, one row where both are 0 (every dataflow method without recompute)."""
+    tau_recomp = list(tau_bkwd) if tau_recomp is None else tau_recomp
     if isinstance(correction, DiscrepancyCorrection):  # PipeMare §3.2: one delta per corrected stage
-        return sum(s.nbytes for s in partition if tau_fwd[s.index] > tau_bkwd[s.index])
+        rows = [1 + (max(b, r if r < f else 0) if correction.accumulator == "causal" else 0)
+                for f, b, r in zip(tau_fwd, tau_bkwd, tau_recomp)]
+        return sum(rows[s.index] * s.nbytes for s in partition if tau_fwd[s.index] > tau_bkwd[s.index])
     if isinstance(correction, WeightPrediction):  # PipeOptim §III: one dW per delayed stage
         if correction.rule != "optimizer":
             raise ValueError("the benchmark counts the buffers of WeightPrediction('optimizer') only")
@@ -282,21 +305,111 @@ def minimum_bytes(opt: staleopt.PipelineOptimizer) -> int:
     """``M_min = sum_i max(tau_fwd_i, tau_bkwd_i) |w_i|`` plus the corrections' documented buffers."""
     tf, tb = opt.max_delays
     hist = sum(max(tf[s.index], tb[s.index]) * s.nbytes for s in opt.partition)
-    return hist + sum(documented_buffers(c, opt.partition, tf, tb) for c in opt.corrections)
+    return hist + sum(documented_buffers(c, opt.partition, tf, tb, opt.max_recompute_delays) for c in opt.corrections)
 
 
 # ---------------------------------------------------------------------------------------------- variants
+class TorchCheckpoint:
+    """:func:`~staleopt.segments.checkpoint_segments`' stand-in for the wrapper: the segments of
+    ``schedule`` on ``partition``, each through torch's own non-reentrant checkpoint, whose
+    recomputation reads whatever the parameters hold then (``u_bkwd``: ``tau_recomp = tau_bkwd``)."""
+
+    def __init__(self, partition, schedule):
+        self.partition, self.schedule = partition, schedule
+
+    def checkpoint(self, function, *args, **kwargs):
+        return torch.utils.checkpoint.checkpoint(function, *args, use_reentrant=False, **kwargs)
+
+
+class SegmentClock:
+    """Time of the recomputation machinery around checkpointed segments (the wrapper's part of it).
+
+    * ``units``: probes before and after the wrapper's forward pre-hook on every unit module (a
+      recompute schedule's check that torch's checkpoint is not called directly); with
+      :class:`TorchCheckpoint` there is no such hook and the probes time themselves;
+    * ``calls``: time inside ``runner.checkpoint`` minus the time inside the
+      ``torch.utils.checkpoint.checkpoint`` it calls (``opt.checkpoint``'s own work: finding the
+      stages a segment reads);
+    * ``window``: the wrapper's ``_enter_recompute`` / ``_leave_recompute`` (loading the recompute
+      views, T2's rewrite, the backward views back).
+
+    ``active()`` puts the timer around ``torch.utils.checkpoint.checkpoint`` for one step.
+    """
+
+    def __init__(self, model: nn.Module, runner, opt: Optional[staleopt.PipelineOptimizer]):
+        self.seconds, self._t0 = 0.0, 0.0
+        self._inner = 0.0
+        units = {id(m): m for m in (model.get_submodule(u.name) for u in runner.partition.units) if m is not model}
+        self._handles = [h for m in units.values() for h in (m.register_forward_pre_hook(self._start, prepend=True),
+                                                             m.register_forward_pre_hook(self._stop))]
+        runner.checkpoint = self._outer(runner.checkpoint)
+        if opt is not None:
+            opt._enter_recompute, opt._leave_recompute = self._timed(opt._enter_recompute), self._timed(
+                opt._leave_recompute)
+
+    def _start(self, *args):
+        self._t0 = clock()
+
+    def _stop(self, *args):
+        self.seconds += clock() - self._t0
+
+    def _timed(self, fn):
+        def timed(*args, **kwargs):
+            t = clock()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.seconds += clock() - t
+        return timed
+
+    def _outer(self, fn):
+        def outer(*args, **kwargs):
+            t, inner = clock(), self._inner
+            try:
+                return fn(*args, **kwargs)
+            finally:  # the inner call (and the unit probes inside it, which count themselves) is not added
+                self.seconds += clock() - t - (self._inner - inner)
+        return outer
+
+    @contextlib.contextmanager
+    def active(self):
+        original = torch.utils.checkpoint.checkpoint
+
+        def inner(*args, **kwargs):
+            t = clock()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                self._inner += clock() - t
+
+        torch.utils.checkpoint.checkpoint = inner
+        try:
+            yield
+        finally:
+            torch.utils.checkpoint.checkpoint = original
+
+    def remove(self) -> None:
+        for h in self._handles:
+            h.remove()
+
+
 class Variant:
-    """One simulator (or none) on its own copy of the model: ``step()`` runs a whole training step."""
+    """One simulator (or none) on its own copy of the model: ``step()`` runs a whole training step.
+
+    ``recompute``: ``None`` (the model's own forward), ``"torch"`` (the layers of
+    :func:`staleopt.models.steps` with the ``dataflow-recompute`` segments through torch's
+    checkpoint, :class:`TorchCheckpoint`) or ``"opt"`` (through ``opt.checkpoint``:
+    :func:`staleopt.segments.checkpoint_segments` with the wrapper itself).
+    """
 
     def __init__(self, name: str, spec: ModelSpec, stages: int, x, y, kind: str, method: Optional[str] = None,
-                 memory: str = "minimal"):
+                 memory: str = "minimal", recompute: Optional[str] = None):
         self.name, self.kind, self.method = name, kind, method
         self.model = spec.build(seed=0)
         self.model.train()
         self.x, self.y = x, y
         self.base = torch.optim.SGD(self.model.parameters(), lr=1e-3, momentum=0.9)
-        self.opt = self.hand = None
+        self.opt = self.hand = self.segment_clock = None
         self._step_s = 0.0
         self._train_step()  # the base optimizer's own state exists before the memory baseline
         self.base.zero_grad()
@@ -305,6 +418,11 @@ class Variant:
             self.opt = staleopt.PipelineOptimizer(self.model, self.base, stages=stages, schedule=method,
                                                   memory=memory)
         self.clock = EngineClock(self.model, self.base) if kind != "hand" else None
+        if recompute is not None:
+            runner = (TorchCheckpoint(self.opt.partition, schedules.get("dataflow-recompute")) if recompute == "torch"
+                      else self.opt)
+            self.segment_clock = SegmentClock(self.model, runner, self.opt if recompute == "opt" else None)
+            self.model.forward = functools.partial(segments.checkpoint_segments, runner, models.steps(self.model))
         if kind == "hand":
             sched, stash = HAND[method]
             part = staleopt.partition_model(self.model, stages)
@@ -313,6 +431,7 @@ class Variant:
         self.rounds_s: List[float] = []
         self.engine_s: List[float] = []
         self.base_s: List[float] = []
+        self.recompute_s: List[float] = []
         self._train_step()  # lazily built state exists; also the warm-up step
         self.base.zero_grad()
         self.bytes = new_storage_bytes(before)
@@ -326,7 +445,8 @@ class Variant:
             return
         opt = self.opt or self.base
         opt.zero_grad()
-        F.cross_entropy(self.model(self.x), self.y).backward()
+        with self.segment_clock.active() if self.segment_clock else contextlib.nullcontext():
+            F.cross_entropy(self.model(self.x), self.y).backward()
         t = clock()
         opt.step()
         self._step_s += clock() - t
@@ -348,6 +468,8 @@ class Variant:
             self.hand.seconds = 0.0
         else:
             self.clock.reset()
+        if self.segment_clock is not None:
+            self.segment_clock.seconds = 0.0
         self._step_s = 0.0
 
     def timed_steps(self, n: int) -> float:
@@ -360,9 +482,12 @@ class Variant:
         self.rounds_s.append(total)
         self.engine_s.append(self.engine_seconds() / n)
         self.base_s.append(self.clock.base_step / n if self.clock else 0.0)
+        self.recompute_s.append(self.segment_clock.seconds / n if self.segment_clock else 0.0)
         return total
 
     def release(self) -> None:
+        if self.segment_clock is not None:
+            self.segment_clock.remove()
         if self.opt is not None:
             self.opt.remove_hooks()
         self.model = self.opt = self.hand = self.base = None
@@ -627,6 +752,53 @@ def breakdown(spec: ModelSpec, stages: int, rounds: int, steps: int, log) -> Lis
     return rows
 
 
+#: The recompute comparison: (label, method, how the segments are checkpointed; see :class:`Variant`).
+RECOMPUTE = (("(a) pipemare", "pipemare", None),
+             ("(b) pipemare + torch checkpoint", "pipemare", "torch"),
+             ("(c) pipemare-recompute", "pipemare-recompute", "opt"))
+
+
+def bench_recompute(key: str, spec: ModelSpec, rounds: int, steps: int, log) -> List[dict]:
+    """PipeMare Recompute against plain checkpointing and no checkpointing (max P, the
+    ``dataflow-recompute`` segments): whole step, engine time, stale-weight memory of each of
+    :data:`RECOMPUTE`, with the per-round step ratios to the plain step, to (a) and to (b).
+
+    The engine time of (c) adds the recomputation machinery (:class:`SegmentClock`) minus what the
+    same probes cost in (b), which has none of it."""
+    P = spec.max_stages
+    x, y = spec.batch_of()
+    variants = [Variant("plain", spec, P, x, y, "plain")]
+    variants += [Variant(label, spec, P, x, y, "staleopt", method, recompute=how) for label, method, how in RECOMPUTE]
+    interleaved(variants, rounds, steps)
+    plain, a, b, c = variants
+    probes = statistics.median(b.recompute_s), min(b.recompute_s)
+    segs = schedules.get("dataflow-recompute").segments(P)
+    rows = []
+    for v, (_, method, how) in zip((a, b, c), RECOMPUTE):
+        engine, engine_min = _engine(v, plain)
+        machinery = ((max(statistics.median(v.recompute_s) - probes[0], 0.0), max(min(v.recompute_s) - probes[1], 0.0))
+                     if v is c else (0.0, 0.0))
+        row = {"model": key, "batch": spec.batch, "stages": P,
+               "segments": " ".join(f"{first}-{last}" for first, last in segs),
+               "variant": v.name, "method": method, "checkpoint": {None: "none", "torch": "torch.utils.checkpoint",
+                                                                   "opt": "opt.checkpoint"}[how],
+               "plain_ms": 1e3 * statistics.median(plain.rounds_s), "step_ms": 1e3 * statistics.median(v.rounds_s)}
+        for ref, name in ((plain, "plain"), (a, "a"), (b, "b")):
+            q1, med, q3 = _quantiles([t / r for t, r in zip(v.rounds_s, ref.rounds_s)])
+            row.update({f"ratio_{name}": med, f"ratio_{name}_q1": q1, f"ratio_{name}_q3": q3})
+        row.update({"engine_ms": 1e3 * (engine + machinery[0]), "engine_min_ms": 1e3 * (engine_min + machinery[1]),
+                    "recompute_engine_ms": 1e3 * machinery[0],
+                    "probes_ms": 1e3 * probes[0] if v is b else 0.0,
+                    "memory_bytes": v.opt.memory_bytes(), "history_bytes": v.opt.history_bytes(),
+                    "measured_bytes": v.bytes, "minimum_bytes": minimum_bytes(v.opt),
+                    "rounds": rounds, "steps_per_round": steps})
+        rows.append(row)
+    for v in variants:
+        v.release()
+    log(f"  recompute {key}: done")
+    return rows
+
+
 def goals(step: pd.DataFrame, hand: pd.DataFrame, growth: Optional[pd.DataFrame]) -> pd.DataFrame:
     """The issue-11 goals, measured: overhead >= 10x below the hand-rolled deque at P >= 16 in the
     default memory mode, and pipemare's whole step within 1.10x of the plain step (engine-bound)."""
@@ -701,6 +873,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     tiny = table["resnet20-tiny"]
     split = pd.DataFrame(breakdown(tiny, tiny.max_stages, rounds, 5, log=log))
     split.to_csv(out / "breakdown.csv", index=False)
+    recompute = pd.DataFrame([row for key in ("resnet20-tiny", "resnet20")
+                              for row in bench_recompute(key, table[key], rounds, 5 if key == "resnet20-tiny" else 1,
+                                                         log=log)])
+    recompute.to_csv(out / "recompute.csv", index=False)
     growth = None
     if not args.no_growth:
         spec = table["resnet20"]
@@ -741,8 +917,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                          "move_ops_per_step",
                          "weights_copy_ms", "moves_in_copies"]))
     print("\n6. goals (issue 11)")
-    print(_table(goal, ["goal", "target", "measured", "met"]))
-    print(f"\nwrote {out}/step.csv, memory.csv, handrolled.csv, breakdown.csv, goals.csv" + ("" if args.no_growth else ", growth.csv, growth.png")
+    print(_table(goal, ["goal", "target", "measured", "met"]) if len(goal) else "(none measured in this run)")
+    print("\n7. recompute (max P, dataflow-recompute segments): (a) no checkpointing, (b) torch's checkpoint, "
+          "(c) opt.checkpoint\n   ratio_x = median over rounds of step / step of x; memory_bytes = opt.memory_bytes()")
+    print(_table(recompute, ["model", "batch", "stages", "variant", "step_ms", "ratio_plain", "ratio_a", "ratio_b",
+                             "engine_ms", "recompute_engine_ms", "probes_ms", "memory_bytes", "measured_bytes"]))
+    print(f"\nwrote {out}/step.csv, memory.csv, handrolled.csv, breakdown.csv, goals.csv, recompute.csv"
+          + ("" if args.no_growth else ", growth.csv, growth.png")
           + f" in {meta['seconds']:.0f} s")
     return 0
 

@@ -14,15 +14,19 @@ import staleopt
 from staleopt import schedules
 from helpers import batches, mlp, mse
 
-SCRIPT = Path(__file__).resolve().parents[1] / "experiments" / "bench_overhead.py"
+EXPERIMENTS = Path(__file__).resolve().parents[1] / "experiments"
+
+
+def load(name):
+    spec = importlib.util.spec_from_file_location(name, EXPERIMENTS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("bench_overhead", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load("bench_overhead")
 
 
 @pytest.mark.parametrize("method, schedule, stash", [("dataflow", "dataflow", False), ("pipedream", "1f1b", True)])
@@ -59,7 +63,8 @@ def test_new_storage_bytes_counts_allocated_tensors(bench):
 
 def test_quick_run_writes_tables_and_plot(bench, tmp_path):
     assert bench.main(["--quick", "--out", str(tmp_path), "--models", "cnn1d", "--rounds", "1"]) == 0
-    for name in ("step.csv", "memory.csv", "handrolled.csv", "growth.csv", "growth.png", "meta.json"):
+    for name in ("step.csv", "memory.csv", "handrolled.csv", "recompute.csv", "growth.csv", "growth.png",
+                 "meta.json"):
         assert (tmp_path / name).is_file(), name
     step = pd.read_csv(tmp_path / "step.csv")
     assert set(step.variant) == {"pipemare", "pipedream", "pipeoptim", "dataflow", "dataflow (memory=fast)",
@@ -79,3 +84,43 @@ def test_quick_run_writes_tables_and_plot(bench, tmp_path):
     stages = growth[growth.axis == "stages"].sort_values("value")
     assert stages.dataflow_bytes.is_monotonic_increasing
     assert (growth.dataflow_bytes == growth.dataflow_minimum_bytes).all()
+    check_recompute_table(bench, pd.read_csv(tmp_path / "recompute.csv"))
+    # the docs' tables come from these CSVs (experiments/bench_markdown.py): one row per shown variant
+    md = load("bench_markdown")
+    assert md.main([str(tmp_path)]) == 0
+    assert md.step_table(step).count("\n| cnn1d (9) |") == 2
+    table = md.recompute_table(pd.read_csv(tmp_path / "recompute.csv")).splitlines()
+    assert len(table) == 2 + 6 and all(line.count("|") == 10 for line in table)
+    assert [line.split(" | ")[1] for line in table[2:]] == [label for label, _, _ in bench.RECOMPUTE] * 2
+
+
+def check_recompute_table(bench, rec: pd.DataFrame) -> None:
+    """Table 7: (a), (b), (c) for both ResNet-20 settings at the max P, with the dataflow-recompute segments."""
+    assert list(rec.model) == ["resnet20-tiny"] * 3 + ["resnet20"] * 3
+    assert list(rec.checkpoint) == ["none", "torch.utils.checkpoint", "opt.checkpoint"] * 2
+    assert list(rec.method) == ["pipemare", "pipemare", "pipemare-recompute"] * 2
+    P = staleopt.models.num_units("resnet20")
+    assert (rec.stages == P).all()
+    segments = " ".join(f"{a}-{b}" for a, b in schedules.get("dataflow-recompute").segments(P))
+    assert (rec.segments == segments).all()
+    timed = ["step_ms", "ratio_plain", "ratio_a", "ratio_b", "engine_ms", "engine_min_ms"]
+    assert rec[timed].notna().all().all() and (rec[timed] > 0).all().all()
+    for q in ("plain", "a", "b"):
+        assert (rec[f"ratio_{q}_q1"] <= rec[f"ratio_{q}"]).all() and (rec[f"ratio_{q}"] <= rec[f"ratio_{q}_q3"]).all()
+    schedule = schedules.get("dataflow-recompute")
+    (fwd, _), recomp = schedule.delays(P, 1), schedule.recompute_delays(P)
+    for key, g in rec.groupby("model", sort=False):
+        a, b, c = (g.iloc[k] for k in range(3))
+        assert a.ratio_a == 1 and b.ratio_b == 1
+        assert (a.recompute_engine_ms, b.recompute_engine_ms) == (0, 0) and c.recompute_engine_ms >= 0
+        assert b.probes_ms > 0 and a.probes_ms == c.probes_ms == 0
+        # memory: exact, what the engine reports, its documented minimum plus T2's free slot (as in table 2)
+        assert (g.measured_bytes == g.memory_bytes).all()
+        assert a.memory_bytes == b.memory_bytes and a.history_bytes == c.history_bytes  # same tau_fwd, tau_bkwd
+        assert len(set(g.memory_bytes - g.minimum_bytes)) == 1
+        # T2's causal accumulator: the recompute view reads delta_(t - tau_recomp), so T2 keeps tau_recomp_i more
+        # rows of |w_i| at each stage recomputed ahead of its forward's view (tau_bkwd = 0 < tau_recomp < tau_fwd;
+        # the last segment recomputes in its forward's slot, tau_recomp = tau_fwd, and reads no delta)
+        part = staleopt.partition_model(bench.QUICK[key].build(), P)
+        ahead = sum(recomp[s.index] * s.nbytes for s in part if recomp[s.index] < fwd[s.index])
+        assert c.memory_bytes - a.memory_bytes == ahead > 0

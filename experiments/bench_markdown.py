@@ -1,0 +1,90 @@
+"""Markdown tables for docs/performance.md from the CSVs of experiments/bench_overhead.py.
+
+    python experiments/bench_markdown.py runs/bench     # tables 1 (step time) and 7 (recompute), and the run's meta
+
+Prints the tables as written in docs/performance.md, so a dated section copies the run's numbers
+instead of retyping them.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import List, Optional, Sequence
+
+import pandas as pd
+
+__all__ = ["main", "step_table", "recompute_table", "meta_line"]
+
+#: Table 1's rows: per model, the variants shown (the CSV has every variant); the same in every dated section.
+STEP_ROWS = {"resnet20-tiny": ("pipemare", "pipedream", "pipeoptim", "dataflow", "dataflow (memory=fast)"),
+             "resnet20": ("pipemare", "dataflow"), "cnn1d": ("pipemare", "dataflow"),
+             "transformer": ("pipemare", "dataflow")}
+
+
+def _model(key: str, batch: int, stages: int) -> str:
+    name = "resnet20" if key.startswith("resnet20") else key
+    return f"{name}, batch {batch} ({stages})" if name == "resnet20" else f"{name} ({stages})"
+
+
+def _variant(name: str) -> str:
+    return name.replace(" (memory=fast)", ', `memory="fast"`')
+
+
+def _ms(milliseconds: float) -> str:
+    return f"{milliseconds:#.3g} ms" if milliseconds < 100 else f"{milliseconds:.0f} ms"
+
+
+def _ratio(row, name: str) -> str:
+    return f"{row[name]:.2f} [{row[name + '_q1']:.2f}, {row[name + '_q3']:.2f}]"
+
+
+def step_table(step: pd.DataFrame) -> str:
+    """Table 1: whole-step ratio and engine time of each model's shown variants."""
+    lines = ["| model (P) | method | plain step | whole-step ratio, median [IQR] | engine time / step "
+             "| ratio from engine time |", "|---|---|---:|---:|---:|---:|"]
+    for key, variants in STEP_ROWS.items():
+        for variant in variants:
+            rows = step[(step.model == key) & (step.variant == variant)]
+            for _, r in rows.iterrows():
+                lines.append(f"| {_model(key, r.batch, r.stages)} | {_variant(variant)} | {_ms(r.plain_ms)} | "
+                             f"{_ratio(r, 'ratio')} | {_ms(r.engine_ms)} | {r.engine_ratio:.2f} |")
+    return "\n".join(lines)
+
+
+def recompute_table(rec: pd.DataFrame) -> str:
+    """Table 7: (a), (b), (c) per ResNet-20 setting: step, its ratios, engine time, memory."""
+    lines = ["| ResNet-20 (P) | variant | whole step | / plain step | / (a) | / (b) | engine time / step "
+             "| of which recompute machinery | stale-weight memory (`opt.memory_bytes()`) |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for _, r in rec.iterrows():
+        memory = f"{r.memory_bytes:,} B ({r.memory_bytes / 1e6:.2f} MB)"
+        if r.measured_bytes != r.memory_bytes:
+            memory += f"; measured {r.measured_bytes:,} B"
+        lines.append(f"| batch {r.batch} ({r.stages}) | {r.variant} | {_ms(r.step_ms)} | {_ratio(r, 'ratio_plain')} | "
+                     f"{_ratio(r, 'ratio_a')} | {_ratio(r, 'ratio_b')} | {_ms(r.engine_ms)} | "
+                     f"{_ms(r.recompute_engine_ms) if r.recompute_engine_ms else '—'} | {memory} |")
+    return "\n".join(lines)
+
+
+def meta_line(meta: dict) -> str:
+    """Date, machine, torch, threads, load before/after, clock and run time of the run."""
+    return (f"{meta['date']}; {meta['machine']}; torch {meta['torch']}, {meta['threads']} thread(s); "
+            f"load average {meta['load_before']:.1f} before, {meta['load_after']:.1f} after; "
+            f"{meta['rounds']} rounds; {meta['clock']}; {meta['seconds']:.0f} s")
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("out", help="the --out directory of a bench_overhead.py run")
+    args = ap.parse_args(argv)
+    out = Path(args.out)
+    parts: List[str] = [meta_line(json.loads((out / "meta.json").read_text())),
+                        step_table(pd.read_csv(out / "step.csv")), recompute_table(pd.read_csv(out / "recompute.csv"))]
+    print("\n\n".join(parts))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
