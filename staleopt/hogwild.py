@@ -50,7 +50,7 @@ def eq16_step(optimizer: PipelineOptimizer, closure: Callable[[], torch.Tensor])
     if not callable(closure):
         raise ConfigError(f"eq16_step needs a closure that computes the loss of the step's minibatch, calls "
                           f"backward() and returns the loss (as for torch.optim's step(closure)), got {closure!r}")
-    tau = optimizer.tau_fwd
+    tau, step = optimizer.tau_fwd, optimizer.step_count
     stages = [list(stage.params) for stage in optimizer.partition]
     grads = [[None] * len(ps) for ps in stages]
     losses = {}
@@ -58,6 +58,9 @@ def eq16_step(optimizer: PipelineOptimizer, closure: Callable[[], torch.Tensor])
         optimizer.zero_grad()
         with optimizer.passes_with_delays([d] * len(tau), [d] * len(tau)):
             losses[d] = closure()
+        if optimizer.step_count != step:
+            raise LoopError(f"eq16_step's closure called step() (the optimizer is at step {optimizer.step_count}, "
+                            f"not {step}): the closure only computes the loss and its gradient; eq16_step steps")
         if all(p.grad is None for ps in stages for p in ps):
             raise LoopError(f"eq16_step's closure left no gradient in the model's stages for the pass at delay {d}: "
                             "it must call loss.backward() on the model's output")

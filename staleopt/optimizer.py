@@ -519,14 +519,14 @@ class PipelineOptimizer(torch.optim.Optimizer):
         tf, tb = ([check_int(f"{name}[{i}]", d, 0, depth[i], error=ConfigError,
                              why="the history keeps max(max_delays) versions of each stage")
                    for i, d in enumerate(delays)] for name, delays in (("tau_fwd", tau_fwd), ("tau_bkwd", tau_bkwd)))
-        own = self._step_plans()
+        own, step = self._step_plans(), self._step
         # a recomputation inside these passes reads the backward view (tau_recomp := tau_bkwd)
-        self._plans = [_PassPlan(self._step, (tf, tb), list(tb), self._views, self._corrections, self._plan_cache)]
+        self._plans = [_PassPlan(step, (tf, tb), list(tb), self._views, self._corrections, self._plan_cache)]
         try:
             yield
         finally:
             self._restore()
-            self._plans = own
+            self._plans = own if self._step == step else None  # a step() inside the block: plan the next afresh
 
     def _load(self, backward: bool, plan: Optional["_PassPlan"] = None) -> None:
         """Put each stage's forward (or backward) view into the parameters (corrections rewrite the latter)."""

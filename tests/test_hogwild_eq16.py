@@ -109,6 +109,16 @@ def test_eq16_errors():
     with pytest.raises(LoopError, match="no gradient"):
         eq16_step(opt, lambda: mse(model(x), y))
     assert opt.step_count == 0
+
+    def stepping():
+        loss = _backward(model, x, y)
+        opt.step()
+        return loss
+
+    with pytest.raises(LoopError, match="called step"):
+        eq16_step(opt, stepping)
+    eq16_step(opt, lambda: _backward(model, x, y))         # the next step is planned afresh
+    assert opt.step_count == 2
     with pytest.raises(ConfigError, match="one delay per stage"):
         with opt.passes_with_delays([0] * (P + 1), [0] * P):
             pass

@@ -9,7 +9,7 @@ from staleopt import methods
 from staleopt.corrections import DiscrepancyCorrection, Hybrid, LRReschedule, Warmup, refill, t1_factor
 from staleopt.timeline import simulate
 
-from helpers import batches, linears, mlp, mse, oracle_grads, snapshot
+from helpers import batches, mlp, mse, oracle_grads, snapshot
 
 SIZES = (5, 7, 6, 6, 3)  # four Linear layers: one stage each
 P = 4
