@@ -56,8 +56,8 @@ import numpy as np
 from .errors import ConfigError
 from .validate import check_int
 
-__all__ = ["ACCUMULATORS", "companion_matrix", "spectral_radius", "max_stable_lr", "lemma1_bound", "lemma2_bound",
-           "lemma3_bound", "t2_gamma", "invariant_decay", "simulate_quadratic",
+__all__ = ["ACCUMULATORS", "check_accumulator", "companion_matrix", "spectral_radius", "max_stable_lr",
+           "lemma1_bound", "lemma2_bound", "lemma3_bound", "t2_gamma", "invariant_decay", "simulate_quadratic",
            "regression_curvature", "delayed_sgd_regression"]
 
 
@@ -69,10 +69,12 @@ def _delay(name: str, value) -> int:
 ACCUMULATORS = ("causal", "current")
 
 
-def _accumulator(value: str) -> str:
+def check_accumulator(value: str, what: str = "t2_accumulator", error: type = ConfigError) -> str:
+    """``value`` if it names one of :data:`ACCUMULATORS`, else ``error`` saying the choices (the one check of
+    the convention's name, for theory and for :class:`~staleopt.corrections.DiscrepancyCorrection`)."""
     if value not in ACCUMULATORS:
-        raise ConfigError(f"t2_accumulator must be one of {ACCUMULATORS} ('causal': delta_(t-tau_bkwd), PipeMare "
-                          f"App. B.4; 'current': delta_t), got {value!r}")
+        raise error(f"{what} must be one of {ACCUMULATORS} ('causal': a view reads delta_(t - tau), PipeMare "
+                    f"App. B.4; 'current': delta_t), got {value!r}")
     return value
 
 
@@ -117,7 +119,7 @@ def _system(lr, curvature, tau_fwd, tau_bkwd, delta, momentum, correction_decay,
     else:
         tr = _delay("tau_recomp", tau_recomp)
     alpha, lam, dlt, phi, beta = float(lr), float(curvature), float(delta), float(phi), float(momentum)
-    causal = _accumulator(t2_accumulator) == "causal"
+    causal = check_accumulator(t2_accumulator) == "causal"
     corrected = correction_decay is not None and tf > tb
     gamma = t2_gamma(correction_decay, tf, tb) if corrected else None
     jb, jr = (tb, tr) if causal else (0, 0)  # the views read delta_{t-jb}, delta_{t-jr}
@@ -291,7 +293,7 @@ def simulate_quadratic(lr: float, curvature: float, tau_fwd: int, tau_bkwd: Opti
     if tau_recomp is None and phi != 0.0:
         raise ConfigError(f"phi={phi!r} is the sensitivity to the recompute delay: also pass tau_recomp")
     check_int("steps", steps, 0)
-    causal = _accumulator(t2_accumulator) == "causal"
+    causal = check_accumulator(t2_accumulator) == "causal"
     corrected = correction_decay is not None and tf > tb
     gamma = t2_gamma(correction_decay, tf, tb) if corrected else 0.0
     rng = np.random.default_rng(seed)

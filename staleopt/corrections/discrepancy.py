@@ -6,7 +6,7 @@ from typing import Dict, List
 import torch
 
 from ..errors import CheckpointError, CorrectionError
-from ..theory import ACCUMULATORS, t2_gamma
+from ..theory import check_accumulator, t2_gamma
 from ..validate import check_int
 from .base import Correction
 
@@ -51,10 +51,7 @@ class DiscrepancyCorrection(Correction):
             raise CorrectionError(f"DiscrepancyCorrection(decay) must be a float in (0, 1) (the D of PipeMare "
                                   f"§3.2; the paper sweeps 0.01-0.9) or 'invariant' (App. B.4's "
                                   f"gamma = 1 - 2/(k+1)), got {decay!r}")
-        if accumulator not in ACCUMULATORS:
-            raise CorrectionError(f"DiscrepancyCorrection(accumulator) must be one of {ACCUMULATORS} ('causal': "
-                                  f"a view reads delta_(t - tau), PipeMare App. B.4; 'current': delta_t), "
-                                  f"got {accumulator!r}")
+        check_accumulator(accumulator, "DiscrepancyCorrection(accumulator)", CorrectionError)
         self.decay = decay if decay == "invariant" else float(decay)
         self.accumulator = accumulator
 
