@@ -34,6 +34,9 @@ def register(subparsers) -> None:
                               formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--claim", action="append", default=None, metavar="NAME",
                    help="an experiment (file stem) or a check id; repeat for several (default: all)")
+    p.add_argument("--tier", choices=["quick", "ladder"], default="quick",
+                   help="quick: every check at the recipes' own length (default, about 30 min on 2 cores); ladder: "
+                        "also each check's longer horizons (experiments/ledger/*.toml `horizons`)")
     p.add_argument("--scale", choices=["cpu", "paper"], default="cpu",
                    help="cpu: MNIST-1D (default); paper: CIFAR-10 ResNet-20 on a GPU")
     p.add_argument("--out", default=None, help="sweep directory (default runs/reproduce, runs/reproduce-paper)")
@@ -57,7 +60,7 @@ def run(args) -> int:
     experiments = spec.load_all(args.scale, Path(args.ledger_dir) if args.ledger_dir else spec.LEDGER_DIR)
     selection = ([spec.find(experiments, name) for name in args.claim] if args.claim
                  else [(e, None) for e in experiments])
-    configs, _ = ledger.plan(selection)
+    configs, _ = ledger.plan(selection, args.tier)
     out = Path(args.out or ("runs/reproduce" if args.scale == "cpu" else "runs/reproduce-paper"))
     if args.list:
         for e in experiments:

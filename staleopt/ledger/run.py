@@ -28,14 +28,18 @@ from .verdict import Row, evaluate, scores, setting_text
 __all__ = ["plan", "done", "train", "rows", "machine", "cpu_seconds", "record_launch", "launches", "run_times", "provenance", "write_page", "command_line"]
 
 
-def plan(selection: Sequence[Tuple[Experiment, Optional[Check]]]) -> Tuple[List[RunConfig], Dict[str, str]]:
-    """The distinct runs of the selected experiments (or single checks), and ``run_id -> recipe``."""
-    configs, recipe_of = [], {}
+def plan(selection: Sequence[Tuple[Experiment, Optional[Check]]],
+         tier: str = "quick") -> Tuple[List[RunConfig], Dict[str, str]]:
+    """The distinct runs of the selected experiments (or single checks) in ``tier``, shortest horizon first, and
+    ``run_id -> recipe``."""
+    configs, recipe_of, horizon = [], {}, {}
     for exp, check in selection:
-        for c in exp.configs_for(check):
+        for c in exp.configs_for(check, tier):
             if c.run_id() not in recipe_of:
                 configs.append(c)
                 recipe_of[c.run_id()] = exp.recipe_of[c.run_id()]
+                horizon[c.run_id()] = exp.horizon_of[c.run_id()]
+    configs.sort(key=lambda c: horizon[c.run_id()])         # stable: the quick tier first, in experiment order
     return configs, recipe_of
 
 

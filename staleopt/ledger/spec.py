@@ -14,8 +14,12 @@ experiment::
     method = ["dataflow", "pipemare"]
     stages = [4, 16, "max"]
 
+    horizons = [1, 2, 4, 8]       # optional: run lengths (multiples of the recipe's epochs) of every check
+    paper_horizon = {delay = 27, steps = 78200, source = "..."}   # optional: the paper's tau_max and run length
+
     [[check]]                     # one row of docs/reproductions.md
     id = "t2-at-max-p"
+    horizons = [1, 2, 4, 8]       # optional: overrides the experiment's (default [1])
     claim = "T1 + T2 beats T1 alone at the largest P"
     source = "PipeMare §4.3, Figure 8"
     paper_number = "..."
@@ -25,6 +29,15 @@ experiment::
 
 A selector (``a``, ``b``, ``reference``) names a recipe and config values;
 ``stages = "max"`` is the largest stage count among the runs it matches.
+
+**Horizons.** Stale-weight penalties depend on the ratio of the largest delay to
+the run length, ``tau_max / steps``, which at CPU scale is far larger than in the
+papers. A check's ``horizons`` are run lengths in multiples of its recipes' epochs:
+at horizon ``h`` each run is :func:`at_horizon` of its 1x config (every duration
+times ``h``); the check gets a verdict at each horizon, and the page shows how the
+gap moves along the ratio axis. The runs at ``h = 1`` are the quick tier; every
+run of an experiment is trained there, and at ``h > 1`` only the runs a check with
+that horizon compares.
 """
 from __future__ import annotations
 
@@ -39,17 +52,20 @@ from ..config import RunConfig, field_names
 from ..errors import ConfigError, SweepConfigError
 from ..validate import check_int
 
-__all__ = ["SCALES", "LEDGER_DIR", "Recipe", "Check", "Experiment", "load_recipes", "load_experiment",
-           "load_all", "find", "selects", "RULE_KEYS"]
+__all__ = ["SCALES", "TIERS", "LEDGER_DIR", "Recipe", "Check", "Experiment", "PaperHorizon", "load_recipes",
+           "load_experiment", "load_all", "find", "selects", "at_horizon", "RULE_KEYS"]
 
 #: The two scales every recipe is written at.
 SCALES = ("cpu", "paper")
+#: ``quick``: every check at 1x only (today's runs, about 30 min on 2 cores); ``ladder``: every horizon.
+TIERS = ("quick", "ladder")
 #: The ledger's experiment files, in the repository next to the package.
 LEDGER_DIR = Path(__file__).resolve().parents[2] / "experiments" / "ledger"
 #: The selectors each rule needs, and the optional keys it takes.
 RULE_KEYS = {"better": ("a", "b"), "not-worse": ("a", "b"), "matches": ("a", "b"),
              "degrades": ("a", "reference"), "gap-grows": ("a", "b")}
-_CHECK_KEYS = {"id", "claim", "source", "paper_number", "rule", "a", "b", "reference", "margin"}
+_CHECK_KEYS = {"id", "claim", "source", "paper_number", "rule", "a", "b", "reference", "margin", "horizons",
+               "paper_horizon"}
 _TEXT_KEYS = ("id", "claim", "source", "paper_number", "rule")
 
 
@@ -65,6 +81,21 @@ class Recipe:
 
 
 @dataclass(frozen=True)
+class PaperHorizon:
+    """Where the paper's own run sits on the ratio axis: its largest delay ``delay`` (steps) over its run length
+    ``steps`` (optimizer steps), and the source of both numbers."""
+
+    delay: int
+    steps: int
+    source: str
+
+    @property
+    def ratio(self) -> float:
+        """``tau_max / steps`` of the paper's run."""
+        return self.delay / self.steps
+
+
+@dataclass(frozen=True)
 class Check:
     """One checkable claim: text for the ledger, a rule and the selectors it compares."""
 
@@ -75,6 +106,9 @@ class Check:
     rule: str
     selectors: Dict[str, Dict[str, Any]]
     margin: float = 0.01
+    #: Run lengths (multiples of the recipe's epochs) the check is evaluated at, ascending; 1 always among them.
+    horizons: Tuple[int, ...] = (1,)
+    paper_horizon: Optional[PaperHorizon] = None
 
 
 @dataclass
@@ -90,6 +124,7 @@ class Experiment:
     configs: List[RunConfig] = field(default_factory=list)
     recipe_of: Dict[str, str] = field(default_factory=dict)   # run_id -> recipe name
     recipes: Dict[str, Recipe] = field(default_factory=dict)
+    horizon_of: Dict[str, int] = field(default_factory=dict)  # run_id -> horizon (1 for the recipe's own length)
 
     def check(self, check_id: str) -> Check:
         for c in self.checks:
@@ -98,15 +133,29 @@ class Experiment:
         raise ConfigError(f"experiment {self.name!r} has no check {check_id!r}; "
                           f"its checks: {', '.join(c.id for c in self.checks)}")
 
-    def configs_for(self, check: Optional[Check] = None) -> List[RunConfig]:
-        """The runs ``check`` compares (all of the experiment's runs when ``check`` is None)."""
+    def configs_for(self, check: Optional[Check] = None, tier: str = "ladder") -> List[RunConfig]:
+        """The runs ``check`` compares at its horizons (``tier="quick"``: at 1x only); with ``check`` None,
+        every run at 1x and the runs of each check at its longer horizons."""
+        if tier not in TIERS:
+            raise ConfigError(f"tier must be one of {', '.join(TIERS)}, got {tier!r}")
         if check is None:
-            return list(self.configs)
+            keep = {c.run_id() for c in self.configs if self.horizon_of[c.run_id()] == 1}
+            for ch in self.checks:
+                keep |= {c.run_id() for c in self.configs_for(ch, tier)}
+            return [c for c in self.configs if c.run_id() in keep]
+        horizons = self.horizons_of(check, tier)
         rows = [self.row(c) for c in self.configs]
         keep = set()
-        for sel in check.selectors.values():
-            keep |= {r["run"] for r in selects(rows, sel)}
+        for h in horizons:
+            at_h = [r for r in rows if r["horizon"] == h]
+            for sel in check.selectors.values():
+                keep |= {r["run"] for r in selects(at_h, sel)}
         return [c for c in self.configs if c.run_id() in keep]
+
+    @staticmethod
+    def horizons_of(check: Check, tier: str = "ladder") -> Tuple[int, ...]:
+        """The horizons ``check`` is evaluated at in ``tier``."""
+        return (1,) if tier == "quick" else check.horizons
 
     def resolved(self, check: Check) -> Check:
         """``check`` with ``stages = "max"`` replaced by the largest stage count among the experiment's planned
@@ -120,7 +169,29 @@ class Experiment:
         return dataclasses.replace(check, selectors=selectors)
 
     def row(self, config: RunConfig) -> Dict[str, Any]:
-        return {"run": config.run_id(), "recipe": self.recipe_of[config.run_id()], **config.to_dict()}
+        run = config.run_id()
+        return {"run": run, "recipe": self.recipe_of[run], "horizon": self.horizon_of[run], **config.to_dict()}
+
+
+def at_horizon(config: RunConfig, horizon: int) -> RunConfig:
+    """``config`` trained ``horizon`` times as long, with the same recipe: every duration times ``horizon``.
+
+    ``epochs``, the ``step`` schedule's ``lr_milestones`` (epochs), ``lr_warmup_steps`` and the corrections'
+    lengths when the recipe sets them (T1's ``anneal_steps``, PipeMareW's ``warmup_steps``, the hybrid's
+    ``pipelined_steps``) scale; left unset, those follow the run length by themselves
+    (:func:`staleopt.train.method_args`: T1 anneals over a quarter of the run, PipeMare App. C; PipeMareW warms
+    up as long; the hybrid switches at half the run, stale-weights paper §6.4), and the cosine schedule decays
+    over the whole run. The learning rate, batch and seeds do not change. ``horizon = 1`` is ``config``.
+    """
+    check_int("horizon", horizon, 1, error=ConfigError, why="a horizon is a whole multiple of the recipe's length")
+    if horizon == 1:
+        return config
+    changes: Dict[str, Any] = {"epochs": config.epochs * horizon,
+                               "lr_milestones": [m * horizon for m in config.lr_milestones]}
+    for key in ("lr_warmup_steps", "anneal_steps", "warmup_steps", "pipelined_steps", "max_steps"):
+        if getattr(config, key) is not None:
+            changes[key] = getattr(config, key) * horizon
+    return config.replace(**changes)
 
 
 def _read(path: Path) -> Dict[str, Any]:
@@ -157,7 +228,32 @@ def load_recipes(path: Path, scale: str) -> Dict[str, Recipe]:
     return out
 
 
-def _check(path: Path, i: int, spec: Dict[str, Any], recipes: Dict[str, Recipe]) -> Check:
+def _horizons(where: str, value: Any) -> Tuple[int, ...]:
+    if (not isinstance(value, list) or not value or any(isinstance(h, bool) or not isinstance(h, int) or h < 1
+                                                        for h in value) or len(set(value)) != len(value)):
+        raise SweepConfigError(f"{where}: horizons must be a list of distinct whole numbers >= 1 (multiples of the "
+                               f"recipe's epochs), e.g. horizons = [1, 2, 4, 8]; got {value!r}")
+    if 1 not in value:
+        raise SweepConfigError(f"{where}: horizons must include 1 (the quick tier runs every check at 1x); "
+                               f"got {value!r}")
+    return tuple(sorted(value))
+
+
+def _paper_horizon(where: str, value: Any) -> Optional[PaperHorizon]:
+    if value is None:
+        return None
+    keys = {"delay", "steps", "source"}
+    if (not isinstance(value, dict) or set(value) != keys
+            or any(isinstance(value[k], bool) or not isinstance(value[k], int) or value[k] < 1
+                   for k in ("delay", "steps"))
+            or not isinstance(value["source"], str) or not value["source"]):
+        raise SweepConfigError(f"{where}: paper_horizon must be a table {{delay = <int >= 1>, steps = <int >= 1>, "
+                               f'source = "<where the paper gives them>"}}; got {value!r}')
+    return PaperHorizon(value["delay"], value["steps"], value["source"])
+
+
+def _check(path: Path, i: int, spec: Dict[str, Any], recipes: Dict[str, Recipe],
+           defaults: Dict[str, Any]) -> Check:
     where = f"{path}: [[check]] #{i + 1}"
     unknown = sorted(set(spec) - _CHECK_KEYS)
     if unknown:
@@ -187,7 +283,10 @@ def _check(path: Path, i: int, spec: Dict[str, Any], recipes: Dict[str, Recipe])
     margin = spec.get("margin", 0.01)
     if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not 0 < margin < 1:
         raise SweepConfigError(f"{where}: margin must be a number in (0, 1) (accuracy points), got {margin!r}")
-    return Check(spec["id"], spec["claim"], spec["source"], spec["paper_number"], rule, selectors, float(margin))
+    horizons = _horizons(where, spec.get("horizons", defaults["horizons"]))
+    paper = _paper_horizon(where, spec.get("paper_horizon", defaults["paper_horizon"]))
+    return Check(spec["id"], spec["claim"], spec["source"], spec["paper_number"], rule, selectors, float(margin),
+                 horizons, paper)
 
 
 def load_experiment(path: Path, scale: str = "cpu", recipes: Optional[Dict[str, Recipe]] = None) -> Experiment:
@@ -195,16 +294,20 @@ def load_experiment(path: Path, scale: str = "cpu", recipes: Optional[Dict[str, 
     path = Path(path)
     recipes = recipes if recipes is not None else load_recipes(path.parent / "recipes.toml", scale)
     spec = _read(path)
-    unknown = sorted(set(spec) - {"title", "paper", "order", "runs", "check"})
+    unknown = sorted(set(spec) - {"title", "paper", "order", "runs", "check", "horizons", "paper_horizon"})
     if unknown:
-        raise SweepConfigError(f"{path}: unknown top-level keys {unknown}; allowed: title, paper, order, [[runs]], "
-                               "[[check]]")
+        raise SweepConfigError(f"{path}: unknown top-level keys {unknown}; allowed: title, paper, order, horizons, "
+                               "paper_horizon, [[runs]], [[check]]")
     order = spec.get("order", 0)
     check_int(f"{path}: order", order, error=SweepConfigError, why="experiments run in increasing order")
     if not spec.get("runs") or not spec.get("check"):
         raise SweepConfigError(f"{path}: an experiment needs at least one [[runs]] and one [[check]]")
+    defaults = {"horizons": spec.get("horizons", [1]), "paper_horizon": spec.get("paper_horizon")}
+    _horizons(f"{path}: horizons", defaults["horizons"])
+    _paper_horizon(f"{path}: paper_horizon", defaults["paper_horizon"])
     exp = Experiment(path.stem, str(spec.get("title", path.stem)), str(spec.get("paper", "")), scale,
-                     [_check(path, i, c, recipes) for i, c in enumerate(spec["check"])], order, recipes=recipes)
+                     [_check(path, i, c, recipes, defaults) for i, c in enumerate(spec["check"])], order,
+                     recipes=recipes)
     ids = [c.id for c in exp.checks]
     if len(set(ids)) != len(ids):
         raise SweepConfigError(f"{path}: check ids must be unique, got {ids}")
@@ -223,11 +326,14 @@ def load_experiment(path: Path, scale: str = "cpu", recipes: Optional[Dict[str, 
                                       source=f"{path} [[runs]] #{i + 1}").configs
         except SweepConfigError as e:
             raise SweepConfigError(str(e)) from None
-        for c in configs:
-            if c.run_id() not in exp.recipe_of:
-                exp.configs.append(c)
-                exp.recipe_of[c.run_id()] = name
-    rows = [exp.row(c) for c in exp.configs]
+        for h in sorted({h for c in exp.checks for h in c.horizons}):
+            for c in configs:
+                c = at_horizon(c, h)
+                if c.run_id() not in exp.recipe_of:
+                    exp.configs.append(c)
+                    exp.recipe_of[c.run_id()] = name
+                    exp.horizon_of[c.run_id()] = h
+    rows = [exp.row(c) for c in exp.configs if exp.horizon_of[c.run_id()] == 1]
     for c in exp.checks:
         for key, sel in c.selectors.items():
             if not selects(rows, sel):
