@@ -81,9 +81,9 @@ def run(args) -> int:
         report = ledger.train(configs, out, args.workers, bar=not args.no_bar)
         print(f"{len(configs)} runs: {len(report.skipped)} already done, {len(report.finished)} trained now, "
               f"{len(report.failed)} failed, {len(report.claimed)} left to another launch")
-    print(table(ledger.rows(selection, out)))
+    print(table(ledger.rows(selection, out, args.tier)))
     if args.doc:
-        ledger.write_page(Path(args.doc), experiments, out, analytic_rows())
+        ledger.write_page(Path(args.doc), experiments, out, analytic_rows(), args.tier)
         print(f"wrote {args.doc}")
     if report is not None:
         for run_id in report.failed:

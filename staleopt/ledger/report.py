@@ -1,12 +1,19 @@
-"""docs/reproductions.md from the ledger's rows and the run's provenance (date, machine, command, wall time)."""
+"""docs/reproductions.md from the ledger's rows and the run's provenance (date, machine, command, wall time).
+
+A check evaluated at several horizons has one row per horizon; the page shows one line per check (the verdict at
+every horizon, the trend, the numbers at the longest horizon), then, per experiment, a table per laddered check
+(horizon, ``tau_max / steps``, numbers, verdict) and the gap figure (:mod:`staleopt.plot.ledger`).
+"""
 from __future__ import annotations
 
+import math
 from collections import Counter
-from typing import Dict, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
-from .verdict import NOT_RUN, VERDICTS, Row
+from .spec import Check
+from .verdict import NOT_RUN, VERDICTS, Row, horizon_verdict, trend
 
-__all__ = ["markdown", "table"]
+__all__ = ["markdown", "table", "group", "horizon_table"]
 
 _INTRO = """\
 # Reproductions
@@ -78,29 +85,95 @@ def _cell(text: str) -> str:
     return str(text).replace("|", "\\|").replace("\n", " ")
 
 
+def group(rows: Sequence[Row]) -> List[List[Row]]:
+    """``rows`` grouped by (experiment, check), in first-appearance order, each group by ascending horizon."""
+    groups: Dict[Tuple[str, str], List[Row]] = {}
+    for r in rows:
+        groups.setdefault((r.experiment, r.id), []).append(r)
+    return [sorted(g, key=lambda r: r.horizon) for g in groups.values()]
+
+
+def _pct(ratio: float) -> str:
+    return "-" if not math.isfinite(ratio) else f"{100 * ratio:.3g}%"
+
+
+def _gap(r: Row) -> str:
+    if math.isnan(r.estimate):
+        return "-"
+    return f"{r.estimate:+.3f}" + ("" if math.isnan(r.half_width) else f" ± {r.half_width:.3f}")
+
+
 def table(rows: Sequence[Row]) -> str:
-    """The ledger as a Markdown table, one row per check."""
+    """The ledger as a Markdown table, one line per check: with several horizons, the verdict at each, the trend,
+    and the numbers at the longest horizon."""
     head = "| claim | paper: where, number | our setting | ours (mean ± 95% interval over seeds) | verdict |"
     lines = [head, "| --- | --- | --- | --- | --- |"]
-    for r in rows:
-        verdict = f"**{r.verdict}**" + (f": {r.reason}" if r.reason else "")
+    for g in group(rows):
+        r = g[-1]
+        ours, verdict = r.ours, f"**{r.verdict}**" + (f": {r.reason}" if r.reason else "")
+        if len(g) > 1:
+            ours = f"at {r.horizon}x ({r.steps:,} steps, tau_max/steps {_pct(r.ratio)}): {r.ours}"
+            verdict = (f"**{horizon_verdict(g)}**" + (f" (at {r.horizon}x: {r.reason})" if r.reason else "")
+                       + f"; trend: {trend(g).label}")
         lines.append("| " + " | ".join(_cell(x) for x in (
-            f"{r.claim} (`{r.id}`)", f"{r.source}: {r.paper_number}", r.setting, r.ours, verdict)) + " |")
+            f"{r.claim} (`{r.id}`)", f"{r.source}: {r.paper_number}", r.setting, ours, verdict)) + " |")
     return "\n".join(lines) + "\n"
 
 
-def markdown(rows: Sequence[Row], provenance: Dict[str, str], sections: Dict[str, Tuple[str, str]]) -> str:
-    """The whole page: intro, provenance, verdict counts, then one table per experiment.
+def horizon_table(rows: Sequence[Row], check: Optional[Check] = None) -> str:
+    """One check across its horizons: a line per horizon, then the trend and where the paper's run sits."""
+    lines = [f"**`{rows[0].id}` at each run length.**\n",
+             "| horizon | steps | tau_max / steps | gap (mean ± 95%) | ours | verdict |",
+             "| --- | --- | --- | --- | --- | --- |"]
+    for r in rows:
+        lines.append("| " + " | ".join(_cell(x) for x in (
+            f"{r.horizon}x", f"{r.steps:,}" if r.steps else "-", _pct(r.ratio), _gap(r), r.ours,
+            r.verdict + (f": {r.reason}" if r.reason else ""))) + " |")
+    lines.append(f"\nTrend: {trend(rows).text}.")
+    if check is not None and check.paper_horizon is not None:
+        p = check.paper_horizon
+        ran = [r for r in rows if math.isfinite(r.ratio)]
+        far = f" The longest run here is at {ran[-1].ratio / p.ratio:.0f}x the paper's ratio." if ran else ""
+        lines.append(f"The paper's run: tau_max / steps = {p.delay} / {p.steps:,} = {_pct(p.ratio)} "
+                     f"({p.source}).{far}")
+    elif check is not None:
+        lines.append("The paper states no run length in steps for this claim, so its ratio is not marked.")
+    return "\n".join(lines) + "\n"
 
-    ``sections``: experiment name -> (title, the text under it), in page order."""
+
+def _counts(rows: Sequence[Row]) -> str:
     counts = Counter(r.verdict for r in rows)
+    return ", ".join(f"{counts.get(v, 0)} {v}" for v in VERDICTS)
+
+
+def markdown(rows: Sequence[Row], provenance: Dict[str, str], sections: Dict[str, Tuple[str, str]],
+             checks: Optional[Dict[Tuple[str, str], Check]] = None, figures: Optional[Dict[str, str]] = None) -> str:
+    """The whole page: intro, provenance, verdict counts, then per experiment its table, the per-horizon tables of
+    its laddered checks and its figure.
+
+    ``sections``: experiment name -> (title, the text under it), in page order; ``checks``: (experiment, check id)
+    -> the check (for the paper's ratio); ``figures``: experiment name -> the figure's path relative to the page."""
+    groups = group(rows)
     out = [_INTRO, "## The run\n"]
     out += [f"* {k}: {v}" for k, v in provenance.items()]
-    out.append("\nVerdicts: " + ", ".join(f"{counts.get(v, 0)} {v}" for v in VERDICTS) + ".\n")
-    if counts.get(NOT_RUN):
+    laddered = [g for g in groups if len(g) > 1]
+    if laddered:
+        out.append(f"\nVerdicts at 1x (the quick tier): {_counts([g[0] for g in groups])}. At each check's longest "
+                   f"horizon: {_counts([g[-1] for g in groups])}. Trends of the {len(laddered)} checks run at several "
+                   f"horizons: " + ", ".join(f"{n} {t}" for t, n in Counter(trend(g).label for g in laddered).items())
+                   + ".\n")
+    else:
+        out.append("\nVerdicts: " + _counts(rows) + ".\n")
+    if any(r.verdict == NOT_RUN for r in rows):
         out.append("Rows marked \"not yet run\" had no finished runs when this page was generated.\n")
     for name, (title, text) in sections.items():
         mine = [r for r in rows if r.experiment == name]
-        if mine:
-            out += [f"## {title}\n"] + ([text + "\n"] if text else []) + [table(mine)]
+        if not mine:
+            continue
+        out += [f"## {title}\n"] + ([text + "\n"] if text else []) + [table(mine)]
+        for g in group(mine):
+            if len(g) > 1:
+                out.append(horizon_table(g, (checks or {}).get((name, g[0].id))))
+        if figures and name in figures:
+            out.append(f"![{title}: each check's gap against tau_max / steps]({figures[name]})\n")
     return "\n".join(out)

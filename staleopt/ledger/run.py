@@ -23,7 +23,7 @@ from .. import sweep
 from ..config import RunConfig
 from .report import markdown
 from .spec import Check, Experiment
-from .verdict import Row, evaluate, scores, setting_text
+from .verdict import Row, evaluate_horizons, scores, setting_text
 
 __all__ = ["plan", "done", "train", "rows", "machine", "cpu_seconds", "record_launch", "launches", "run_times", "provenance", "write_page", "command_line"]
 
@@ -61,14 +61,17 @@ def train(configs: Sequence[RunConfig], out: Path, workers: int, bar: bool = Tru
                       cpu_seconds() - cpu0)
 
 
-def rows(selection: Sequence[Tuple[Experiment, Optional[Check]]], out: Path) -> List[Row]:
-    """The ledger rows of the selected checks from the finished runs in ``out``."""
+def rows(selection: Sequence[Tuple[Experiment, Optional[Check]]], out: Path, tier: str = "quick") -> List[Row]:
+    """The ledger rows of the selected checks from the finished runs in ``out``: one per check and horizon of
+    ``tier``, shortest horizon first."""
     records = sweep.collect(out)
     result = []
     for exp, only in selection:
-        runs = scores(records[records["run"].isin(list(exp.recipe_of))] if not records.empty else records, exp.recipe_of)
+        mine = records[records["run"].isin(list(exp.recipe_of))] if not records.empty else records
+        runs = scores(mine, exp.recipe_of, exp.horizon_of)
         for check in ([only] if only else exp.checks):
-            result.append(evaluate(exp.resolved(check), runs, exp.name, setting_text(check)))
+            result += evaluate_horizons(exp.resolved(check), runs, exp.name, setting_text(check),
+                                        exp.horizons_of(check, tier))
     return result
 
 
@@ -177,12 +180,27 @@ def provenance(out: Path, total_runs: int, finished_runs: int,
     return info
 
 
-def write_page(path: Path, experiments: Sequence[Experiment], out: Path, extra: Sequence[Row] = ()) -> List[Row]:
-    """Evaluate every experiment on ``out``, append ``extra`` rows (the analytic ones), write the page to ``path``."""
+def write_page(path: Path, experiments: Sequence[Experiment], out: Path, extra: Sequence[Row] = (),
+               tier: str = "quick") -> List[Row]:
+    """Evaluate every experiment on ``out`` in ``tier``, append ``extra`` rows (the analytic ones), write the page
+    to ``path`` and, for each experiment with a check at several horizons, its gap figure to
+    ``<path's folder>/img/reproductions/<experiment>.png``."""
+    from ..plot.ledger import horizon_figure
+    from .report import group
+
     selection = [(e, None) for e in experiments]
-    configs, _ = plan(selection)
+    configs, _ = plan(selection, tier)
     states = [sweep.run_state(Path(out) / "runs" / c.run_id()) for c in configs]
-    result = rows(selection, out) + list(extra)
+    result = rows(selection, out, tier) + list(extra)
+    checks = {(e.name, c.id): e.resolved(c) for e in experiments for c in e.checks}
+    figures = {}
+    for e in experiments:
+        panels = [(checks[(e.name, g[0].id)], g) for g in group([r for r in result if r.experiment == e.name])
+                  if len(g) > 1]
+        if panels:
+            rel = f"img/reproductions/{e.name}.png"
+            horizon_figure(panels, Path(path).parent / rel, title=e.title)
+            figures[e.name] = rel
     info = provenance(out, len(configs), sum(s == "done" for s in states), run_times(configs, out))
     sections = {}
     for e in experiments:
@@ -191,7 +209,7 @@ def write_page(path: Path, experiments: Sequence[Experiment], out: Path, extra: 
             f"`{n}`: {e.recipes[n].description}, seeds {', '.join(map(str, e.recipes[n].seeds))}" for n in used) + ".")
     sections["analytic"] = ("Analytic rows (no training)", "")
     Path(path).parent.mkdir(parents=True, exist_ok=True)
-    Path(path).write_text(markdown(result, info, sections))
+    Path(path).write_text(markdown(result, info, sections, checks, figures))
     return result
 
 

@@ -22,22 +22,37 @@ degrades   ``a_s`` at the smallest P minus at the      both intervals above   bo
 
 ``m`` is the check's margin (default 0.01, one accuracy point). Anything
 else is "not reproduced", with the reason.
+
+**Horizons.** A check is evaluated at each of its run lengths (horizons,
+:mod:`staleopt.ledger.spec`) on the runs of that length alone. The per-seed
+*gap* ``g_s`` is ``a_s - b_s`` (better, not-worse, matches), the growth of
+the gap (gap-grows) or the drop from the reference at the largest P
+(degrades); each horizon sits at ``tau_max / steps`` of its runs. The trend
+(:func:`trend`) compares the shortest horizon with the longest, paired by
+seed: with ``sigma`` the sign of the mean gap at the shortest,
+``c_s = sigma (g_s(longest) - g_s(shortest))``; "closing" when the 95%
+interval of ``c`` lies below 0 (the gap moved toward 0, or past it),
+"widening" when it lies above 0, "persisting" otherwise.
 """
 from __future__ import annotations
 
 import math
+import dataclasses
 from dataclasses import dataclass
-from typing import Dict, List, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import pandas as pd
 
 from ..stats import t_interval
 from .spec import Check, selects
 
-__all__ = ["Row", "REPRODUCED", "PARTLY", "NOT", "NOT_RUN", "VERDICTS", "scores", "evaluate", "setting_text"]
+__all__ = ["Row", "Trend", "REPRODUCED", "PARTLY", "NOT", "NOT_RUN", "VERDICTS", "TRENDS", "scores", "evaluate",
+           "evaluate_horizons", "trend", "horizon_verdict", "setting_text"]
 
 REPRODUCED, PARTLY, NOT, NOT_RUN = "reproduced", "partly", "not reproduced", "not yet run"
 VERDICTS = (REPRODUCED, PARTLY, NOT, NOT_RUN)
+CLOSING, PERSISTING, WIDENING, NO_TREND = "closing", "persisting", "widening", "no trend"
+TRENDS = (CLOSING, PERSISTING, WIDENING, NO_TREND)
 
 
 @dataclass(frozen=True)
@@ -58,10 +73,26 @@ class Row:
     #: largest P (degrades).
     estimate: float = math.nan
     half_width: float = math.nan
+    #: ``(seed, g_s)``: the per-seed gap the trend across horizons follows (module docstring).
+    gaps: Tuple[Tuple[int, float], ...] = ()
+    #: The run length in multiples of the recipe's epochs, and its runs' ``tau_max / steps`` (NaN if unknown).
+    horizon: int = 1
+    ratio: float = math.nan
+    steps: int = 0
 
 
-def scores(records: pd.DataFrame, recipe_of: Dict[str, str]) -> List[Dict]:
-    """One dict per finished run: its config columns, ``recipe``, ``score`` (final test accuracy), ``diverged``."""
+@dataclass(frozen=True)
+class Trend:
+    """How a check's gap moves from its shortest horizon to its longest (module docstring)."""
+
+    label: str
+    text: str
+    change: Tuple[float, float] = (math.nan, math.nan)   # mean and half-width of c = sigma (g_long - g_short)
+
+
+def scores(records: pd.DataFrame, recipe_of: Dict[str, str], horizon_of: Optional[Dict[str, int]] = None) -> List[Dict]:
+    """One dict per finished run: its config columns, its last record's columns, ``recipe``, ``horizon`` (from
+    ``horizon_of``, default 1), ``score`` (final test accuracy), ``diverged``."""
     out = []
     if records.empty:
         return out
@@ -70,7 +101,8 @@ def scores(records: pd.DataFrame, recipe_of: Dict[str, str]) -> List[Dict]:
             continue
         last = r.iloc[-1]
         row = {k: last[k] for k in r.columns if k not in ("run",)}
-        row.update(run=run, recipe=recipe_of[run], stages=int(last["stages"]), seed=int(last["seed"]),
+        row.update(run=run, recipe=recipe_of[run], horizon=(horizon_of or {}).get(run, 1), stages=int(last["stages"]),
+                   seed=int(last["seed"]),
                    score=float(last["test_acc"]), diverged=last["status"] == "diverged")
         out.append(row)
     return out
@@ -82,6 +114,10 @@ def _by_seed(rows) -> Dict[int, float]:
 
 def _paired(a: Dict[int, float], b: Dict[int, float]) -> List[float]:
     return [a[s] - b[s] for s in sorted(set(a) & set(b))]
+
+
+def _paired_by_seed(a: Dict[int, float], b: Dict[int, float]) -> Tuple[Tuple[int, float], ...]:
+    return tuple((s, a[s] - b[s]) for s in sorted(set(a) & set(b)))
 
 
 def _group_text(label: str, rows) -> str:
@@ -126,10 +162,10 @@ def evaluate(check: Check, runs: Sequence[Dict], experiment: str, setting: str) 
     """The ledger row of ``check`` on the finished ``runs`` (from :func:`scores`)."""
     groups = {k: selects(runs, sel) for k, sel in check.selectors.items()}
 
-    def row(ours, verdict, reason="", d=()):
+    def row(ours, verdict, reason="", d=(), gaps=()):
         mean, half, _ = t_interval(d)
         return Row(experiment, check.id, check.claim, check.source, check.paper_number, setting, ours, verdict, reason,
-                   mean, half)
+                   mean, half, tuple(gaps))
 
     missing = [k for k, g in groups.items() if not g]
     if missing:
@@ -154,7 +190,7 @@ def evaluate(check: Check, runs: Sequence[Dict], experiment: str, setting: str) 
             verdict = _judge(d, lambda lo, hi: -m < lo and hi < m, lambda mu: abs(mu) < m)
             reason = {PARTLY: f"mean difference {mean:+.3f} is within ±{m:.2f}, but the 95% interval leaves ±{m:.2f}",
                       NOT: f"differs by {mean:+.3f}, more than the margin ±{m:.2f}"}.get(verdict, "")
-        return row(ours, verdict, reason, d)
+        return row(ours, verdict, reason, d, _paired_by_seed(_by_seed(a), _by_seed(b)))
     if check.rule == "gap-grows":
         a, b = _by_stages(groups["a"]), _by_stages(groups["b"])
         stages = sorted(set(a) & set(b))
@@ -172,7 +208,7 @@ def evaluate(check: Check, runs: Sequence[Dict], experiment: str, setting: str) 
         mean = t_interval(d)[0]
         reason = {PARTLY: "the gap grows on average, but the 95% interval of its growth includes 0",
                   NOT: f"the gap does not grow: change {mean:+.3f} from P={lo_p} to P={hi_p}"}.get(verdict, "")
-        return row(ours, verdict, reason, d)
+        return row(ours, verdict, reason, d, tuple(zip(seeds, d)))
     # degrades
     a, ref = _by_stages(groups["a"]), groups["reference"]
     stages = sorted(a)
@@ -181,6 +217,7 @@ def evaluate(check: Check, runs: Sequence[Dict], experiment: str, setting: str) 
     lo_p, hi_p = stages[0], stages[-1]
     growth = _paired(_by_seed(a[lo_p]), _by_seed(a[hi_p]))
     drop = _paired(_by_seed(ref), _by_seed(a[hi_p]))
+    drops = _paired_by_seed(_by_seed(ref), _by_seed(a[hi_p]))
     name = check.selectors["a"].get("method")
     ours = "; ".join([_group_text(_label(check.selectors["reference"], ref), ref)]
                      + [_group_text(f"{name} P={p}", a[p]) for p in stages]
@@ -191,17 +228,79 @@ def evaluate(check: Check, runs: Sequence[Dict], experiment: str, setting: str) 
     if NOT_RUN in (v_growth, v_drop):
         return row(ours, NOT_RUN, "no seed has runs at both ends and the reference")
     if v_growth == REPRODUCED and v_drop == REPRODUCED:
-        return row(ours, REPRODUCED, "", growth)
+        return row(ours, REPRODUCED, "", growth, drops)
     if NOT in (v_growth, v_drop):
         why = []
         if v_growth == NOT:
             why.append(f"no worse at P={hi_p} than at P={lo_p}")
         if v_drop == NOT:
             why.append(f"no drop from the synchronous reference at P={hi_p}")
-        return row(ours, NOT, "; ".join(why), growth)
+        return row(ours, NOT, "; ".join(why), growth, drops)
     div = sum(r["diverged"] for r in a[hi_p])
     return row(ours, PARTLY, f"worse at the largest P on average ({div} of {len(a[hi_p])} runs diverged there), "
-                             "but a 95% interval includes 0", growth)
+                             "but a 95% interval includes 0", growth, drops)
+
+
+def _ratio(check: Check, runs: Sequence[Dict]) -> Tuple[float, int]:
+    """``(tau_max / steps, steps)`` of the runs ``check`` compares: the largest forward delay among them over the
+    run length (the longest run's last step: a diverged run stops early); NaN when unknown."""
+    chosen = [r for sel in check.selectors.values() for r in selects(runs, sel)]
+    steps = max((int(r["step"]) for r in chosen if "step" in r), default=0)
+    tau = max((float(r["tau_max"]) for r in chosen if "tau_max" in r), default=math.nan)
+    return (tau / steps if steps else math.nan), steps
+
+
+def evaluate_horizons(check: Check, runs: Sequence[Dict], experiment: str, setting: str,
+                      horizons: Sequence[int]) -> List[Row]:
+    """One row per horizon in ``horizons``: ``check`` on the runs of that length (``runs`` carry ``horizon``)."""
+    out = []
+    for h in horizons:
+        mine = [r for r in runs if r.get("horizon", 1) == h]
+        ratio, steps = _ratio(check, mine)
+        out.append(dataclasses.replace(evaluate(check, mine, experiment, setting), horizon=h, ratio=ratio,
+                                       steps=steps))
+    return out
+
+
+def _seed_gaps(row: Row) -> Dict[int, float]:
+    return dict(row.gaps)
+
+
+def trend(rows: Sequence[Row]) -> Trend:
+    """The trend of one check's gap from its shortest horizon with runs to its longest (module docstring)."""
+    ran = [r for r in rows if r.gaps]
+    if len(ran) < 2:
+        return Trend(NO_TREND, "one horizon: no trend" if len(rows) < 2 else "fewer than two horizons have runs")
+    short, long_ = ran[0], ran[-1]
+    g0, g1 = _seed_gaps(short), _seed_gaps(long_)
+    seeds = sorted(set(g0) & set(g1))
+    mean0 = t_interval(g0.values())[0]
+    sigma = -1.0 if mean0 < 0 else 1.0
+    c = [sigma * (g1[s] - g0[s]) for s in seeds]
+    mean, half, n = t_interval(c)
+    if n < 2 or math.isnan(half):
+        return Trend(NO_TREND, f"{n} paired seed(s) between {short.horizon}x and {long_.horizon}x: no interval")
+    label = CLOSING if mean + half < 0 else WIDENING if mean - half > 0 else PERSISTING
+    m0, h0, _ = t_interval(g0.values())
+    m1, h1, _ = t_interval(g1.values())
+    text = (f"{label}: gap {m0:+.3f} [{m0 - h0:+.3f}, {m0 + h0:+.3f}] at {short.horizon}x, {m1:+.3f} "
+            f"[{m1 - h1:+.3f}, {m1 + h1:+.3f}] at {long_.horizon}x; its size changed by {mean:+.3f} "
+            f"[{mean - half:+.3f}, {mean + half:+.3f}] ({n} paired seeds)")
+    return Trend(label, text, (mean, half))
+
+
+def horizon_verdict(rows: Sequence[Row]) -> str:
+    """The verdicts of one check across its horizons in words: ``reproduced at 4x, 8x; not reproduced at 1x, 2x``
+    (longest horizons first), or the one verdict when they agree."""
+    if len(rows) == 1:
+        return rows[0].verdict
+    by: Dict[str, List[int]] = {}
+    for r in sorted(rows, key=lambda r: -r.horizon):
+        by.setdefault(r.verdict, []).append(r.horizon)
+    if len(by) == 1:
+        return f"{rows[0].verdict} at every horizon ({', '.join(f'{h}x' for h in sorted(r.horizon for r in rows))})"
+    order = sorted(by, key=lambda v: -max(by[v]))
+    return "; ".join(f"{v} at {', '.join(f'{h}x' for h in by[v])}" for v in order)
 
 
 def setting_text(check: Check) -> str:

@@ -1,0 +1,81 @@
+"""The reproduction ledger's horizon figure: each check's gap against ``tau_max / steps`` (docs/reproductions.md).
+
+One panel per check that ran at more than one horizon: the per-seed gaps
+(:attr:`staleopt.ledger.verdict.Row.gaps`) as points, their mean with the 95%
+Student-t interval, on a log ``tau_max / steps`` axis with the paper's own run
+marked (:class:`staleopt.ledger.spec.PaperHorizon`), the line of no gap and,
+for "not worse" and "matches", the margin. The figure is drawn from the same
+rows as the page's tables, so the two cannot disagree.
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Optional, Sequence, Tuple
+
+from ..ledger.spec import Check
+from ..ledger.verdict import Row, trend
+from ..stats import t_interval
+
+__all__ = ["gap_label", "horizon_figure"]
+
+
+def gap_label(check: Check) -> str:
+    """What the y axis of ``check``'s panel measures (final test accuracy, per seed)."""
+    sel = check.selectors
+    name = {k: v.get("method", k) for k, v in sel.items()}
+    if check.rule == "degrades":
+        return f"{name['reference']} - {name['a']} at the largest P"
+    if check.rule == "gap-grows":
+        return f"growth of {name['a']} - {name['b']}, smallest to largest P"
+    return f"{name['a']} - {name['b']}"
+
+
+def _panel(ax, check: Check, rows: Sequence[Row]) -> None:
+    ran = [r for r in rows if r.gaps and math.isfinite(r.ratio)]
+    for r in ran:
+        ys = [g for _, g in r.gaps]
+        ax.scatter([r.ratio] * len(ys), ys, s=12, color="0.55", zorder=2,
+                   label="one seed" if r is ran[0] else None)
+        mean, half, _ = t_interval(ys)
+        ax.errorbar([r.ratio], [mean], yerr=None if math.isnan(half) else [[half], [half]], fmt="o", color="C0",
+                    ms=5, capsize=3, zorder=3, label="mean, 95% interval" if r is ran[0] else None)
+        ax.annotate(f"{r.horizon}x", (r.ratio, mean), textcoords="offset points", xytext=(5, 4), fontsize=7)
+    ax.axhline(0.0, color="k", lw=0.8)
+    if check.rule in ("not-worse", "matches"):
+        ax.axhline(-check.margin, color="C3", lw=0.8, ls="--", label=f"margin -{check.margin:g}")
+        if check.rule == "matches":
+            ax.axhline(check.margin, color="C3", lw=0.8, ls="--")
+    xs = [r.ratio for r in ran]
+    if check.paper_horizon is not None:
+        p = check.paper_horizon.ratio
+        ax.axvline(p, color="C2", lw=1.0, ls=":", label=f"paper: {check.paper_horizon.delay}/"
+                                                         f"{check.paper_horizon.steps:,} = {p:.2g}")
+        xs.append(p)
+    ax.set_xscale("log")
+    if xs:
+        ax.set_xlim(min(xs) / 2, max(xs) * 2)
+    ax.set_xlabel(r"$\tau_{max}$ / steps (log)")
+    ax.set_ylabel(gap_label(check), fontsize=8)
+    ax.set_title(f"{check.id}: {trend(rows).label}", fontsize=9)
+    ax.legend(fontsize=6, loc="best")
+
+
+def horizon_figure(panels: Sequence[Tuple[Check, Sequence[Row]]], path: Optional[Path] = None, title: str = ""):
+    """One panel per ``(check, its rows at every horizon)``; saved to ``path`` (PNG) when given. Returns the figure."""
+    from matplotlib.figure import Figure
+    n = len(panels)
+    cols = min(n, 3)
+    rows_ = math.ceil(n / cols)
+    fig = Figure(figsize=(4.2 * cols, 3.4 * rows_), layout="constrained")
+    axes = fig.subplots(rows_, cols, squeeze=False).ravel()
+    for ax, (check, rows) in zip(axes, panels):
+        _panel(ax, check, rows)
+    for ax in axes[n:]:
+        ax.set_visible(False)
+    if title:
+        fig.suptitle(title, fontsize=10)
+    if path is not None:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(path, dpi=110)
+    return fig
