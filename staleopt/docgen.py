@@ -30,7 +30,8 @@ from typing import Callable, Dict, Iterable, List, NamedTuple, Optional, Sequenc
 from . import cli, methods, models
 from .commands import demo
 
-__all__ = ["GENERATORS", "markdown_table", "methods_table", "models_table", "hardware_table", "demo_claims", "fill",
+__all__ = ["GENERATORS", "markdown_table", "methods_table", "models_table", "hardware_table", "demo_claims",
+           "ledger_pipemare", "fill",
            "block_names", "doc_files",
            "CodeBlock", "code_blocks", "links", "anchors", "main"]
 
@@ -81,9 +82,45 @@ def demo_claims() -> str:
     return demo.markdown(ROOT / "docs" / "demo")
 
 
+def ledger_pipemare(path: Path = ROOT / "docs" / "reproductions.csv") -> str:
+    """The PipeMare rows of the reproduction ledger at every run length, from the rows file that
+    ``staleopt reproduce --doc docs/reproductions.md`` writes beside the page (docs/reproductions.csv)."""
+    import json
+    import math
+
+    import pandas as pd
+
+    from .stats import t_interval
+    rows = pd.read_csv(path)
+    rows = rows[rows["experiment"].str.startswith("pipemare")]
+    horizons = sorted(rows["horizon"].unique())
+    ids = list(dict.fromkeys(rows["id"]))
+
+    def cell(r) -> str:
+        gaps = [g for _, g in json.loads(r["gaps"])]
+        mean, half, n = t_interval(gaps)
+        if not n:
+            return r["verdict"]
+        ci = "" if math.isnan(half) else f" ± {half:.3f}"
+        return f"{mean:+.3f}{ci} ({r['verdict']})"
+
+    table = []
+    for i in ids:
+        mine = rows[rows["id"] == i].set_index("horizon")
+        first = mine.iloc[0]
+        table.append([f"{first['claim']} (`{i}`)"] + [cell(mine.loc[h]) if h in mine.index else "-" for h in horizons]
+                     + [first["trend"] if len(mine) > 1 else "-"])
+    steps = rows[rows["id"] == "pipemare-matches-sync"].set_index("horizon")["steps"]
+    head = ["claim"] + [f"{h}x" + (f" ({int(steps[h]):,} steps)" if h in steps.index else "") for h in horizons]
+    return ("Gap per claim (final test accuracy, the rule's per-seed difference: mean ± 95% interval over 5 seeds, "
+            "and the verdict) at each run length, from [docs/reproductions.md](docs/reproductions.md):\n\n"
+            + markdown_table(head + ["trend"], table))
+
+
 #: Block name -> function returning the block's Markdown.
 GENERATORS: Dict[str, Callable[[], str]] = {"methods-table": methods_table, "models-table": models_table,
-                                            "hardware-table": hardware_table, "demo-claims": demo_claims}
+                                            "hardware-table": hardware_table, "demo-claims": demo_claims,
+                                            "ledger-pipemare": ledger_pipemare}
 
 
 def fill(text: str, rendered: Dict[str, str]) -> str:

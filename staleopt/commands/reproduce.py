@@ -15,15 +15,23 @@ recipes in experiments/ledger/recipes.toml) as one resumable sweep into OUT, the
 computes each claim's verdict from the runs and, with --doc, writes the ledger page.
 
 examples:
-  staleopt reproduce --out runs/reproduce --doc docs/reproductions.md   # everything (make reproduce)
+  staleopt reproduce --out runs/reproduce --doc runs/reproduce/page.md  # every check at 1x (make reproduce)
+  staleopt reproduce --tier ladder --out runs/reproduce --doc docs/reproductions.md  # every horizon (make reproduce-ladder)
   staleopt reproduce --list                                             # experiments, checks, runs
   staleopt reproduce --claim t2-at-max-p                                # one check: its runs, its row
   staleopt reproduce --claim pipemare-ablation                          # one experiment
-  staleopt reproduce --report-only --doc docs/reproductions.md          # the page from the runs so far
+  staleopt reproduce --tier ladder --report-only --doc docs/reproductions.md  # the page from the runs so far
   staleopt reproduce --scale paper --out runs/reproduce-paper --dry-run # CIFAR-10 ResNet-20 (GPU) configs
+
+Each check runs at its `horizons` (run lengths in multiples of its recipe's
+epochs, experiments/ledger/*.toml): the quick tier (default) at 1x, the ladder
+at every horizon, with a verdict per horizon and the trend of the gap. The cost
+(runs, steps, estimated minutes) is printed before training starts.
 
 Interrupt it and run it again: finished runs are kept, the others resume from
 their checkpoints. Checks whose runs have not finished read "not yet run".
+Launches started at once (on other machines sharing OUT, or --shard i/n) split
+the runs between them.
 """
 
 
@@ -47,6 +55,10 @@ def register(subparsers) -> None:
     p.add_argument("--dry-run", action="store_true", help="list the runs and their state; run nothing")
     p.add_argument("--report-only", action="store_true", help="train nothing: rows (and --doc) from finished runs")
     p.add_argument("--no-bar", action="store_true", help="no progress bar")
+    p.add_argument("--shard", default=None, metavar="K/N",
+                   help="train only shard K of N (1-based) of the runs, e.g. 1/2 on one machine and 2/2 on another")
+    p.add_argument("--executor", choices=["local", "ray"], default="local",
+                   help="local process pool (default) or Ray tasks ($RAY_ADDRESS or a local Ray)")
     p.set_defaults(func=run)
 
 
@@ -57,6 +69,7 @@ def run(args) -> int:
     from ..ledger.report import table
 
     check_int("--workers", args.workers, 1)
+    shard = sweep.parse_shard(args.shard) if args.shard else None
     experiments = spec.load_all(args.scale, Path(args.ledger_dir) if args.ledger_dir else spec.LEDGER_DIR)
     selection = ([spec.find(experiments, name) for name in args.claim] if args.claim
                  else [(e, None) for e in experiments])
@@ -75,10 +88,13 @@ def run(args) -> int:
             print(f"{c.run_id()}  {state:10s}  {c.method:15s} P={c.stages:<3d} {c.optimizer:12s} "
                   f"{c.model}/{c.data} seed={c.seed}")
         print(f"{len(configs)} runs into {out}")
+        print(ledger.estimate(configs, out, args.workers))
         return 0
     report = None
     if not args.report_only:
-        report = ledger.train(configs, out, args.workers, bar=not args.no_bar)
+        print(ledger.estimate(configs, out, args.workers), flush=True)
+    if not args.report_only:
+        report = ledger.train(configs, out, args.workers, bar=not args.no_bar, shard=shard, executor=args.executor)
         print(f"{len(configs)} runs: {len(report.skipped)} already done, {len(report.finished)} trained now, "
               f"{len(report.failed)} failed, {len(report.claimed)} left to another launch")
     print(table(ledger.rows(selection, out, args.tier)))

@@ -25,7 +25,7 @@ from .report import markdown
 from .spec import Check, Experiment
 from .verdict import Row, evaluate_horizons, scores, setting_text
 
-__all__ = ["plan", "done", "train", "rows", "machine", "cpu_seconds", "record_launch", "launches", "run_times", "provenance", "write_page", "command_line"]
+__all__ = ["plan", "done", "estimate", "train", "rows", "machine", "cpu_seconds", "record_launch", "launches", "run_times", "provenance", "write_page", "command_line"]
 
 
 def plan(selection: Sequence[Tuple[Experiment, Optional[Check]]],
@@ -48,17 +48,108 @@ def done(configs: Sequence[RunConfig], out: Path) -> set:
     return {c.run_id() for c in configs if sweep.run_state(Path(out) / "runs" / c.run_id()) == "done"}
 
 
-def train(configs: Sequence[RunConfig], out: Path, workers: int, bar: bool = True) -> sweep.SweepReport:
+def _family(c: RunConfig) -> Tuple:
+    return c.model, json.dumps(c.model_kwargs, sort_keys=True), c.data, json.dumps(c.data_kwargs, sort_keys=True), \
+        c.batch_size, c.microbatches, c.device
+
+
+def _steps(c: RunConfig, n_train: Dict[Tuple, int]) -> int:
+    key = (c.data, json.dumps(c.data_kwargs, sort_keys=True))
+    if key not in n_train:
+        from .. import data
+        n_train[key] = len(data.load(c.data, **c.data_kwargs).train)
+    steps = c.epochs * (n_train[key] // c.batch_size)
+    return steps if c.max_steps is None else min(steps, c.max_steps)
+
+
+def _calibrate(c: RunConfig, steps: int = 20) -> Tuple[float, float]:
+    """``(seconds per training step, seconds of setup and evaluation)`` of ``c`` in this process on one torch
+    thread, as a sweep worker trains: a 3-step warm-up run, then a ``steps``-step run (records' ``wall_time``
+    counts training only)."""
+    import torch
+
+    from .. import train as training
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        training.run(c.replace(epochs=1, max_steps=3))
+        t0 = time.perf_counter()
+        records = training.run(c.replace(epochs=1, max_steps=steps))
+    finally:
+        torch.set_num_threads(threads)
+    train_s = float(records["wall_time"].iloc[-1])
+    return train_s / steps, time.perf_counter() - t0 - train_s
+
+
+def _measured(path: Path) -> Optional[Tuple[float, float]]:
+    """``(seconds per training step, other seconds)`` of the finished run in ``path``; None if unreadable."""
+    try:
+        secs = float(json.loads((path / "done").read_text())["seconds"])
+        last = sweep.pd.read_csv(path / "records.csv").iloc[-1]
+        return float(last["wall_time"]) / max(1, int(last["step"])), max(0.0, secs - float(last["wall_time"]))
+    except (OSError, ValueError, KeyError, IndexError, TypeError):
+        return None
+
+
+def estimate(configs: Sequence[RunConfig], out: Path, workers: int, calibrate: bool = True) -> str:
+    """What training the unfinished ``configs`` will cost, said before it starts.
+
+    A run costs ``steps * rate + overhead``: the rate (seconds per training step) per model family (model, data,
+    batch, microbatches, device) and the overhead (startup, evaluation) come from the finished runs in ``out``,
+    else, with ``calibrate``, from a 20-step run in this process. The total is spread over ``workers`` runs."""
+    pending = [c for c in configs if sweep.run_state(Path(out) / "runs" / c.run_id()) != "done"]
+    if not pending:
+        return f"all {len(configs)} runs are finished in {out}: nothing to train"
+    n_train: Dict[Tuple, int] = {}
+    try:
+        steps = {c.run_id(): _steps(c, n_train) for c in pending}
+    except Exception as e:      # e.g. the paper scale's CIFAR-10 files are not here: train will say so
+        return f"{len(pending)} of {len(configs)} runs to train; cost unknown ({type(e).__name__}: {e})"
+    measured: Dict[Tuple, List[Tuple[float, float]]] = {}
+    for c in configs:
+        path = Path(out) / "runs" / c.run_id()
+        got = _measured(path) if sweep.run_state(path) == "done" else None
+        if got:
+            measured.setdefault(_family(c), []).append(got)
+    rates, sources = {}, []
+    for fam in dict.fromkeys(_family(c) for c in pending):
+        example = next(c for c in pending if _family(c) == fam)
+        if measured.get(fam):
+            got = measured[fam]
+            rates[fam] = (sum(r for r, _ in got) / len(got), sum(o for _, o in got) / len(got))
+            how = f"{len(got)} finished runs"
+        elif calibrate:
+            try:
+                rates[fam] = _calibrate(example)
+            except Exception as e:
+                return f"{len(pending)} of {len(configs)} runs to train; cost unknown (calibration failed: {e})"
+            how = "a 20-step calibration run"
+        else:
+            return f"{len(pending)} of {len(configs)} runs to train; cost unknown (no finished run of {example.model})"
+        sources.append(f"{example.model}/{example.data} N={example.microbatches}: {1e3 * rates[fam][0]:.1f} ms/step "
+                       f"+ {rates[fam][1]:.0f} s per run, from {how}")
+    secs = sum(steps[c.run_id()] * rates[_family(c)][0] + rates[_family(c)][1] for c in pending)
+    return (f"{len(pending)} of {len(configs)} runs to train, {sum(steps.values()):,} optimizer steps; estimated "
+            f"{secs / 60:.0f} run-min, about {secs / 60 / workers:.0f} min with {workers} worker(s) on otherwise idle "
+            f"cores ({'; '.join(sources)})")
+
+
+def train(configs: Sequence[RunConfig], out: Path, workers: int, bar: bool = True,
+          shard: Optional[Tuple[int, int]] = None, executor: str = "local") -> sweep.SweepReport:
     """Run every unfinished config into ``out`` (:func:`staleopt.sweep.run_sweep`, one torch thread per run),
     recording the launch in ``out/launches.jsonl`` when it starts and when it ends, interrupted or not."""
     t0, cpu0, launch, command = time.time(), cpu_seconds(), uuid.uuid4().hex[:12], command_line()
     before = done(configs, out)
     record_launch(Path(out), launch, t0, command)
+    whole = False
     try:
-        return sweep.run_sweep(list(configs), out, workers=workers, threads=1, bar=bar)
-    finally:
+        report = sweep.run_sweep(list(configs), out, workers=workers, threads=1, bar=bar, shard_spec=shard,
+                                 executor=executor)
+        whole = True
+        return report
+    finally:   # an interrupted launch's killed workers are never reaped, so their CPU time cannot be counted
         record_launch(Path(out), launch, t0, command, time.time(), len(done(configs, out) - before),
-                      cpu_seconds() - cpu0)
+                      cpu_seconds() - cpu0 if whole else None)
 
 
 def rows(selection: Sequence[Tuple[Experiment, Optional[Check]]], out: Path, tier: str = "quick") -> List[Row]:
@@ -141,12 +232,19 @@ def run_times(configs: Sequence[RunConfig], out: Path) -> Optional[Tuple[str, st
     return first.strftime(fmt), last.strftime(fmt), sum(x for _, _, x in spans)
 
 
-def _cpu_text(cpu: Sequence[Optional[float]], trained: int, total_runs: int) -> str:
-    if not trained or any(c is None for c in cpu):
-        return "not recorded by every launch"
-    whole = sum(cpu) / trained * total_runs
-    return (f"{sum(cpu) / 60:.1f} CPU-min (user + system, all workers) for the {trained} runs these launches "
-            f"finished; at that rate all {total_runs} runs take about {whole / 60:.0f} CPU-min, i.e. about "
+def _cpu_text(cpu: Sequence[Optional[float]], trained: Sequence[int], total_runs: int) -> str:
+    """CPU time of the launches that recorded it (an interrupted launch does not), scaled to all runs."""
+    known = [(c, n) for c, n in zip(cpu, trained) if c is not None]
+    runs = sum(n for _, n in known)
+    if not runs:
+        return "not recorded (every launch that trained runs was interrupted)"
+    secs = sum(c for c, _ in known)
+    whole = secs / runs * total_runs
+    missing = len(cpu) - len(known)
+    note = (f"; {missing} interrupted launch(es) that trained {sum(trained) - runs} runs did not record theirs"
+            if missing else "")
+    return (f"{secs / 60:.1f} CPU-min (user + system, all workers) for the {runs} runs of the launches that "
+            f"recorded it{note}; at that rate all {total_runs} runs take about {whole / 60:.0f} CPU-min, i.e. about "
             f"{whole / 120:.0f} min on 2 otherwise idle cores")
 
 
@@ -167,7 +265,7 @@ def provenance(out: Path, total_runs: int, finished_runs: int,
             "command": "; ".join(f"`{c}`" for c in dict.fromkeys(e["command"] for e in ended)),
             "wall time": f"{sum(e['seconds'] for e in ended) / 60:.1f} min in {len(ended)} launch(es) that "
                          f"trained runs ({', '.join(str(round(e['seconds'] / 60, 1)) + ' min' for e in ended)})",
-            "CPU time": _cpu_text(cpu, sum(e["trained"] for e in ended), total_runs),
+            "CPU time": _cpu_text(cpu, [e["trained"] for e in ended], total_runs),
             "runs": f"{finished_runs} of {total_runs} finished ({sum(e['trained'] for e in ended)} trained by "
                     "these launches)",
         }
@@ -210,7 +308,28 @@ def write_page(path: Path, experiments: Sequence[Experiment], out: Path, extra: 
     sections["analytic"] = ("Analytic rows (no training)", "")
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     Path(path).write_text(markdown(result, info, sections, checks, figures))
+    rows_csv(result, Path(path).with_suffix(".csv"))
     return result
+
+
+#: Columns of the rows file written beside the page (:func:`rows_csv`).
+ROW_COLUMNS = ("experiment", "id", "claim", "horizon", "steps", "ratio", "verdict", "estimate", "half_width",
+               "trend", "gaps")
+
+
+def rows_csv(result: Sequence[Row], path: Path) -> None:
+    """The page's rows as CSV, one line per check and horizon (``gaps``: the per-seed gaps as JSON ``[[seed, gap],
+    ...]``; ``trend``: the check's trend label): what the README's ledger summary and the figures are drawn from."""
+    from .report import group
+    from .verdict import trend
+    lines = []
+    for g in group(result):
+        label = trend(g).label
+        for r in g:
+            lines.append({"experiment": r.experiment, "id": r.id, "claim": r.claim, "horizon": r.horizon,
+                          "steps": r.steps, "ratio": r.ratio, "verdict": r.verdict, "estimate": r.estimate,
+                          "half_width": r.half_width, "trend": label, "gaps": json.dumps([list(x) for x in r.gaps])})
+    sweep.pd.DataFrame(lines, columns=list(ROW_COLUMNS)).to_csv(path, index=False)
 
 
 def command_line() -> str:
