@@ -155,8 +155,8 @@ def test_gap_aware_over_sgd_momentum_uses_the_buffer_the_largest_lr_and_damps_we
     beta, eps, mu, wd = 0.8, 1e-8, 0.7, 0.05
     lrs = [0.02, 0.06, 0.1, 0.08, 0.05, 0.03, 0.02, 0.1, 0.04, 0.01, 0.03, 0.02]
     model = chain()
-    opt = staleopt.PipelineOptimizer(model, torch.optim.SGD(model.parameters(), lr=lrs[0], momentum=mu,
-                                                            weight_decay=wd), stages=P, corrections=[GapAware(beta, eps)])
+    base = torch.optim.SGD(model.parameters(), lr=lrs[0], momentum=mu, weight_decay=wd)
+    opt = staleopt.PipelineOptimizer(model, base, stages=P, corrections=[GapAware(beta, eps)])
     got = []
     for (x, y), lr in zip(data(), lrs):
         opt.param_groups[0]["lr"] = lr
