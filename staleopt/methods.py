@@ -465,7 +465,8 @@ for _m in [
            "decoupled weight decay): the authors' recipe, Nesterov's look-ahead in NAdam's update",
            "Ajanthan et al., ICML 2025", lambda: [Stashing(), RequireNAdam()]),
     Method("pipemare-stash-nesterov", "dataflow", "pipemare-stash with the Nesterov SGD momentum held by a "
-           "correction (base optimizer: plain SGD); at max_momentum=None the same as SGD(momentum, nesterov=True)",
+           "correction (base optimizer: plain SGD); at max_momentum=None and no weight decay the same as "
+           "SGD(momentum, nesterov=True)",
            "Ajanthan et al., ICML 2025 (SGD form)",
            lambda lookahead_momentum, max_momentum: [Stashing(), NesterovLookahead(lookahead_momentum,
                                                                                    max_momentum)],
