@@ -29,7 +29,7 @@ __all__ = ["RunConfig", "CHOICES", "CORRECTION_FIELDS", "LR_WARMUP_SCHEDULES", "
 
 #: Allowed values of the string fields that take a fixed set of choices.
 CHOICES = {
-    "optimizer": ("sgd", "sgd-momentum", "adam", "adamw"),
+    "optimizer": ("sgd", "sgd-momentum", "adam", "adamw", "nadamw"),
     "lr_schedule": ("constant", "cosine", "step", "linear-warmup", "inverse-sqrt"),
     "partition": ("ops", "params"),
 }
@@ -56,8 +56,9 @@ class RunConfig:
       ``stages`` (``P``, an int or ``"max"`` = the model's unit count),
       ``microbatches`` (``N`` per minibatch, divides ``batch_size``),
       ``partition`` strategy (``"ops"`` | ``"params"``).
-    * ``optimizer`` (``sgd`` | ``sgd-momentum`` | ``adam`` | ``adamw``), ``lr``,
-      ``momentum`` (SGD momentum, or Adam's beta1), ``weight_decay``;
+    * ``optimizer`` (``sgd`` | ``sgd-momentum`` | ``adam`` | ``adamw`` | ``nadamw``: NAdam with decoupled
+      weight decay and ``momentum_decay`` 0.004, the AsyncPP recipe's), ``lr``,
+      ``momentum`` (SGD momentum, or Adam's and NAdam's beta1), ``weight_decay``;
       ``lr_schedule``: ``constant``, ``cosine`` (to 0 over the run),
       ``step`` (times ``lr_gamma`` at each epoch in ``lr_milestones``),
       ``linear-warmup`` (``lr * n / W`` for the ``n``-th step, ``n <= W =
@@ -249,7 +250,7 @@ _VALIDATORS = {
     "model_kwargs": _kwargs,
     "data": lambda n, v: _choice(n, v, data.names()),
     "data_kwargs": _kwargs,
-    "method": lambda n, v: _choice(n, v, _method_names()),
+    "method": lambda n, v: methods.check_retired(v) or _choice(n, v, _method_names()),
     "stages": _stages,
     "microbatches": lambda n, v: check_int(n, v, minimum=1),
     "partition": lambda n, v: _choice(n, v, CHOICES["partition"]),

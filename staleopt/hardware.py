@@ -45,8 +45,8 @@ __all__ = ["OPTIMIZER_SLOTS", "MemoryReport", "pipeline_utilization", "amortized
            "activation_sizes", "activation_memory", "recompute_activation_memory", "correction_bytes",
            "memory_report"]
 
-#: Weight-sized state buffers per optimizer (SGD: none; SGD momentum: the velocity; Adam, AdamW: m and v).
-OPTIMIZER_SLOTS = {"sgd": 0, "sgd-momentum": 1, "adam": 2, "adamw": 2}
+#: Weight-sized state buffers per optimizer (SGD: none; SGD momentum: the velocity; Adam, AdamW, NAdamW: m and v).
+OPTIMIZER_SLOTS = {"sgd": 0, "sgd-momentum": 1, "adam": 2, "adamw": 2, "nadamw": 2}
 
 
 def pipeline_utilization(method, stages: int, microbatches: int = 1, total_steps: Optional[float] = None,

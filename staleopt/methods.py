@@ -17,12 +17,13 @@ from typing import Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple, 
 
 from . import schedules
 from .corrections import (Correction, DelayCompensation, DiscrepancyCorrection, GapAware, Hybrid, LRReschedule,
-                          NesterovLookahead, StalenessAware, Stashing, VerticalSync, Warmup, WeightPrediction)
+                          NesterovLookahead, RequireNAdam, StalenessAware, Stashing, VerticalSync, Warmup,
+                          WeightPrediction)
 from .errors import ConfigError, ScheduleError
 from .schedules import Delays, Program, Schedule, Sync
 from .validate import check_int
 
-__all__ = ["Method", "Pipeline", "StepDelays", "build", "get", "names", "resolve", "register", "table",
+__all__ = ["Method", "Pipeline", "StepDelays", "build", "get", "names", "resolve", "register", "table", "check_retired",
            "hyperparameters", "amortized_utilization", "hybrid_speedup"]
 
 
@@ -61,6 +62,16 @@ class Method:
 
 _METHODS: Dict[str, Method] = {}
 _ALIASES: Dict[str, str] = {}       # alias -> method name, filled from Method.aliases by register()
+#: Names no longer accepted, with what to use instead (a config or script that names one fails with this).
+_RETIRED = {"async-nag": "'async-nag' was renamed: it was PipeMare's stashed dataflow pipeline with Nesterov SGD "
+                         "momentum, now 'pipemare-stash-nesterov' (same rule and hyperparameters); the authors' "
+                         "method (NAdam, weight stashing, 1F1B) is 'asyncpp'"}
+
+
+def check_retired(name) -> None:
+    """Raise :class:`~staleopt.errors.ScheduleError` naming the replacement if ``name`` is a retired method name."""
+    if isinstance(name, str) and name in _RETIRED:
+        raise ScheduleError(f"method {_RETIRED[name]}")
 
 
 def register(method: Method) -> None:
@@ -74,6 +85,7 @@ def names() -> List[str]:
 
 
 def get(name: str) -> Method:
+    check_retired(name)
     if name in _ALIASES:
         return _METHODS[_ALIASES[name]]
     if name not in _METHODS:
@@ -96,6 +108,7 @@ def resolve(spec: Union[str, Schedule, Method], **overrides) -> Tuple[Schedule, 
         return spec.build(**overrides)
     if not isinstance(spec, str):
         raise ScheduleError(f"schedule must be a name or a Schedule, got {type(spec).__name__}")
+    check_retired(spec)
     if spec in _METHODS or spec in _ALIASES:
         return get(spec).build(**overrides)
     if spec in schedules.names():
@@ -445,11 +458,16 @@ for _m in [
            lambda: [WeightPrediction("sgdm")]),
     Method("xpipe", "1f1b", "1F1B with Adam-based weight prediction (XPipe)", "PipeOptim §III-B2 eq. 6",
            lambda: [WeightPrediction("adam")]),
-    # The corrections published since the seeds, on PipeMare's dataflow pipeline (docs/corrections.md). The
-    # papers' workers compute each gradient at one stale version (weight stashing) and, for DC-ASGD and
-    # Gap-Aware, must keep that version anyway to compare it with w_t.
-    Method("async-nag", "dataflow", "dataflow + weight stashing with Nesterov's look-ahead in the update "
-           "(base optimizer: plain SGD)", "Ajanthan et al., ICML 2025",
+    # The corrections published since the seeds (docs/corrections.md): AsyncPP as its authors run it (1F1B), the
+    # others on PipeMare's dataflow pipeline. The papers' workers compute each gradient at one stale version
+    # (weight stashing) and, for DC-ASGD and Gap-Aware, must keep that version anyway to compare it with w_t.
+    Method("asyncpp", "1f1b", "1F1B + weight stashing over torch.optim.NAdam (beta1 0.99, momentum_decay 0.004, "
+           "decoupled weight decay): the authors' recipe, Nesterov's look-ahead in NAdam's update",
+           "Ajanthan et al., ICML 2025", lambda: [Stashing(), RequireNAdam()]),
+    Method("pipemare-stash-nesterov", "dataflow", "pipemare-stash with the Nesterov SGD momentum held by a "
+           "correction (base optimizer: plain SGD); at max_momentum=None and no weight decay the same as "
+           "SGD(momentum, nesterov=True)",
+           "Ajanthan et al., ICML 2025 (SGD form)",
            lambda lookahead_momentum, max_momentum: [Stashing(), NesterovLookahead(lookahead_momentum,
                                                                                    max_momentum)],
            {"lookahead_momentum": 0.9, "max_momentum": None}),

@@ -86,6 +86,7 @@ from . import checkpoint as ckpt
 from . import data as datasets
 from . import hardware, methods, models, segments
 from .config import LR_WARMUP_SCHEDULES, RunConfig
+from .corrections.nesterov import ASYNCPP_MOMENTUM_DECAY
 from .errors import ConfigError
 from .methods import Pipeline
 from .optimizer import PipelineOptimizer
@@ -143,12 +144,17 @@ def method_args(config: RunConfig, n_train: int) -> Dict[str, Any]:
 
 
 def build_optimizer(config: RunConfig, params) -> torch.optim.Optimizer:
-    """The base optimizer: SGD, SGD with ``momentum``, or Adam/AdamW with ``betas = (momentum, 0.999)``."""
+    """The base optimizer: SGD, SGD with ``momentum``, Adam/AdamW with ``betas = (momentum, 0.999)``, or
+    ``nadamw``: NAdam with ``betas = (momentum, 0.999)``, ``momentum_decay = 0.004`` and decoupled weight decay
+    (the AsyncPP recipe's ``nadamw``, with ``momentum = 0.99``)."""
     kw = {"lr": config.lr, "weight_decay": config.weight_decay}
     if config.optimizer == "sgd":
         return torch.optim.SGD(params, **kw)
     if config.optimizer == "sgd-momentum":
         return torch.optim.SGD(params, momentum=config.momentum, **kw)
+    if config.optimizer == "nadamw":
+        return torch.optim.NAdam(params, betas=(config.momentum, 0.999), momentum_decay=ASYNCPP_MOMENTUM_DECAY,
+                                 decoupled_weight_decay=True, **kw)
     cls = torch.optim.Adam if config.optimizer == "adam" else torch.optim.AdamW
     return cls(params, betas=(config.momentum, 0.999), **kw)
 

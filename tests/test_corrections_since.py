@@ -101,7 +101,7 @@ def test_delay_compensation_adaptive_lambda():
     def update(i, t, g, W):
         ms[i] = m * ms[i] + (1 - m) * g * g
         w = W[t][i]
-        return w - LR * (g + lam / (ms[i].sqrt() + eps) * g * g * (w - stale(W, t, i, TAU[i])))
+        return w - LR * (g + lam / (ms[i] + eps).sqrt() * g * g * (w - stale(W, t, i, TAU[i])))
 
     got, _ = run_engine([DelayCompensation(lam, mean_square_decay=m, eps=eps)])
     assert_iterates(got, oracle(update, TAU))
@@ -129,8 +129,61 @@ def test_delay_compensation_by_hand_one_scalar_stage():
 
 
 # ----------------------------------------------------------------------------- Gap-Aware
+class OtherSGD(torch.optim.SGD):
+    """SGD's step under another type: GapAware measures C from the applied step over it."""
+
+
 @pytest.mark.parametrize("memory", ["minimal", "fast"])
-def test_gap_aware_divides_by_the_gap_in_average_steps(memory):
+def test_gap_aware_over_sgd_takes_c_from_the_undamped_gradient(memory):
+    """The authors' SGD rule: v from the raw gradient, first; C = eta_max (sqrt(v / (1 - beta^k)) + eps), k = t + 1."""
+    beta, eps = 0.9, 1e-8
+    v = [torch.zeros(DIM, dtype=torch.float64) for _ in range(P)]
+
+    def update(i, t, g, W):
+        w = W[t][i]
+        v[i] = beta * v[i] + (1 - beta) * g * g
+        C = LR * ((v[i] / (1 - beta ** (t + 1))).sqrt() + eps)
+        return w - LR * g / (1 + (w - stale(W, t, i, TAU[i])).abs() / C)
+
+    got, _ = run_engine([GapAware(beta, eps)], memory=memory)
+    assert_iterates(got, oracle(update, TAU))
+
+
+def test_gap_aware_over_sgd_momentum_uses_the_buffer_the_largest_lr_and_damps_weight_decay():
+    """With momentum the direction is the buffer the previous step left (0 at first); eta_max is the largest lr
+    so far; SGD's weight decay enters as lambda w / G."""
+    beta, eps, mu, wd = 0.8, 1e-8, 0.7, 0.05
+    lrs = [0.02, 0.06, 0.1, 0.08, 0.05, 0.03, 0.02, 0.1, 0.04, 0.01, 0.03, 0.02]
+    model = chain()
+    base = torch.optim.SGD(model.parameters(), lr=lrs[0], momentum=mu, weight_decay=wd)
+    opt = staleopt.PipelineOptimizer(model, base, stages=P, corrections=[GapAware(beta, eps)])
+    got = []
+    for (x, y), lr in zip(data(), lrs):
+        opt.param_groups[0]["lr"] = lr
+        opt.zero_grad()
+        (0.5 * ((model(x) - y) ** 2).sum()).backward()
+        opt.step()
+        got.append([p.detach().clone() for p in model.parameters()])
+    v = [torch.zeros(DIM, dtype=torch.float64) for _ in range(P)]
+    buf = [torch.zeros(DIM, dtype=torch.float64) for _ in range(P)]
+    W, want = [[p.detach().clone() for p in chain().parameters()]], []
+    for t, ((x, y), lr) in enumerate(zip(data(), lrs)):
+        g = x + sum(stale(W, t, j, TAU[j]) for j in range(P)) - y
+        new = []
+        for i in range(P):
+            w = W[t][i]
+            v[i] = beta * v[i] + (1 - beta) * buf[i] * buf[i]
+            C = max(lrs[:t + 1]) * ((v[i] / (1 - beta ** (t + 1))).sqrt() + eps)
+            G = 1 + (w - stale(W, t, i, TAU[i])).abs() / C
+            buf[i] = mu * buf[i] + (g + wd * w) / G
+            new.append(w - lr * buf[i])
+        W.append(new)
+        want.append(new)
+    assert_iterates(got, want)
+
+
+@pytest.mark.parametrize("memory", ["minimal", "fast"])
+def test_gap_aware_over_other_optimizers_divides_by_the_gap_in_average_steps(memory):
     beta, eps = 0.9, 1e-8
     v = [torch.zeros(DIM, dtype=torch.float64) for _ in range(P)]
 
@@ -143,7 +196,8 @@ def test_gap_aware_divides_by_the_gap_in_average_steps(memory):
         v[i] = beta * v[i] + (1 - beta) * (new - w) ** 2
         return new
 
-    got, _ = run_engine([GapAware(beta, eps)], memory=memory)
+    got, opt = run_engine([GapAware(beta, eps)], memory=memory, base=lambda ps: OtherSGD(ps, lr=LR))
+    assert not opt.corrections[0].from_direction
     assert_iterates(got, oracle(update, TAU))
 
 
@@ -158,8 +212,10 @@ def test_gap_aware_by_hand():
         (0.5 * (model(torch.zeros(1, dtype=torch.float64)) ** 2).sum()).backward()
         opt.step()
         seen.append((model[0].a.item(), model[1].a.item()))
-    # t = 0: k = 0, G = 1, g = 1: a = (0.5, -0.5); steps (-0.5, -0.5): v = 0.5 * 0.25 = 0.125, C = sqrt(0.125/0.5) = 0.5
-    # t = 1: g = 1 (both read w_0); gaps |0.5 - 1| = 0.5 and |-0.5 - 0| = 0.5: G = 1 + 1 = 2, g = 0.5
+    # eta_max = 0.5; C = 0.5 sqrt(v_k / (1 - 0.5^k)), v_k = 0.5 v_{k-1} + 0.5 g^2 from the raw gradient
+    # t = 0: k = 1, g = 1: v = 0.5, C = 0.5; every version is w_0, G = 1: a = (0.5, -0.5)
+    # t = 1: k = 2, g = 1 (both read w_0): v = 0.75, C = 0.5 sqrt(0.75 / 0.75) = 0.5;
+    #        gaps |0.5 - 1| = 0.5 and |-0.5 - 0| = 0.5: G = 1 + 1 = 2, g = 0.5
     #        a = (0.5 - 0.25, -0.5 - 0.25)
     assert seen == [(0.5, -0.5), (0.25, -0.75)]
 
@@ -324,7 +380,7 @@ def test_extra_bytes_count_each_buffer():
     (lambda: DelayCompensation("0.1"), "positive"),
     (lambda: DelayCompensation(0.1, mean_square_decay=1.0), r"None \(DC-ASGD-c"),
     (lambda: DelayCompensation(0.1, mean_square_decay=True), r"\[0, 1\)"),
-    (lambda: DelayCompensation(0.1, eps=0), "sqrt"),
+    (lambda: DelayCompensation(0.1, eps=0), "square root"),
     (lambda: GapAware(1.0), r"\(0, 1\)"),
     (lambda: GapAware(0.9, eps=-1), "positive"),
     (lambda: NesterovLookahead(1.0), r"\[0, 1\)"),
@@ -353,7 +409,7 @@ def test_named_methods():
     assert [type(c).__name__ for c in methods.get("staleness-aware").corrections] == ["StalenessAware"]
     p = methods.build("staleness-aware", 4)
     assert p.lr_factors(0) == p.lr_factors(10 ** 6) == [1 / 7, 1 / 5, 1 / 3, 1.0]
-    assert methods.build("async-nag", 4).stashes and methods.build("gap-aware", 4).stashes
+    assert methods.build("pipemare-stash-nesterov", 4).stashes and methods.build("gap-aware", 4).stashes
 
 
 def test_hardware_counts_the_new_buffers():
@@ -365,7 +421,8 @@ def test_hardware_counts_the_new_buffers():
     assert hardware.correction_bytes(methods.build("dc-asgd", 4), w, sgdm) == 0
     assert hardware.correction_bytes(methods.build("dc-asgd-a", 4), w, sgdm) == 100
     assert hardware.correction_bytes(methods.build("gap-aware", 4), w, sgdm) == 100
-    assert hardware.correction_bytes(methods.build("async-nag", 4), w, "sgd") == 100  # the momentum, all stages
+    nag = methods.build("pipemare-stash-nesterov", 4)
+    assert hardware.correction_bytes(nag, w, "sgd") == 100  # the momentum, all stages
     # without stashing the stage keeps tau_i versions itself
     bare = methods.Pipeline("dc", schedules.get("dataflow"), [DelayCompensation()], 4)
     assert hardware.correction_bytes(bare, w, sgdm) == sum(a * t for a, t in zip(w, tau))
@@ -381,7 +438,7 @@ def test_memory_report_adds_the_correction_bytes():
         delayed = sum(rep.stage_weight_bytes[i] for i, t in enumerate(rep.tau_fwd) if t > 0)
         assert rep.correction_bytes == extra * delayed
         assert rep.weight_optimizer_bytes == plain.weight_optimizer_bytes + rep.correction_bytes
-    nag = hardware.memory_report(model, "async-nag", 3, optimizer="sgd")
+    nag = hardware.memory_report(model, "pipemare-stash-nesterov", 3, optimizer="sgd")
     assert nag.correction_bytes == nag.weights_bytes
     assert nag.weight_optimizer_bytes == hardware.memory_report(model, "pipemare-stash", 3,
                                                                 optimizer="sgd-momentum").weight_optimizer_bytes

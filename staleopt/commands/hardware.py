@@ -44,7 +44,7 @@ def register(subparsers) -> None:
     p.add_argument("--compare", default=None, help="comma-separated methods side by side (e.g. gpipe,pipemare)")
     p.add_argument("--stages", default="107", help="P, or a comma-separated list to sweep (e.g. 1,2,4,8)")
     p.add_argument("--microbatches", type=int, default=1, help="microbatches per minibatch N (default: 1)")
-    p.add_argument("--optimizer", default="sgd-momentum", choices=["sgd", "sgd-momentum", "adam", "adamw"],
+    p.add_argument("--optimizer", default="sgd-momentum", choices=["sgd", "sgd-momentum", "adam", "adamw", "nadamw"],
                    help="optimizer whose state is counted (default: sgd-momentum)")
     p.add_argument("--microbatch-size", type=int, default=None,
                    help="samples per microbatch; adds activation memory (measured on one example input)")

@@ -31,7 +31,7 @@ class DelayCompensation(Correction):
     (constant ``lambda``); a value ``m`` is DC-ASGD-a (§4)::
 
         MeanSquare_t = m * MeanSquare_{t-1} + (1 - m) * g * g              # MeanSquare_{-1} = 0
-        lambda_t     = lambda / (sqrt(MeanSquare_t) + eps)                 # element-wise
+        lambda_t     = lambda / sqrt(MeanSquare_t + eps)                   # element-wise, §4
 
     ``w_bak``, the weights the gradient was computed with, is the stage's *forward* view
     ``w_{t - tau_fwd_i}`` (raw: the history's stored version, never T2's extrapolation): the stage's
@@ -57,7 +57,8 @@ class DelayCompensation(Correction):
             raise CorrectionError(f"DelayCompensation(mean_square_decay) must be None (DC-ASGD-c, constant lambda) or "
                                   f"a float in [0, 1) (DC-ASGD-a's m; the paper uses 0.95), got {mean_square_decay!r}")
         self.mean_square_decay = None if mean_square_decay is None else float(mean_square_decay)
-        self.eps = _check_positive("DelayCompensation(eps)", eps, "added to sqrt(MeanSquare) to avoid 0/0")
+        self.eps = _check_positive("DelayCompensation(eps)", eps,
+                                   "the paper's epsilon, added to MeanSquare under the square root to avoid 0/0")
 
     def bind(self, engine):
         super().bind(engine)
@@ -80,7 +81,7 @@ class DelayCompensation(Correction):
                 if m is not None:
                     ms = self._ms[c.index][1][j]
                     ms.mul_(m).addcmul_(g, g, value=1.0 - m)
-                    lam = self.lam / (ms.sqrt() + self.eps)
+                    lam = self.lam / ms.add(self.eps).sqrt_()
                 if tau > 0:
                     g.add_(g * g * (w - s) * lam)
 

@@ -17,25 +17,33 @@ class GapAware(Correction):
 
     Per stage ``i`` with ``tau_i = tau_fwd_i`` of the step, per element, before the base step::
 
-        C   = sqrt(v_k / (1 - beta^k)) + eps         # the running RMS step size, bias-corrected
         G   = 1 + |w_t - w_{t - tau_i}| / C          # the Gap: the staleness in units of C
         g  <-  g / G
-        v_{k+1} = beta * v_k + (1 - beta) * (w_{t+1} - w_t)^2     # after the base step; v_0 = 0
 
     The Gap measures staleness by how far the weights moved since the gradient's weights were read,
     in units of the average step a parameter takes, so a parameter that did not move is not
-    penalised however old the gradient (the paper's argument against dividing by ``tau``).
-    ``k`` counts the steps measured; before the first (``k = 0``) every stored version is
-    ``w_0``, the gap is 0 and ``G = 1``. The weights used are the forward view ``w_{t - tau_fwd_i}``
-    (raw), as for :class:`~staleopt.corrections.DelayCompensation`. Stages with ``tau_i = 0`` are left
-    alone.
+    penalised however old the gradient (the paper's argument against dividing by ``tau``). The weights
+    used are the forward view ``w_{t - tau_fwd_i}`` (raw), as for
+    :class:`~staleopt.corrections.DelayCompensation`. Stages with ``tau_i = 0`` are left alone.
 
-    ``C`` differs from the authors' pipeline implementation in one respect: they take the running RMS
-    of the update *direction* (the gradient, or SGD's momentum buffer) times the schedule's peak
-    learning rate; here it is the running RMS of the applied step ``w_{t+1} - w_t`` itself, which is
-    the same while the learning rate stays at its peak, needs no knowledge of the base optimizer, and
-    keeps measuring the gap in units of the current average step when a scheduler (or T1) lowers it.
-    The base optimizer's weight decay is added after the damping (not damped).
+    ``C``, the average step, is the authors' (their pipeline implementation, saareliad/FTPipe, read, not
+    copied). Over ``torch.optim.SGD`` it is the running RMS of the update *direction* ``d`` times the
+    largest learning rate ``eta_max`` the scheduler has set so far (per param group), with ``d`` the
+    undamped gradient (no momentum) or the base's momentum buffer as the previous step left it::
+
+        v_k = beta * v_{k-1} + (1 - beta) * d_t^2      # first, at every step k = 1, 2, ...; v_0 = 0
+        C   = eta_max * (sqrt(v_k / (1 - beta^k)) + eps)
+        g  <-  g / G + lambda * w_t * (1 / G - 1)      # SGD's weight decay lambda w_t is damped too
+
+    Over any other base optimizer (Adam: the authors record the applied step inside their own Adam)
+    ``C`` is the running RMS of the applied step, bias-corrected, measured after each base step::
+
+        C   = sqrt(v_k / (1 - beta^k)) + eps,   v_{k+1} = beta * v_k + (1 - beta) * (w_{t+1} - w_t)^2
+
+    (``k`` steps measured; at ``k = 0`` every stored version is ``w_0`` and ``G = 1``), and the base's
+    weight decay is not damped. The two differ: with plain SGD at a constant learning rate the applied
+    step is the *damped* gradient, so the RMS-of-step ``C`` is smaller and the Gap larger than the
+    authors' (docs/corrections.md gives the measurement).
 
     Memory: one weight-sized buffer ``v`` per delayed stage, plus the stale versions (a real stage
     keeps ``tau_i`` of them; see :class:`~staleopt.corrections.stale_weights.StaleWeights`).
@@ -58,47 +66,86 @@ class GapAware(Correction):
         self._stale = StaleWeights(self)
         self._v: Dict[int, tuple] = {c.index: c.zeros() for c in self._stale.views}
         self._k = 0
+        base = engine.base_optimizer
+        #: C from the update direction (the authors' SGD rule), else from the applied step
+        self.from_direction = type(base) is torch.optim.SGD
+        self._group_of = {id(p): k for k, g in enumerate(base.param_groups) for p in g["params"]}
+        self._max_lr = [float(g["lr"]) for g in base.param_groups]
+
+    def _scale(self, view):
+        """Per parameter: ``C`` of ``view``'s elements, from the running mean square ``v`` (module docstring)."""
+        correction = 1.0 - self.beta ** self._k
+        if not self.from_direction:
+            return [v.div(correction).sqrt_().add_(self.eps) for v in self._v[view.index][1]]
+        return [v.div(correction).sqrt_().add_(self.eps).mul_(self._max_lr[self._group_of[id(p)]])
+                for p, v in zip(view.params, self._v[view.index][1])]
+
+    def _group(self, p) -> dict:
+        """The base's (live) param group of ``p``."""
+        return self.engine.base_optimizer.param_groups[self._group_of[id(p)]]
 
     def gap(self, view, step: int, tau: int):
-        """Per-parameter Gaps ``G`` of ``view`` for a gradient ``tau`` steps stale, at ``before_update`` of ``step``."""
+        """Per-parameter Gaps ``G`` of ``view`` for a gradient ``tau`` steps stale, at ``before_update`` of ``step``
+        (over SGD: after this step's direction entered ``v``)."""
         stale = self._stale.version(view, step, tau)
         if self._k == 0:
             return [torch.ones_like(w) for w in view.data]
-        correction = 1.0 - self.beta ** self._k
-        return [(w - s).abs_().div_(v.div(correction).sqrt_().add_(self.eps)).add_(1.0)
-                for w, s, v in zip(view.data, stale, self._v[view.index][1])]
+        return [(w - s).abs_().div_(c).add_(1.0) for w, s, c in zip(view.data, stale, self._scale(view))]
+
+    def _measure_direction(self):
+        """The authors' SGD statistics, at the start of a step: ``eta_max`` and ``v`` from the direction."""
+        base = self.engine.base_optimizer
+        self._max_lr = [max(m, float(g["lr"])) for m, g in zip(self._max_lr, base.param_groups)]
+        for c in self._stale.views:
+            for p, v in zip(c.params, self._v[c.index][1]):
+                if p.grad is None:
+                    continue
+                d = p.grad if self._group(p)["momentum"] == 0 else base.state[p].get("momentum_buffer")
+                v.mul_(self.beta)
+                if d is not None:                      # no buffer before the first step: d = 0
+                    v.addcmul_(d, d, value=1.0 - self.beta)
+        self._k += 1
 
     def before_update(self, delays, step):
+        if self.from_direction:
+            self._measure_direction()
         tf = delays[0]
         for c in self._stale.views:
             tau = tf[c.stage]
             if tau == 0:
                 continue
-            for p, G in zip(c.params, self.gap(c, step, tau)):
-                if p.grad is not None:
-                    p.grad.div_(G)
+            for p, w, G in zip(c.params, c.data, self.gap(c, step, tau)):
+                if p.grad is None:
+                    continue
+                p.grad.div_(G)
+                wd = self._group(p)["weight_decay"] if self.from_direction else 0
+                if wd:
+                    p.grad.add_(w * (1.0 / G - 1.0), alpha=wd)
 
     def after_update(self, chunks, delays, step):
-        new, old, vs = [], [], []
-        for c in self._stale.views:
-            new += c.data
-            old += c.stored(step)
-            vs += self._v[c.index][1]
-        if vs:
-            d = torch._foreach_sub(new, old)
-            torch._foreach_mul_(vs, self.beta)
-            torch._foreach_addcmul_(vs, d, d, value=1.0 - self.beta)
-        self._k += 1
+        if not self.from_direction:
+            new, old, vs = [], [], []
+            for c in self._stale.views:
+                new += c.data
+                old += c.stored(step)
+                vs += self._v[c.index][1]
+            if vs:
+                d = torch._foreach_sub(new, old)
+                torch._foreach_mul_(vs, self.beta)
+                torch._foreach_addcmul_(vs, d, d, value=1.0 - self.beta)
+            self._k += 1
         self._stale.refresh(step)
 
     def state_dict(self):
-        return {"stale": self._stale.state_dict(), "v": {i: f for i, (f, _) in self._v.items()}, "k": self._k}
+        return {"stale": self._stale.state_dict(), "v": {i: f for i, (f, _) in self._v.items()}, "k": self._k,
+                "max_lr": list(self._max_lr)}
 
     def load_state_dict(self, state):
         self._stale.load_state_dict(state["stale"])
         for i, flat in state["v"].items():
             self._v[int(i)][0].copy_(flat)
         self._k = int(state["k"])
+        self._max_lr = [float(x) for x in state.get("max_lr", self._max_lr)]
 
     def extra_bytes(self):
         return self._stale.nbytes() + sum(f.numel() * f.element_size() for f, _ in self._v.values())

@@ -1,4 +1,5 @@
-"""Nesterov look-ahead for asynchronous pipelines, Ajanthan et al., ICML 2025."""
+"""Nesterov's method for asynchronous pipelines (Ajanthan et al., ICML 2025): the authors' NAdam base, and
+the look-ahead in SGD form."""
 from __future__ import annotations
 
 import warnings
@@ -9,7 +10,7 @@ import torch
 from ..errors import CorrectionError
 from .base import Correction
 
-__all__ = ["NesterovLookahead"]
+__all__ = ["NesterovLookahead", "RequireNAdam", "ASYNCPP_BETA1", "ASYNCPP_MOMENTUM_DECAY"]
 
 
 def _check_momentum(what: str, value, low: float) -> float:
@@ -36,16 +37,18 @@ class NesterovLookahead(Correction):
     pushes the weights further along the momentum to meet the delay. ``tau_i`` is the stage's
     asynchronous forward delay and ``tau_max`` the largest over stages (``engine.max_delays``).
 
-    Where the equations come from: the paper's reference implementation (PluralisResearch/AsyncPP),
-    which trains with ``torch.optim.NAdam`` (Dozat's look-ahead-in-the-update with Adam's second
-    moment and momentum-decay schedule), ``beta1 = momentum = 0.99``, weight stashing, and optionally
-    (``--adaptive_momentum``) ``gamma_i = momentum + (num_versions_i - 1)(0.99 - momentum) / P`` with
-    ``num_versions_i - 1`` the stage's delay in its 1F1B pipeline, ``P - 1 - i``: the rule above with
-    ``max_momentum = 0.99``, since ``tau_max + 1 = P`` there (``tau_max + 1`` generalises ``P`` to
-    schedules with other delays while keeping ``gamma_i < max_momentum``). What differs: this is the
-    SGD form of the look-ahead (no second moment, no momentum-decay schedule), so it composes with a
-    plain SGD base optimizer; the base's weight decay is added to the look-ahead direction
-    (decoupled from the momentum, as the reference's NAdamW).
+    This is the SGD form of the look-ahead, not the authors' method: their reference implementation
+    (PluralisResearch/AsyncPP) trains with ``torch.optim.NAdam`` (Dozat's look-ahead in the update with
+    Adam's second moment and a momentum-decay schedule), which is the ``asyncpp`` method
+    (:class:`RequireNAdam`). With ``max_momentum=None`` the rule does not depend on the delay, and over
+    plain SGD without weight decay it is ``torch.optim.SGD(momentum, nesterov=True)`` bit for bit at every
+    delay (tested):
+    the ``pipemare-stash-nesterov`` method is ``pipemare-stash`` with Nesterov SGD. ``max_momentum``
+    gives the reference code's optional ``--adaptive_momentum`` rule, ``gamma_i = momentum +
+    (num_versions_i - 1)(0.99 - momentum) / P`` with ``num_versions_i - 1 = P - 1 - i`` the stage's 1F1B
+    delay, at ``max_momentum = 0.99`` (``tau_max + 1 = P`` there; ``tau_max + 1`` generalises ``P`` to
+    other schedules while keeping ``gamma_i < max_momentum``). The base's weight decay is added to the
+    look-ahead direction, outside the momentum.
 
     Use it with ``torch.optim.SGD(params, lr)`` (no momentum): the correction holds the momentum.
     With another base optimizer the look-ahead direction feeds that optimizer's own rule (a warning
@@ -104,3 +107,59 @@ class NesterovLookahead(Correction):
 
     def __repr__(self):
         return f"NesterovLookahead(momentum={self.momentum}, max_momentum={self.max_momentum})"
+
+
+#: The AsyncPP recipe's NAdam settings (PluralisResearch/AsyncPP ``run.bash``, "Ours"): ``beta1`` and the
+#: momentum-decay rate ``psi``; weight decay is decoupled.
+ASYNCPP_BETA1, ASYNCPP_MOMENTUM_DECAY = 0.99, 0.004
+
+
+class RequireNAdam(Correction):
+    r"""The AsyncPP method's base optimizer: the look-ahead is NAdam's own (Ajanthan et al., ICML 2025).
+
+    The authors' method is the base step of ``torch.optim.NAdam`` with decoupled weight decay, on a
+    1F1B pipeline with weight stashing (their ``run.bash``: ``--optimizer nadamw --momentum 0.99``, the
+    default ``momentum_decay = 0.004``). Per parameter, with ``g_t`` the gradient at the stashed weights
+    ``w_{t - tau_i}`` (``tau_i = P - 1 - i``) and ``k = t + 1``::
+
+        mu_k    = beta1 (1 - 0.5 * 0.96^(k psi))                   # momentum-decay schedule
+        w      <- w_t (1 - lr lambda)                               # decoupled weight decay
+        m_k     = beta1 m_{k-1} + (1 - beta1) g_t,    v_k = beta2 v_{k-1} + (1 - beta2) g_t^2
+        w_{t+1} = w - lr [(1 - mu_k) / (1 - prod_{j<=k} mu_j) g_t + mu_{k+1} / (1 - prod_{j<=k+1} mu_j) m_k]
+                      / (sqrt(v_k / (1 - beta2^k)) + eps)
+
+    The second term is Nesterov's look-ahead in the update (Dozat): the step already takes the next
+    momentum step ``mu_{k+1} m_k``, which with ``beta1 = 0.99`` reaches far enough along the momentum to
+    meet the delay. Nothing is added on top of NAdam (the reference code's optional
+    ``--adaptive_momentum``, ``beta1_i = beta1 + (P - 1 - i)(0.99 - beta1) / P``, is off in the recipe and
+    is the identity at ``beta1 = 0.99``), so this correction changes no gradient, view or step size: it
+    checks at :meth:`bind` that the base optimizer is ``torch.optim.NAdam`` with
+    ``decoupled_weight_decay=True``, ``beta1 = 0.99`` and ``momentum_decay = 0.004``, and warns otherwise
+    (any other base makes the method PipeDream, 1F1B + stashing, over that base). No extra memory.
+    """
+
+    name, paper = "AsyncPP NAdam", "Ajanthan et al., ICML 2025 (AsyncPP)"
+
+    def bind(self, engine):
+        super().bind(engine)
+        base = engine.base_optimizer
+        problems = []
+        if type(base) is not torch.optim.NAdam:
+            problems.append(f"the base optimizer is {type(base).__name__}, not torch.optim.NAdam")
+        else:
+            for k, g in enumerate(base.param_groups):
+                wrong = [f"{key} = {got!r} (the recipe: {want!r})" for key, got, want in (
+                    ("betas[0]", g["betas"][0], ASYNCPP_BETA1), ("momentum_decay", g["momentum_decay"],
+                                                                 ASYNCPP_MOMENTUM_DECAY),
+                    ("decoupled_weight_decay", g["decoupled_weight_decay"], True)) if got != want]
+                if wrong:
+                    problems.append(f"param group {k} has " + ", ".join(wrong))
+        if problems:
+            warnings.warn(f"the AsyncPP method is the authors' recipe only over torch.optim.NAdam(params, lr, betas="
+                          f"({ASYNCPP_BETA1}, 0.999), momentum_decay={ASYNCPP_MOMENTUM_DECAY}, weight_decay=..., "
+                          "decoupled_weight_decay=True) (RunConfig: optimizer = 'nadamw', momentum = 0.99); "
+                          + "; ".join(problems) + ". Otherwise it runs as PipeDream (1F1B + stashing) over that "
+                          "optimizer", stacklevel=4)
+
+    def __repr__(self):
+        return "RequireNAdam()"
