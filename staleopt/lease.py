@@ -42,7 +42,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import List, Optional, Tuple, Union
 
-from .errors import ClaimLostError, ConfigError
+from .errors import ClaimLostError, ConfigError, OutputError
 
 __all__ = ["Owner", "Lease", "acquire", "holder", "claims", "new_launch_id", "check_timeout", "read_owner",
            "DEFAULT_TIMEOUT"]
@@ -232,13 +232,16 @@ def acquire(run_dir: Union[str, os.PathLike], launch: str, timeout: float = DEFA
     me = Owner.me(launch)
     path = run_dir / f"{_PREFIX}{generation}"
     private = run_dir / f".{_PREFIX}{generation}.{uuid.uuid4().hex}"
-    private.write_text(json.dumps(asdict(me), sort_keys=True) + "\n")
     try:
+        private.write_text(json.dumps(asdict(me), sort_keys=True) + "\n")
         os.link(private, path)  # atomic: fails if another process created this generation first
     except FileExistsError:
         return None
+    except OSError as e:  # a full disk, a read-only folder
+        raise OutputError(f"cannot write the claim {path}: {e.strerror or e}; free space or choose a writable "
+                          "folder") from e
     finally:
-        private.unlink()
+        private.unlink(missing_ok=True)
     for _, older in found:  # the dead owners' claims
         older.unlink(missing_ok=True)
     return Lease(path, me, timeout)
