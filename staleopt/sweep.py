@@ -59,7 +59,6 @@ import importlib
 import inspect
 import itertools
 import json
-import math
 import multiprocessing
 import multiprocessing.connection
 import os

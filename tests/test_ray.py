@@ -116,8 +116,6 @@ def test_failing_run_is_marked_failed_and_the_sweep_goes_on(running_ray, tmp_pat
 
 
 def test_ray_tasks_resume_runs_from_their_checkpoints(running_ray, tmp_path):
-    import torch
-
     from staleopt import train
     from staleopt.checkpoint import Checkpoint
     from staleopt.config import RunConfig
