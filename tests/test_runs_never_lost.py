@@ -128,6 +128,41 @@ def test_a_sweep_killed_before_done_keeps_the_checkpoint_and_resumes_from_it(tmp
     same_records(sweep.collect(tmp_path)[list(train.RECORD_COLUMNS)], train.run(c))
 
 
+SELF_KILL = """
+import json, os, signal, sys
+from pathlib import Path
+from staleopt import checkpoint, sweep
+from staleopt.config import RunConfig
+write = checkpoint.atomic_write_text
+def dying(path, text):
+    if Path(path).name == sys.argv[2]:
+        os.kill(os.getpid(), signal.SIGKILL)  # kill -9 at exactly this moment
+    write(path, text)
+checkpoint.atomic_write_text = dying
+sweep.run_sweep([RunConfig(**json.loads(sys.argv[3]))], sys.argv[1], bar=False)
+"""
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
+@pytest.mark.parametrize("moment, resumed_at", [("done", 24), ("records.csv", 12)])
+def test_a_sweep_process_killed_while_writing_its_files_loses_no_step(tmp_path, moment, resumed_at):
+    """A real SIGKILL just before the done marker (the end of the run) or the first records (the end of epoch
+    1, whose checkpoint was saved first): the dead process's claim is taken over at once and the relaunch resumes
+    from the checkpoint of that moment to the same records."""
+    import subprocess
+    c = cfg()
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[1]),
+                                                        os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run([sys.executable, "-c", SELF_KILL, str(tmp_path), moment, json.dumps(c.to_dict())],
+                          env=env, capture_output=True)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr.decode()
+    run_dir = tmp_path / "runs" / c.run_id()
+    assert (run_dir / "checkpoint.pt").exists() and lease.claims(run_dir) and not (run_dir / "done").exists()
+    report = sweep.run_sweep([c], tmp_path, bar=False)
+    assert report.ok and json.loads((run_dir / "done").read_text())["resumed_at_step"] == resumed_at
+    same_records(sweep.collect(tmp_path)[list(train.RECORD_COLUMNS)], train.run(c))
+
+
 # ------------------------------------------------------------------ 3. one dead worker fails only its run
 
 def suicidal_train(config, progress=False):
