@@ -72,9 +72,12 @@ def write_copy(root: Path, train_images: int, seed: int = 0) -> Path:
 
 def before(root: Path, batch_size: int, seed: int) -> Iterator:
     """The per-sample PIL pipeline: an endless stream of shuffled, augmented minibatches."""
+    import torchvision
     from torchvision import transforms
     d = data.load("cifar10", root=root, verify=False)
-    base = data._cifar_class("cifar10", verify=False)(str(root), train=True)  # torchvision.datasets.CIFAR10
+    base = torchvision.datasets.CIFAR10.__new__(torchvision.datasets.CIFAR10)  # its per-sample pipeline, same images
+    base.data, base.targets = d.train.images.permute(0, 2, 3, 1).numpy(), d.train.targets.tolist()
+    base.target_transform = None
     base.transform = transforms.Compose([transforms.RandomCrop(32, padding=4), transforms.RandomHorizontalFlip(),
                                          transforms.ToTensor(), transforms.Normalize(d.info["mean"], d.info["std"])])
     g = torch.Generator().manual_seed(seed)

@@ -38,7 +38,8 @@ from typing import Optional, Sequence
 import pandas as pd
 import torch
 
-from staleopt import sweep
+from staleopt import checkpoint, sweep
+from staleopt.errors import CheckpointError
 
 __all__ = ["main", "sweep_file", "launch"]
 
@@ -77,8 +78,8 @@ def launch(path: Path, out: Path, every: int, kill_at: Optional[float] = None, t
         ckpt = out / "runs" / sweep.load_sweep(path).configs[0].run_id() / "checkpoint.pt"
         while proc.poll() is None:
             try:
-                step = torch.load(ckpt, weights_only=False)["optimizer"]["staleopt"]["step"]
-            except (OSError, EOFError, RuntimeError):  # not written yet
+                step = checkpoint.read(ckpt)["optimizer"]["staleopt"]["step"]
+            except CheckpointError:  # not written yet
                 step = 0
             if step >= kill_at * total:
                 os.kill(proc.pid, signal.SIGKILL)

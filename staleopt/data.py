@@ -22,9 +22,14 @@ deterministic given that generator.
 CIFAR files are looked up in ``root`` (default ``$STALEOPT_DATA`` or
 ``<cache>/data``, ``<cache>`` = ``$XDG_CACHE_HOME/staleopt`` or
 ``~/.cache/staleopt``), in torchvision's layout
-(``root/cifar-10-batches-py/data_batch_1`` ...). torchvision verifies each
-file's md5; ``verify=False`` keeps the existence check and skips only the
-md5s, which loads a re-packed or subsampled copy (the tests write one).
+(``root/cifar-10-batches-py/data_batch_1`` ...), and each file's md5 is
+checked against torchvision's list of the official files before it is read;
+``verify=False`` skips only the md5s, which loads a re-packed or subsampled
+copy (the tests write one). The files are pickles: they are read by a
+restricted unpickler that builds only dicts, lists, strings, numbers and numpy
+arrays (:func:`read_cifar_batch`), never ``pickle.load``, so a planted file
+cannot run code, verified or not (it is refused with a
+:class:`~staleopt.errors.DataError`).
 """
 from __future__ import annotations
 
@@ -32,6 +37,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import pickle
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,7 +50,8 @@ from torch.utils.data import Dataset, TensorDataset
 from .errors import ConfigError, DataError
 from .validate import check_int
 
-__all__ = ["Data", "ImageTensors", "load", "names", "options", "batches", "cache_dir", "data_dir", "CIFAR_FOLDERS"]
+__all__ = ["Data", "ImageTensors", "load", "names", "options", "batches", "cache_dir", "data_dir", "CIFAR_FOLDERS",
+           "read_cifar_batch"]
 
 #: torchvision's folder name for each CIFAR dataset, under ``root``.
 CIFAR_FOLDERS = {"cifar10": "cifar-10-batches-py", "cifar100": "cifar-100-python"}
@@ -167,17 +174,33 @@ def _mnist1d(root=None, download=False, cache=True, **kw) -> Data:
 # ---------------------------------------------------------------------------------------------
 # CIFAR
 
-def _cifar_class(name: str, verify: bool):
-    import torchvision
-    base = torchvision.datasets.CIFAR10 if name == "cifar10" else torchvision.datasets.CIFAR100
-    if verify:
-        return base
-    # Same loader, md5s set to None: torchvision's check_integrity then only checks existence.
-    return type(base.__name__ + "Unverified", (base,), {
-        "train_list": [[f, None] for f, _ in base.train_list],
-        "test_list": [[f, None] for f, _ in base.test_list],
-        "meta": {**base.meta, "md5": None},
-    })
+class _ArrayUnpickler(pickle.Unpickler):
+    """An unpickler that builds plain containers, strings, numbers and numpy arrays only: every other global
+    (a function a crafted pickle would call) is refused."""
+
+    SAFE = {("numpy.core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "_reconstruct"),
+            ("numpy", "ndarray"), ("numpy", "dtype"), ("_codecs", "encode")}
+
+    def find_class(self, module, name):
+        if (module, name) not in self.SAFE:
+            raise pickle.UnpicklingError(f"it names {module}.{name}, which a CIFAR file never holds")
+        return super().find_class(module, name)
+
+
+def read_cifar_batch(path: Path) -> Dict[str, Any]:
+    """One CIFAR python-version file (a pickled dict) read by :class:`_ArrayUnpickler`: a file that holds
+    anything else (a pickle that would run code) is a :class:`~staleopt.errors.DataError` naming it."""
+    try:
+        with open(path, "rb") as f:
+            batch = _ArrayUnpickler(f, encoding="latin1").load()
+    except (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError, IndexError) as e:
+        raise DataError(f"{path} is not a CIFAR data file ({e}): refused without running anything it holds. "
+                        "Delete the folder and download the dataset again (--download)") from None
+    if not isinstance(batch, dict) or not isinstance(batch.get("data"), np.ndarray) or \
+            batch["data"].dtype != np.uint8 or batch["data"].ndim != 2 or batch["data"].shape[1] != 3072:
+        raise DataError(f"{path} is not a CIFAR data file (a dict whose 'data' is an N x 3072 uint8 array); "
+                        "delete the folder and download the dataset again (--download)")
+    return batch
 
 
 def _channel_stats(images: np.ndarray) -> Tuple[Tuple[float, ...], Tuple[float, ...]]:
@@ -289,32 +312,48 @@ class ImageTensors(Dataset):
 
 
 def _cifar(name: str, root=None, download=False, augment=True, verify=True) -> Data:
-    """CIFAR-10/100 read by torchvision, kept as uint8 :class:`ImageTensors` normalized by the training set's own
+    """CIFAR-10/100 from torchvision's files (md5-checked unless ``verify=False``; read by
+    :func:`read_cifar_batch`), kept as uint8 :class:`ImageTensors` normalized by the training set's own
     per-channel mean and std; the training set augmented by random crop (pad 4) and flip."""
+    import torchvision
+    from torchvision.datasets.utils import check_integrity, download_and_extract_archive
+
     root = Path(root) if root is not None else data_dir()
-    cls = _cifar_class(name, verify)
+    base = torchvision.datasets.CIFAR10 if name == "cifar10" else torchvision.datasets.CIFAR100
     folder = root / CIFAR_FOLDERS[name]
-    files = [f for f, _ in cls.train_list + cls.test_list] + [cls.meta["filename"]]
-    missing = [f for f in files if not (folder / f).is_file()]
+    files = base.train_list + base.test_list
+    missing = [f for f, _ in files if not (folder / f).is_file()]
     if missing and not download:
         raise DataError(
             f"{name} not found: {folder} lacks {missing}. Put the extracted python version of "
-            f"the dataset there ({cls.url} unpacks to {CIFAR_FOLDERS[name]}/), pass another root= "
+            f"the dataset there ({base.url} unpacks to {CIFAR_FOLDERS[name]}/), pass another root= "
             f"(or set $STALEOPT_DATA), or pass download=True (--download on the command line).")
-    try:
-        train = cls(str(root), train=True, download=download)
-        test = cls(str(root), train=False, download=False)
-    except RuntimeError as e:  # torchvision: "Dataset not found or corrupted"
-        raise DataError(f"{name} under {folder} could not be loaded ({e}). Delete the folder and pass "
-                        f"download=True (--download), or pass verify=False for a re-packed copy.") from e
-    except OSError as e:
-        raise DataError(f"{name} could not be downloaded to {root} ({e}); download "
-                        f"{cls.url} by hand and extract it into {root}.") from e
-    mean, std = _channel_stats(train.data)
+    if missing:
+        try:
+            download_and_extract_archive(base.url, str(root), filename=base.filename, md5=base.tgz_md5)
+        except (OSError, RuntimeError) as e:
+            raise DataError(f"{name} could not be downloaded to {root} ({e}); download "
+                            f"{base.url} by hand and extract it into {root}.") from e
+    if verify:
+        bad = [f for f, md5 in files if not check_integrity(str(folder / f), md5)]
+        if bad:
+            raise DataError(f"{name} under {folder}: {bad} are not the official files (their md5s differ). "
+                            "Delete the folder and pass download=True (--download). Only for a copy you "
+                            "re-packed or subsampled yourself, pass verify=False: the md5s are then skipped "
+                            "(the files are still read without running anything they hold).")
 
-    def tensors(split, aug):  # torchvision keeps N x H x W x C uint8 and a list of labels
-        images = torch.from_numpy(split.data).permute(0, 3, 1, 2).contiguous()
-        return ImageTensors(images, torch.as_tensor(split.targets, dtype=torch.int64), mean, std, augment=aug)
+    def read(split):  # N x 3072 channel-major rows -> N x H x W x C, as torchvision keeps them
+        batches = [read_cifar_batch(folder / f) for f, _ in split]
+        images = np.vstack([b["data"] for b in batches]).reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1)
+        key = "labels" if "labels" in batches[0] else "fine_labels"
+        return np.ascontiguousarray(images), sum((list(b[key]) for b in batches), [])
+
+    train, test = read(base.train_list), read(base.test_list)
+    mean, std = _channel_stats(train[0])
+
+    def tensors(split, aug):
+        images = torch.from_numpy(split[0]).permute(0, 3, 1, 2).contiguous()
+        return ImageTensors(images, torch.as_tensor(split[1], dtype=torch.int64), mean, std, augment=aug)
 
     return Data(name, tensors(train, augment), tensors(test, False), num_classes=100 if name == "cifar100" else 10,
                 input_shape=(3, 32, 32), task="classification",

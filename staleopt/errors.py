@@ -2,7 +2,8 @@
 
 __all__ = ["StaleoptError", "ConfigError", "StageError", "ScheduleError", "DelayError",
            "OptimizerMismatchError", "CorrectionError", "SweepConfigError", "DataError", "StageOrderError",
-           "LoopError", "DetachedError", "CheckpointError", "ClaimLostError"]
+           "LoopError", "DetachedError", "CheckpointError", "UnsafeCheckpointError", "ClaimLostError",
+           "RunFileError", "OutputError"]
 
 
 class StaleoptError(Exception):
@@ -60,3 +61,16 @@ class CheckpointError(StaleoptError, ValueError):
 
 class ClaimLostError(StaleoptError, RuntimeError):
     """Another launch took over this run's claim (its heartbeat was judged too old); this launch stops it."""
+
+
+class UnsafeCheckpointError(CheckpointError):
+    """A checkpoint holds objects other than tensors and plain containers: loading it could run code."""
+
+
+class RunFileError(StaleoptError, ValueError):
+    """A run's file (``done``, ``records.csv``, ``config.json``, a claim) is damaged or unreadable; the message
+    names the file."""
+
+
+class OutputError(StaleoptError, OSError):
+    """An output file or folder cannot be written (read-only, disk full, or a path outside the output folder)."""

@@ -19,6 +19,9 @@ A claim is **stale** when its owner is gone:
   belongs to a process started at another time, ``started`` being the
   process's start time in clock ticks from ``/proc/<pid>/stat``, on Linux).
 
+A claim file that does not hold an owner (damaged, or written by something
+else: claims are created whole, so never a claim being written) is stale too.
+
 A stale claim is taken over by creating the next generation ``claim.<n+1>``,
 again atomically, so two launches cannot both take over one dead owner's run.
 An owner whose claim was taken over (a heartbeat that stalled past
@@ -29,6 +32,7 @@ An owner whose claim was taken over (a heartbeat that stalled past
 from __future__ import annotations
 
 import json
+import math
 import os
 import socket
 import threading
@@ -38,13 +42,22 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import List, Optional, Tuple, Union
 
-from .errors import ClaimLostError, ConfigError
+from .errors import ClaimLostError, ConfigError, OutputError
 
-__all__ = ["Owner", "Lease", "acquire", "holder", "claims", "new_launch_id", "DEFAULT_TIMEOUT"]
+__all__ = ["Owner", "Lease", "acquire", "holder", "claims", "new_launch_id", "check_timeout", "read_owner",
+           "DEFAULT_TIMEOUT"]
 
 #: Seconds without a heartbeat after which a claim from another host is stale.
 DEFAULT_TIMEOUT = 600.0
 _PREFIX = "claim."
+
+
+def check_timeout(timeout) -> float:
+    """``timeout`` if it is a finite number of seconds > 0, else :class:`~staleopt.errors.ConfigError`."""
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout < math.inf:
+        raise ConfigError(f"claim timeout must be > 0 seconds and finite, got {timeout!r} (the owner "
+                          f"touches its claim every timeout / 10 s; default {DEFAULT_TIMEOUT:g})")
+    return float(timeout)
 
 
 def new_launch_id() -> str:
@@ -113,15 +126,29 @@ def claims(run_dir: Union[str, os.PathLike]) -> List[Tuple[int, Path]]:
     return sorted((n, p) for n, p in found if n is not None)
 
 
+_FIELDS = {"host": (str,), "pid": (int,), "started": (int, type(None)), "launch": (str,), "claimed": (str,)}
+
+
+def read_owner(path: Union[str, os.PathLike]) -> Optional[Owner]:
+    """The owner a claim file names, or ``None`` when it has gone or does not hold one (damaged)."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, UnicodeDecodeError, ValueError):
+        return None
+    if not isinstance(data, dict) or set(data) != set(_FIELDS) or any(
+            not isinstance(data[k], kinds) or isinstance(data[k], bool) for k, kinds in _FIELDS.items()):
+        return None
+    return Owner(**data)
+
+
 def _read(path: Path) -> Tuple[Optional[Owner], Optional[float]]:
-    """``(owner, heartbeat age in seconds)``; ``(None, None)`` when the file has gone."""
+    """``(owner, heartbeat age in seconds)``; ``(None, None)`` when the file has gone or holds no owner."""
     try:
         age = time.time() - path.stat().st_mtime
-        return Owner(**json.loads(path.read_text())), age
-    except FileNotFoundError:
+    except OSError:
         return None, None
-    except (ValueError, TypeError) as e:
-        raise ConfigError(f"{path} is not a claim file ({e}); delete it if no launch is running") from None
+    owner = read_owner(path)
+    return (owner, age) if owner is not None else (None, None)
 
 
 def holder(run_dir: Union[str, os.PathLike], timeout: float = DEFAULT_TIMEOUT) -> Optional[Tuple[Owner, float]]:
@@ -193,8 +220,7 @@ def acquire(run_dir: Union[str, os.PathLike], launch: str, timeout: float = DEFA
     ``timeout``: seconds without a heartbeat after which a claim is stale.
     The directory is created if needed.
     """
-    if not timeout > 0:
-        raise ConfigError(f"claim timeout must be > 0 seconds, got {timeout!r}")
+    check_timeout(timeout)
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     found = claims(run_dir)
@@ -206,13 +232,16 @@ def acquire(run_dir: Union[str, os.PathLike], launch: str, timeout: float = DEFA
     me = Owner.me(launch)
     path = run_dir / f"{_PREFIX}{generation}"
     private = run_dir / f".{_PREFIX}{generation}.{uuid.uuid4().hex}"
-    private.write_text(json.dumps(asdict(me), sort_keys=True) + "\n")
     try:
+        private.write_text(json.dumps(asdict(me), sort_keys=True) + "\n")
         os.link(private, path)  # atomic: fails if another process created this generation first
     except FileExistsError:
         return None
+    except OSError as e:  # a full disk, a read-only folder
+        raise OutputError(f"cannot write the claim {path}: {e.strerror or e}; free space or choose a writable "
+                          "folder") from e
     finally:
-        private.unlink()
+        private.unlink(missing_ok=True)
     for _, older in found:  # the dead owners' claims
         older.unlink(missing_ok=True)
     return Lease(path, me, timeout)

@@ -20,8 +20,11 @@ relaunch skips runs with ``done`` and resumes the rest from their checkpoints.
 * **Crashes.** A task whose worker process dies is retried by Ray (up to
   ``RETRIES`` times); the retry takes over the dead worker's claim and resumes
   from its checkpoint (:mod:`staleopt.lease`: at once on the same node, after
-  the claim timeout on another). A task that raises is not retried: the
-  runner already recorded the failure in ``error.txt``.
+  the claim timeout on another). A task whose worker still dies after the
+  retries fails only its own run (the sweep runner's ``on_crash`` writes its
+  ``error.txt``; the checkpoint is kept) and the other tasks go on. A task
+  that raises is not retried: the runner already recorded the failure in
+  ``error.txt``.
 """
 from __future__ import annotations
 

@@ -20,15 +20,28 @@ the hash of its resolved config)::
                                            (:mod:`staleopt.lease`)
                             checkpoint.pt  the run's last checkpoint (:mod:`staleopt.checkpoint`)
                             records.csv    per-epoch records, rewritten after every epoch
-                            done           written last, by atomic rename: the run is finished
-                            error.txt      the traceback, when the train function raised
+                            done           written last, by atomic rename: the run is finished (JSON:
+                                           status, seconds, rows and SHA-256 of records.csv)
+                            error.txt      the traceback, when the train function raised or its worker
+                                           process died
+
+The checkpoint is deleted only after ``done`` is written
+(:meth:`~staleopt.checkpoint.Checkpoint.complete`), so a kill at any instant
+leaves a run finished or resumable. A finished run is verified when read
+(:func:`run_state`, :func:`collect`): a ``done`` marker that does not parse, or
+a ``records.csv`` that does not match the rows and checksum ``done`` recorded,
+makes the run ``"damaged"``; a launch leaves it alone and reports it, and
+``collect`` reports it and goes on with the other runs.
 
 Launching a sweep again skips finished runs and resumes the others from their
 checkpoints, so killing it (even with ``kill -9``) loses at most the steps
 since each in-flight run's last checkpoint. Launches may overlap (a relaunch
 while the first still runs, overlapping shards, a retried Ray task): a run is
 trained only by the process that holds its claim; the others leave it alone,
-and a claim whose owner died is taken over by the next launch.
+and a claim whose owner died (or an unreadable claim file) is taken over by
+the next launch. A worker process that dies (``kill -9``, the out-of-memory
+killer) fails only its own run: ``error.txt`` says so, its checkpoint is kept
+for the next launch, and the launch goes on with the other runs.
 ``shard=(k, n)`` runs the ``k``-th of ``n`` disjoint, deterministic slices
 (1-based), so a cluster scheduler can spread one sweep over machines.
 
@@ -47,13 +60,12 @@ import inspect
 import itertools
 import json
 import multiprocessing
+import multiprocessing.connection
 import os
 import signal
 import threading
 import time
 import traceback
-from concurrent.futures import ProcessPoolExecutor, as_completed
-from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
@@ -61,21 +73,24 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 import pandas as pd
 
 from . import lease
-from .checkpoint import Checkpoint, atomic_write_text, check_every
+from .checkpoint import (EXACT_FLOATS, Checkpoint, atomic_write_text, check_every, check_writable, read_done,
+                         read_records)
 from .config import RunConfig, field_names, validate_field
-from .errors import ClaimLostError, ConfigError, SweepConfigError
+from .errors import ClaimLostError, ConfigError, OutputError, RunFileError, SweepConfigError
 from .validate import check_int
 from .stats import check_level, divergence_count, per_run, status_text, t_interval
 
 __all__ = ["Sweep", "load_sweep", "expand", "shard", "parse_shard", "run_sweep", "SweepReport",
-           "run_state", "runs", "collect", "summarize", "t_interval", "RECORD_COLUMNS", "DEFAULT_TRAIN_FN"]
+           "run_state", "damage", "read_done", "runs", "collect", "summarize", "t_interval", "RECORD_COLUMNS",
+           "DEFAULT_TRAIN_FN", "MAX_THREADS"]
 
 #: Columns every records DataFrame must have (one row per epoch).
 RECORD_COLUMNS = ("epoch", "step", "train_loss", "test_acc", "status")
 DEFAULT_TRAIN_FN = "staleopt.train:run"
 _TOP_KEYS = ("name", "description", "base", "grid")
-# pandas < 3 parses floats to within an ulp unless asked to round-trip; pandas 3 always round-trips.
-_EXACT_FLOATS = {"float_precision": "round_trip"} if int(pd.__version__.split(".")[0]) < 3 else {}
+_EXACT_FLOATS = EXACT_FLOATS
+#: Most torch threads per run: more than any machine's cores (and torch cannot start many more).
+MAX_THREADS = 1024
 
 
 @dataclass
@@ -144,6 +159,10 @@ def from_spec(spec: Dict[str, Any], source: str = "sweep") -> Sweep:
                 validate_field(key, value)
             except ConfigError as e:
                 raise SweepConfigError(f"{_where(source, 'grid', key, i)}: {e}") from None
+    name = spec.get("name", "")
+    if not isinstance(name, str) or (name and (name in (".", "..") or any(c in name for c in "/\\\0:"))):
+        raise SweepConfigError(f"{source}: name = {name!r} must be a plain folder name (no '/', '\\', ':', "
+                               "'.' or '..'): it names the default output folder runs/<name>")
     overlap = sorted(set(base) & set(grid))
     if overlap:
         raise SweepConfigError(f"{source}: {overlap} appear in both [base] and [grid]; keep each key in one")
@@ -151,7 +170,7 @@ def from_spec(spec: Dict[str, Any], source: str = "sweep") -> Sweep:
         configs = expand(base, grid)
     except ConfigError as e:
         raise SweepConfigError(f"{source}: {e}") from None
-    return Sweep(str(spec.get("name", "")), dict(base), dict(grid), configs, str(spec.get("description", "")))
+    return Sweep(name, dict(base), dict(grid), configs, str(spec.get("description", "")))
 
 
 def expand(base: Dict[str, Any], grid: Dict[str, Sequence[Any]]) -> List[RunConfig]:
@@ -196,12 +215,40 @@ def shard(configs: Sequence[RunConfig], k: int, n: int) -> List[RunConfig]:
 # ---------------------------------------------------------------------------------------------
 # running
 
+def damage(run_dir: Union[str, os.PathLike]) -> Optional[str]:
+    """Why a finished run's files cannot be trusted (its ``done`` marker or ``records.csv`` is damaged, its
+    ``config.json`` unreadable), or ``None`` when they check out or the run is not finished."""
+    run_dir = Path(run_dir)
+    if not (run_dir / "done").is_file():
+        return None
+    try:
+        read_records(run_dir / "records.csv", read_done(run_dir / "done"))
+        read_config(run_dir)
+    except RunFileError as e:
+        return str(e)
+    return None
+
+
+def read_config(run_dir: Union[str, os.PathLike]) -> Dict[str, Any]:
+    """A run's ``config.json`` as a dict; :class:`~staleopt.errors.RunFileError` naming it when damaged."""
+    path = Path(run_dir) / "config.json"
+    try:
+        config = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise RunFileError(f"{path} is not a readable run config ({type(e).__name__}: {e}); "
+                           "delete the run's folder to run it again") from None
+    if not isinstance(config, dict):
+        raise RunFileError(f"{path} is not a run config (a JSON object); delete the run's folder to run it again")
+    return config
+
+
 def run_state(run_dir: Union[str, os.PathLike], timeout: float = lease.DEFAULT_TIMEOUT) -> str:
-    """``"done"``, ``"running"`` (a live claim), ``"failed"`` (train function raised), ``"incomplete"``
-    (started, nobody on it) or ``"pending"``; ``timeout`` as in :func:`staleopt.lease.holder`."""
+    """``"done"``, ``"damaged"`` (finished, but :func:`damage` finds its files damaged), ``"running"`` (a live
+    claim), ``"failed"`` (train function raised, or its worker died), ``"incomplete"`` (started, nobody on it)
+    or ``"pending"``; ``timeout`` as in :func:`staleopt.lease.holder`."""
     run_dir = Path(run_dir)
     if (run_dir / "done").is_file():
-        return "done"
+        return "damaged" if damage(run_dir) is not None else "done"
     if lease.holder(run_dir, timeout) is not None:
         return "running"
     if (run_dir / "error.txt").is_file():
@@ -234,6 +281,15 @@ _OPTIONS = {"launch": "", "claim_timeout": lease.DEFAULT_TIMEOUT, "checkpoint_ev
             "keep_checkpoint": False, "retry_failed": True}
 
 
+def _write_error(run_dir: Path, text: str) -> None:
+    """Write ``error.txt``; a full or read-only disk leaves the run without one (the launch reports the run
+    failed all the same) instead of ending the launch."""
+    try:
+        atomic_write_text(run_dir / "error.txt", text)
+    except OutputError:
+        pass
+
+
 def _execute(train_fn, config: Dict[str, Any], run_dir: str, progress: bool,
              options: Optional[Dict[str, Any]] = None) -> Tuple[str, str, float]:
     """Claim ``run_dir`` and run one config into it; returns ``(run_id, status, seconds)``.
@@ -251,55 +307,74 @@ def _execute(train_fn, config: Dict[str, Any], run_dir: str, progress: bool,
     with claim:
         if (run_dir / "done").is_file() or ((run_dir / "error.txt").is_file() and not options["retry_failed"]):
             return cfg.run_id(), "claimed", 0.0  # another launch finished (or failed) it meanwhile
-        (run_dir / "error.txt").unlink(missing_ok=True)
-        atomic_write_text(run_dir / "config.json", json.dumps(cfg.to_dict(), indent=2, sort_keys=True) + "\n")
         t0 = time.perf_counter()
-        fn = _resolve_fn(train_fn)
-        kwargs = {}
-        if _takes_checkpoint(fn):
-            kwargs["checkpoint"] = Checkpoint(run_dir / "checkpoint.pt", every=options["checkpoint_every"],
-                                              keep=options["keep_checkpoint"], records=run_dir / "records.csv",
-                                              guard=claim.check)
+        checkpoint = Checkpoint(run_dir / "checkpoint.pt", every=options["checkpoint_every"],
+                                keep=options["keep_checkpoint"], records=run_dir / "records.csv",
+                                guard=claim.check, done=run_dir / "done")
         try:
-            records = fn(cfg, progress=progress, **kwargs)
+            (run_dir / "error.txt").unlink(missing_ok=True)
+            atomic_write_text(run_dir / "config.json", json.dumps(cfg.to_dict(), indent=2, sort_keys=True) + "\n")
+            fn = _resolve_fn(train_fn)
+            records = fn(cfg, progress=progress, **({"checkpoint": checkpoint} if _takes_checkpoint(fn) else {}))
             missing = [c for c in RECORD_COLUMNS if c not in getattr(records, "columns", ())]
             if missing or len(records) == 0:
                 raise TypeError(f"the train function must return a non-empty DataFrame with columns "
                                 f"{list(RECORD_COLUMNS)}; missing {missing}")
-            claim.check()
+            status = str(records["status"].iloc[-1])
+            done = {"status": status, "seconds": time.perf_counter() - t0,
+                    "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "by": str(claim.owner)}
+            if "resumed_at_step" in records.attrs:
+                done["resumed_at_step"] = int(records.attrs["resumed_at_step"])
+            checkpoint.complete(records, done)  # records, then done, then the checkpoint goes
         except ClaimLostError:
             return cfg.run_id(), "claimed", time.perf_counter() - t0
         except Exception:
             if not claim.held():
                 return cfg.run_id(), "claimed", time.perf_counter() - t0
-            atomic_write_text(run_dir / "error.txt", traceback.format_exc())
+            _write_error(run_dir, traceback.format_exc())
             return cfg.run_id(), "failed", time.perf_counter() - t0
-        seconds = time.perf_counter() - t0
-        atomic_write_text(run_dir / "records.csv", records.to_csv(index=False))
-        status = str(records["status"].iloc[-1])
-        done = {"status": status, "seconds": seconds, "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                "by": str(claim.owner)}
-        if "resumed_at_step" in records.attrs:
-            done["resumed_at_step"] = int(records.attrs["resumed_at_step"])
-        atomic_write_text(run_dir / "done", json.dumps(done) + "\n")
-    return cfg.run_id(), status, seconds
+    return cfg.run_id(), status, done["seconds"]
 
 
-def _interrupted(job, error: Exception) -> Tuple[str, str, float]:
-    """The result of a job whose worker process died (its claim goes stale with it)."""
-    return RunConfig.from_dict(job[1]).run_id(), "interrupted", 0.0
+def _worker_died(job, why) -> Tuple[str, str, float]:
+    """The result of a job whose worker process died (killed, out of memory): the run is failed, with an
+    ``error.txt`` saying so, and keeps its checkpoint for the next launch. The dead worker's claim is taken over
+    for the write (at once on this host; on another, once its heartbeat is older than the claim timeout)."""
+    run_dir, options = Path(job[2]), {**_OPTIONS, **job[4]}
+    run_id = RunConfig.from_dict(job[1]).run_id()
+    claim = lease.acquire(run_dir, options["launch"], options["claim_timeout"])
+    if claim is None:  # a live process holds it (another launch took it over)
+        return run_id, "claimed", 0.0
+    try:
+        if (run_dir / "done").is_file():  # it died after finishing the run
+            return run_id, read_done(run_dir / "done")["status"], 0.0
+        _write_error(run_dir, f"The worker process training this run died: {why}.\nA process killed from outside "
+                              "(kill -9, the out-of-memory killer: see `dmesg`) stops without a traceback. The "
+                              "run's last checkpoint is kept: launch the sweep again to resume it.\n")
+    except RunFileError:
+        pass
+    finally:
+        claim.release()
+    return run_id, "failed", 0.0
+
+
+def _exit_reason(exitcode: Optional[int]) -> str:
+    if exitcode is not None and exitcode < 0:
+        try:
+            return f"killed by signal {signal.Signals(-exitcode).name}"
+        except ValueError:
+            return f"killed by signal {-exitcode}"
+    return f"exit code {exitcode}"
 
 
 #: Seconds between a pool worker's checks that the launch that started it is still alive.
 PARENT_POLL_SECONDS = 1.0
 
 
-def _init_worker(threads: Optional[int], parent: int) -> None:
-    """Set the worker's torch threads and make it exit when its launch dies (:func:`_exit_with_parent`)."""
+def _set_threads(threads: Optional[int]) -> None:
     if threads:
         import torch
         torch.set_num_threads(threads)
-    threading.Thread(target=_exit_with_parent, args=(parent,), daemon=True, name="staleopt-parent-watch").start()
 
 
 def _exit_with_parent(parent: int) -> None:
@@ -311,36 +386,106 @@ def _exit_with_parent(parent: int) -> None:
     os._exit(1)
 
 
+def _worker(conn, threads: Optional[int], parent: int) -> None:
+    """A pool worker: run the jobs it receives on ``conn`` until ``None`` (or the launch dies), sending back
+    each result."""
+    threading.Thread(target=_exit_with_parent, args=(parent,), daemon=True, name="staleopt-parent-watch").start()
+    _set_threads(threads)
+    while True:
+        try:
+            job = conn.recv()
+        except EOFError:
+            return
+        if job is None:
+            return
+        conn.send(_execute(*job))
+
+
 def _sigterm_as_exit(signum, frame):
     raise SystemExit(128 + signum)
 
 
-def _stop_workers(before: set) -> None:
-    """Terminate the pool's worker processes: the children started since ``before`` was taken.
+def _run_pool(jobs: List[tuple], workers: int, context: str, threads: Optional[int], record) -> None:
+    """Run ``jobs`` on ``workers`` processes of their own, one job at a time each, calling ``record(result)``.
 
-    ``ProcessPoolExecutor.shutdown`` cannot stop a running task, so without this an interrupted launch
-    would wait for every run in flight to finish (Ctrl-C) or leave them training (SIGTERM)."""
-    for child in multiprocessing.active_children():
-        if child.pid not in before:
-            child.terminate()
+    A worker that dies fails only its job (:func:`_worker_died`) and is replaced while jobs remain; the other
+    workers go on. (``concurrent.futures.ProcessPoolExecutor`` cannot do that: one dead worker breaks the pool
+    and kills the others.) An exception here (Ctrl-C, or SIGTERM made ``SystemExit``) terminates every worker.
+    """
+    ctx = multiprocessing.get_context(context)
+    todo, busy, idle = list(reversed(jobs)), {}, []  # busy: process -> (connection, job)
+
+    def start():
+        mine, theirs = ctx.Pipe()
+        proc = ctx.Process(target=_worker, args=(theirs, threads, os.getpid()), daemon=True)
+        proc.start()
+        theirs.close()
+        idle.append((proc, mine))
+
+    for _ in range(min(workers, len(jobs))):
+        start()
+    try:
+        while todo or busy:
+            while todo and idle:
+                proc, conn = idle.pop()
+                job = todo.pop()
+                try:
+                    conn.send(job)
+                    busy[proc] = (conn, job)
+                except OSError:  # it died before its first job
+                    todo.append(job)
+                    conn.close()
+                    proc.join()
+                    start()
+            ready = multiprocessing.connection.wait([c for c, _ in busy.values()] + [p.sentinel for p in busy])
+            for proc, (conn, job) in list(busy.items()):
+                if conn not in ready and proc.sentinel not in ready:
+                    continue
+                try:
+                    result = conn.recv() if conn.poll() else None
+                except (EOFError, OSError):
+                    result = None
+                if result is not None:
+                    del busy[proc]
+                    idle.append((proc, conn))
+                    record(result)
+                elif not proc.is_alive():
+                    del busy[proc]
+                    conn.close()
+                    proc.join()
+                    record(_worker_died(job, _exit_reason(proc.exitcode)))
+                    if len(todo) > len(idle):
+                        start()
+        for proc, conn in idle:
+            conn.send(None)
+            conn.close()
+        for proc, _ in idle:
+            proc.join()
+    except BaseException:
+        for proc in [p for p, _ in idle] + list(busy):
+            proc.terminate()
+        for proc in [p for p, _ in idle] + list(busy):
+            proc.join()
+        raise
 
 
 @dataclass
 class SweepReport:
-    """What one launch did: run ids skipped (already done), finished (with status), failed, claimed
-    (left to another launch that holds them) and interrupted (a worker process died: killed, or out
-    of memory; a relaunch resumes them from their checkpoints)."""
+    """What one launch did: run ids skipped (already done), finished (with status), failed (the train
+    function raised, or its worker process died: killed, or out of memory; ``error.txt`` says which, and a
+    relaunch resumes them from their checkpoints), claimed (left to another launch that holds them) and
+    damaged (finished, but their files are damaged: :func:`damage` says how; left alone)."""
 
     total: int
     skipped: List[str] = field(default_factory=list)
     finished: Dict[str, str] = field(default_factory=dict)
     failed: List[str] = field(default_factory=list)
     claimed: List[str] = field(default_factory=list)
-    interrupted: List[str] = field(default_factory=list)
+    damaged: Dict[str, str] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
-        return not self.failed and not self.interrupted
+        return not self.failed and not self.damaged
 
 
 def run_sweep(sweep: Union[Sweep, str, os.PathLike, Sequence[RunConfig]], out: Union[str, os.PathLike], *,
@@ -360,8 +505,10 @@ def run_sweep(sweep: Union[Sweep, str, os.PathLike, Sequence[RunConfig]], out: U
     (:mod:`staleopt.ray_executor`: ``$RAY_ADDRESS`` or a local Ray with ``workers``
     CPUs); run directories and resume rules are the same.
 
+    A worker process that dies fails only its run (:func:`_run_pool`).
+
     Each run saves a checkpoint at its epoch ends (and every ``checkpoint_every``
-    steps), resumes from it, and deletes it when done unless ``keep_checkpoints``.
+    steps), resumes from it, and deletes it once ``done`` is written unless ``keep_checkpoints``.
     Runs claimed by another live launch are left to it (:attr:`SweepReport.claimed`);
     ``claim_timeout``: seconds without a heartbeat after which a claim is stale
     (:mod:`staleopt.lease`).
@@ -374,17 +521,17 @@ def run_sweep(sweep: Union[Sweep, str, os.PathLike, Sequence[RunConfig]], out: U
     if shard_spec is not None:
         configs = shard(configs, *shard_spec)
     check_int("workers", workers, 1)
+    check_int("threads", threads, 1, MAX_THREADS, optional=True, why="torch threads per run")
     if executor not in ("local", "ray"):
         raise ConfigError(f"executor must be 'local' or 'ray', got {executor!r}")
     check_every(checkpoint_every)
-    if not claim_timeout > 0:
-        raise ConfigError(f"claim_timeout must be > 0 seconds, got {claim_timeout!r}")
+    lease.check_timeout(claim_timeout)
     train_fn = DEFAULT_TRAIN_FN if train_fn is None else train_fn
     resolved = _resolve_fn(train_fn)  # fail before starting anything, whatever the executor
     if workers == 1:
         train_fn = resolved
     root = Path(out).resolve() / "runs"  # absolute: Ray workers may run elsewhere
-    root.mkdir(parents=True, exist_ok=True)
+    check_writable(root)  # a read-only or full disk stops the launch before any training
     report = SweepReport(total=len(configs))
     launch = lease.new_launch_id()
     jobs = []
@@ -392,6 +539,8 @@ def run_sweep(sweep: Union[Sweep, str, os.PathLike, Sequence[RunConfig]], out: U
         state = run_state(root / cfg.run_id(), claim_timeout)
         if state == "done":
             report.skipped.append(cfg.run_id())
+        elif state == "damaged":
+            report.damaged[cfg.run_id()] = damage(root / cfg.run_id())
         elif state == "running":
             report.claimed.append(cfg.run_id())
         else:
@@ -402,7 +551,7 @@ def run_sweep(sweep: Union[Sweep, str, os.PathLike, Sequence[RunConfig]], out: U
 
     def record(result):
         run_id, status, _ = result
-        if status in ("failed", "claimed", "interrupted"):
+        if status in ("failed", "claimed"):
             getattr(report, status).append(run_id)
         else:
             report.finished[run_id] = status
@@ -413,40 +562,24 @@ def run_sweep(sweep: Union[Sweep, str, os.PathLike, Sequence[RunConfig]], out: U
     try:
         if executor == "ray":
             from .ray_executor import run_jobs
-            for result in run_jobs(_execute, jobs, workers=workers, threads=threads, on_crash=_interrupted):
+            for result in run_jobs(_execute, jobs, workers=workers, threads=threads, on_crash=_worker_died):
                 record(result)
         elif workers == 1:
             import torch
             old = torch.get_num_threads()
-            if threads:
-                torch.set_num_threads(threads)
+            _set_threads(threads)
             try:
                 for job in jobs:
                     record(_execute(*job))
             finally:
                 torch.set_num_threads(old)
         elif jobs:
-            ctx = multiprocessing.get_context(context)
-            before = {child.pid for child in multiprocessing.active_children()}
             # SIGTERM becomes SystemExit (in the main thread, where signals are delivered), so the
-            # workers are stopped below instead of training on after the launch is gone.
+            # workers are stopped by _run_pool instead of training on after the launch is gone.
             main = threading.current_thread() is threading.main_thread()
             old_handler = signal.signal(signal.SIGTERM, _sigterm_as_exit) if main else None
             try:
-                with ProcessPoolExecutor(min(workers, len(jobs)), mp_context=ctx, initializer=_init_worker,
-                                         initargs=(threads, os.getpid())) as pool:
-                    futures = {pool.submit(_execute, *job): job for job in jobs}
-                    try:
-                        for fut in as_completed(futures):
-                            try:
-                                result = fut.result()
-                            except BrokenProcessPool as e:  # a worker died; the pool runs nothing more
-                                result = _interrupted(futures[fut], e)
-                            record(result)
-                    except BaseException:
-                        pool.shutdown(wait=False, cancel_futures=True)
-                        _stop_workers(before)
-                        raise
+                _run_pool(jobs, workers, context, threads, record)
             finally:
                 if main:
                     signal.signal(signal.SIGTERM, old_handler)
@@ -465,30 +598,49 @@ def _flat(config: Dict[str, Any]) -> Dict[str, Any]:
 
 
 def runs(sweep_dir: Union[str, os.PathLike]) -> pd.DataFrame:
-    """One row per run directory: ``run``, ``state`` (see :func:`run_state`) and its config."""
+    """One row per run directory: ``run``, ``state`` (see :func:`run_state`) and its config (empty cells for a
+    run whose ``config.json`` is damaged: its state is ``"damaged"``)."""
     rows = []
     root = Path(sweep_dir) / "runs"
     for run_dir in sorted(root.iterdir()) if root.is_dir() else []:
-        cfg_file = run_dir / "config.json"
-        if run_dir.is_dir() and cfg_file.is_file():
-            rows.append({"run": run_dir.name, "state": run_state(run_dir), **_flat(json.loads(cfg_file.read_text()))})
+        if not (run_dir.is_dir() and (run_dir / "config.json").is_file()):
+            continue
+        state = run_state(run_dir)
+        try:
+            config = _flat(read_config(run_dir))
+        except RunFileError:
+            config, state = {}, "damaged"
+        rows.append({"run": run_dir.name, "state": state, **config})
     return pd.DataFrame(rows, columns=["run", "state", *field_names()] if not rows else None)
 
 
-def collect(sweep_dir: Union[str, os.PathLike], partial: bool = False) -> pd.DataFrame:
+def collect(sweep_dir: Union[str, os.PathLike], partial: bool = False,
+            damaged: Optional[Dict[str, str]] = None) -> pd.DataFrame:
     """Every finished run's per-epoch records, one row per (run, epoch): ``run``, config, record columns.
 
     Floats read back exactly (``repr`` written, round-trip parsed). Unfinished
     runs are left out unless ``partial``: then runs in flight or interrupted
     add the epochs recorded so far. :func:`runs` lists every run's state.
+    A run whose files are damaged (:func:`damage`; with ``partial``, also a
+    run in flight whose records do not parse) raises
+    :class:`~staleopt.errors.RunFileError`, or, given a dict ``damaged``, is
+    left out and added to it as ``run id -> what is wrong``.
     """
     frames = []
     root = Path(sweep_dir) / "runs"
     for run_dir in sorted(root.iterdir()) if root.is_dir() else []:
-        if run_state(run_dir) != "done" and not (partial and (run_dir / "records.csv").is_file()):
+        finished = (run_dir / "done").is_file()
+        if not finished and not (partial and (run_dir / "records.csv").is_file()):
             continue
-        config = _flat(json.loads((run_dir / "config.json").read_text()))
-        records = pd.read_csv(run_dir / "records.csv", **_EXACT_FLOATS)
+        try:
+            done = read_done(run_dir / "done") if finished else None
+            records = read_records(run_dir / "records.csv", done, RECORD_COLUMNS if finished else ("status",))
+            config = _flat(read_config(run_dir))
+        except RunFileError as e:
+            if damaged is None:
+                raise
+            damaged[run_dir.name] = str(e)
+            continue
         clash = set(config) & set(records.columns) | ({"run"} & set(records.columns))
         if clash:
             raise ConfigError(f"records of run {run_dir.name} have columns {sorted(clash)} that clash with "

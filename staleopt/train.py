@@ -47,7 +47,9 @@ Choices (each documented because it changes numbers):
   recorded with ``status = "diverged"``. So does a non-finite test loss at an
   epoch's end: the training loss reads stale forward weights, so ``w_t`` can
   have overflowed up to ``tau_fwd`` steps before the training loss shows it,
-  and the evaluation (on ``w_t``) is where it shows first. Never an exception.
+  and the evaluation (on ``w_t``) is where it shows first. So does a step
+  whose size the weights' dtype cannot hold (torch's "value cannot be
+  converted ... without overflow", e.g. ``lr = 1e308``). Never an exception.
 * **Evaluation** at the end of each epoch: ``model.eval()`` under
   ``torch.no_grad()``, so the model holds ``w_t`` (docs/design.md §1) and BatchNorm
   uses its running statistics.
@@ -213,7 +215,9 @@ def run(config: Union[RunConfig, Mapping[str, Any]], progress: bool = False,
     With a :class:`~staleopt.checkpoint.Checkpoint` the run saves itself at every
     epoch end (and every ``checkpoint.every`` steps), continues from the saved
     state when the file exists, and deletes it at the end (unless
-    ``checkpoint.keep``): the records equal an uninterrupted run's except
+    ``checkpoint.keep``, or a ``checkpoint.done`` marker that the caller writes
+    first with :meth:`~staleopt.checkpoint.Checkpoint.complete`): the records
+    equal an uninterrupted run's except
     ``wall_time``, which adds up the training seconds of every launch.
     ``records.attrs["resumed_at_step"]`` is the step it continued from (0: from scratch).
     ``progress`` shows a bar over the run's optimizer steps with its ETA.
@@ -283,7 +287,13 @@ def _train(config: RunConfig, device: torch.device, progress: bool, checkpoint) 
                     status = "diverged"
                     break
                 loss.backward()
-                opt.step()
+                try:
+                    opt.step()
+                except RuntimeError as e:  # a step size beyond the weights' dtype (lr = 1e308): the run diverged
+                    if "without overflow" not in str(e):
+                        raise
+                    status = "diverged"
+                    break
                 scheduler.step()
                 bar.update(1)
                 done_batches += 1
@@ -301,10 +311,10 @@ def _train(config: RunConfig, device: torch.device, progress: bool, checkpoint) 
             bar.set_postfix(epoch=f"{epoch}/{config.epochs}", loss=f"{records[-1]['train_loss']:.3g}",
                             acc=f"{records[-1]['test_acc']:.3f}")
             finished = status == "diverged" or opt.step_count >= total or epoch == config.epochs
-            if checkpoint is not None:
-                checkpoint.write_records(pd.DataFrame(records, columns=list(RECORD_COLUMNS)))
+            if checkpoint is not None:  # the checkpoint first: records on disk always have one (or a done marker)
                 if not finished:
                     save(epoch + 1, 0, [], order.get_state())
+                checkpoint.write_records(pd.DataFrame(records, columns=list(RECORD_COLUMNS)))
             if finished:
                 break
     finally:

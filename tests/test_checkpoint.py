@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from staleopt import sweep, train
-from staleopt.checkpoint import Checkpoint
+from staleopt.checkpoint import Checkpoint, read as read_checkpoint
 from staleopt.cli import main
 from staleopt.config import RunConfig
 from staleopt.errors import CheckpointError
@@ -44,7 +44,7 @@ def interrupted_run(config, path, every, saves):
     ckpt.save = counting
     with pytest.raises(Interrupted):
         train.run(config, checkpoint=ckpt)
-    return torch.load(path, weights_only=False)
+    return read_checkpoint(path)
 
 
 def same_records(a, b):
@@ -94,7 +94,7 @@ def test_checkpoint_holds_the_state_and_is_kept_on_request(tmp_path):
     records = tmp_path / "rec.csv"
     ckpt = Checkpoint(tmp_path / "sub" / "run.ckpt", every=5, keep=True, records=records)
     out = train.run(c, checkpoint=ckpt)
-    state = torch.load(ckpt.path, weights_only=False)
+    state = read_checkpoint(ckpt.path)
     assert state["run_id"] == c.run_id() and state["config"] == c.to_dict()
     assert (state["epoch"], state["batch"], state["optimizer"]["staleopt"]["step"]) == (3, 11, 35)
     assert len(state["losses"]) == 11 and len(state["records"]) == 2
@@ -166,7 +166,7 @@ def test_killed_sweep_resumes_the_run_in_flight_from_its_checkpoint(tmp_path):
     ckpt = out / "runs" / first.run_id() / "checkpoint.pt"
     killed_when(["sweep", str(path), "--out", str(out), "--no-bar", "--checkpoint-every", "10"],
                 lambda: ckpt.exists())
-    saved_at = torch.load(ckpt, weights_only=False)["optimizer"]["staleopt"]["step"]
+    saved_at = read_checkpoint(ckpt)["optimizer"]["staleopt"]["step"]
     total = 4 * (1000 // 16)
     assert 10 <= saved_at < total and sweep.run_state(out / "runs" / first.run_id()) == "incomplete"
 
@@ -189,7 +189,7 @@ def test_killed_train_command_resumes_from_its_checkpoint(tmp_path, capsys):
     (tmp_path / "c.json").write_text(json.dumps(c.to_dict()))
     ckpt = tmp_path / "rec.csv.ckpt"
     killed_when(args, lambda: ckpt.exists())
-    saved_at = torch.load(ckpt, weights_only=False)["optimizer"]["staleopt"]["step"]
+    saved_at = read_checkpoint(ckpt)["optimizer"]["staleopt"]["step"]
     assert 25 <= saved_at < 4 * 62
     assert main(args) == 0
     assert f"resumed from its checkpoint at step {saved_at}" in capsys.readouterr().out
@@ -198,7 +198,7 @@ def test_killed_train_command_resumes_from_its_checkpoint(tmp_path, capsys):
     assert main(["train", "--epochs", "1", "--checkpoint-every", "3"]) == 2  # needs --out
 
 
-def test_a_worker_killed_in_a_process_pool_is_reported_and_its_run_resumes(tmp_path):
+def test_a_worker_killed_in_a_process_pool_fails_only_its_run_which_resumes(tmp_path):
     from staleopt import lease
     path = tmp_path / "kill.toml"
     path.write_text(SWEEP)
@@ -222,12 +222,16 @@ def test_a_worker_killed_in_a_process_pool_is_reported_and_its_run_resumes(tmp_p
     killer.start()
     report = sweep.run_sweep(path, out, workers=2, bar=False, checkpoint_every=10)
     killer.join()
-    assert killed and killed[0].run_id() in report.interrupted and not report.ok
-    saved_at = torch.load(out / "runs" / killed[0].run_id() / "checkpoint.pt",
-                          weights_only=False)["optimizer"]["staleopt"]["step"]
+    assert killed and report.failed == [killed[0].run_id()] and not report.ok
+    other = next(c for c in configs if c is not killed[0])
+    assert report.finished == {other.run_id(): "ok"}  # the other worker's run went on to the end
+    run_dir = out / "runs" / killed[0].run_id()
+    assert "died: killed by signal SIGKILL" in (run_dir / "error.txt").read_text()
+    assert sweep.run_state(run_dir) == "failed"
+    saved_at = read_checkpoint(run_dir / "checkpoint.pt")["optimizer"]["staleopt"]["step"]
 
     again = sweep.run_sweep(path, out, bar=False, checkpoint_every=10)
-    assert again.ok and killed[0].run_id() in again.finished
+    assert again.ok and list(again.finished) == [killed[0].run_id()]
     done = json.loads((out / "runs" / killed[0].run_id() / "done").read_text())
     assert done["resumed_at_step"] == saved_at > 0
     records = sweep.collect(out)

@@ -35,9 +35,11 @@ Each run lives in OUT/runs/<hash of its config>/; a run is finished once its
 'done' file exists. Every run checkpoints at its epoch ends (and every
 --checkpoint-every steps); launching again skips finished runs and resumes the
 others from their checkpoints, so an interrupted sweep (even kill -9) resumes
-where it stopped. Launches may overlap: each run is claimed by the process
-that trains it, other launches leave it alone, and the claim of a process that
-died is taken over by the next launch (--dry-run shows the owners).
+where it stopped. A worker process that dies (killed, out of memory) fails
+only its own run (its error.txt says so) and the launch goes on. Launches may
+overlap: each run is claimed by the process that trains it, other launches
+leave it alone, and the claim of a process that died is taken over by the
+next launch (--dry-run shows the owners).
 """
 
 RESULTS_EXAMPLES = """\
@@ -64,7 +66,7 @@ def register(subparsers) -> None:
     p.add_argument("--out", default=None,
                    help="sweep directory (default: runs/<name in the file, else the file's stem>)")
     p.add_argument("--workers", type=int, default=1, help="parallel runs, one process each (default 1)")
-    p.add_argument("--worker-threads", type=int, default=1, help="torch threads per run (default 1)")
+    p.add_argument("--worker-threads", type=int, default=1, help="torch threads per run (default 1, at most 1024)")
     p.add_argument("--executor", choices=["local", "ray"], default="local",
                    help="local: this machine (--workers processes); ray: Ray tasks on $RAY_ADDRESS, or on a "
                         "local Ray with --workers CPUs (pip install 'staleopt[ray]')")
@@ -114,12 +116,17 @@ def _describe(run_dir: Path, state: str, epochs: int, timeout: float) -> str:
     held = lease.holder(run_dir, timeout) if state == "running" else None
     if held is not None:  # (the owner may have let go since the state was read)
         parts.append(f"claimed by {held[0]}, heartbeat {held[1]:.0f} s ago")
+    from .. import sweep
+    from ..errors import RunFileError
     records = run_dir / "records.csv"
-    if state in ("running", "incomplete", "failed") and records.is_file():
-        import pandas as pd
-        done = len(pd.read_csv(records))
-        parts.append(f"{done}/{epochs} epochs recorded"
-                     + (", checkpoint" if (run_dir / "checkpoint.pt").is_file() else ""))
+    if state == "damaged":
+        parts.append(str(sweep.damage(run_dir)))
+    elif state in ("running", "incomplete", "failed") and records.is_file():
+        try:
+            done = f"{len(sweep.read_records(records, columns=('status',)))}/{epochs} epochs recorded"
+        except RunFileError as e:
+            done = str(e)
+        parts.append(done + (", checkpoint" if (run_dir / "checkpoint.pt").is_file() else ""))
     return "; ".join(parts)
 
 
@@ -131,10 +138,12 @@ def run_sweep_command(args) -> int:
     shard_spec = sweep.parse_shard(args.shard) if args.shard else None
     configs = sweep.shard(spec.configs, *shard_spec) if shard_spec else spec.configs
     check_int("--workers", args.workers, 1)
-    check_int("--worker-threads", args.worker_threads, 1)
+    check_int("--worker-threads", args.worker_threads, 1, sweep.MAX_THREADS, why="torch threads per run")
     timeout = lease.DEFAULT_TIMEOUT if args.claim_timeout is None else args.claim_timeout
-    if not timeout > 0:
-        raise ConfigError(f"--claim-timeout must be > 0 seconds, got {timeout}")
+    try:
+        lease.check_timeout(timeout)
+    except ConfigError as e:
+        raise ConfigError(f"--claim-timeout: {e}") from None
     if args.dry_run:
         for cfg in configs:
             run_dir = out / "runs" / cfg.run_id()
@@ -153,12 +162,13 @@ def run_sweep_command(args) -> int:
                              keep_checkpoints=args.keep_checkpoints, claim_timeout=timeout)
     diverged = sum(s == "diverged" for s in report.finished.values())
     print(f"{out}: {report.total} runs; {len(report.skipped)} already done, {len(report.finished)} finished "
-          f"now ({diverged} diverged), {len(report.claimed)} left to other launches, {len(report.failed)} failed")
+          f"now ({diverged} diverged), {len(report.claimed)} left to other launches, {len(report.failed)} failed"
+          + (f", {len(report.damaged)} damaged" if report.damaged else ""))
     for run_id in report.failed:
-        print(f"  failed: {out / 'runs' / run_id / 'error.txt'}", file=sys.stderr)
-    if report.interrupted:
-        print(f"  {len(report.interrupted)} runs interrupted: a worker process died (killed, or out of memory); "
-              "launch again to resume them from their checkpoints", file=sys.stderr)
+        print(f"  failed: {out / 'runs' / run_id / 'error.txt'} (launch again to retry it, from its checkpoint)",
+              file=sys.stderr)
+    for run_id, why in report.damaged.items():
+        print(f"  damaged, left alone: {why}", file=sys.stderr)
     return 0 if report.ok else 1
 
 
@@ -176,15 +186,18 @@ def run_results_command(args) -> int:
     if not (sweep_dir / "runs").is_dir():
         raise ConfigError(f"{sweep_dir} is not a sweep directory (no runs/ inside); "
                           "pass the --out directory of `staleopt sweep`")
-    records = sweep.collect(sweep_dir, partial=args.partial)
+    damaged = {}
+    records = sweep.collect(sweep_dir, partial=args.partial, damaged=damaged)
     states = sweep.runs(sweep_dir)["state"].value_counts().to_dict()
+    for why in damaged.values():  # one bad run is reported; the others are summarized
+        print(f"skipped a damaged run: {why}", file=sys.stderr)
     by = args.by.split(",") if args.by else None
     summary = sweep.summarize(records, by=by, level=args.level)
     records.to_csv(args.records or sweep_dir / "records.csv", index=False)
     summary.to_csv(args.csv or sweep_dir / "summary.csv", index=False)
     if summary.empty:
         print(f"{sweep_dir}: no {'recorded' if args.partial else 'finished'} runs yet ({states})")
-        return 0
+        return 1 if damaged else 0
     shown = summary.copy()
     pct = int(round(args.level * 100))
     shown[f"best_acc (±{pct}% CI)"] = [_fmt(m, c) for m, c in zip(summary.best_acc, summary.best_acc_ci)]
@@ -207,4 +220,4 @@ def run_results_command(args) -> int:
               "gpipe at the same configuration; mean over the runs that reached it):")
         print(fast.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
     print(f"wrote {', '.join(map(str, written))}")
-    return 0
+    return 1 if damaged else 0

@@ -4,13 +4,14 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import time
 import tomllib
 from pathlib import Path
 
 from .. import data, train
-from ..checkpoint import Checkpoint
+from ..checkpoint import Checkpoint, check_writable, read_done, read_records
 from ..config import CHOICES, RunConfig, field_names
-from ..errors import ConfigError
+from ..errors import ConfigError, RunFileError
 
 __all__ = ["register", "run", "config_from_args", "checkpoint_of"]
 
@@ -33,8 +34,12 @@ as CSV after every epoch. A run whose loss is non-finite or above
 
 With --out, the run also saves a checkpoint OUT.ckpt at every epoch end (and
 every --checkpoint-every steps): the same command run again after a crash or
-kill -9 continues from it, with the records of an uninterrupted run. The
-checkpoint is deleted when the run is done, unless --keep-checkpoint.
+kill -9 continues from it, with the records of an uninterrupted run. A
+finished run writes the marker OUT.done (its status and the records'
+checksum), then deletes the checkpoint unless --keep-checkpoint; the same
+command run again then prints the finished records (checked against the
+marker) and trains nothing, unless --rerun. An OUT that is neither finished
+nor resumable (no OUT.done, no OUT.ckpt) is not overwritten without --rerun.
 """
 
 
@@ -94,6 +99,9 @@ def register(subparsers) -> None:
                    help="with --out: also checkpoint every STEPS optimizer steps (default: epoch ends only)")
     p.add_argument("--keep-checkpoint", action="store_true",
                    help="with --out: keep OUT.ckpt when the run is done (default: delete it)")
+    p.add_argument("--rerun", action="store_true",
+                   help="with --out: train from step 0 even if OUT is a finished run (OUT.done) or has a "
+                        "checkpoint, overwriting OUT")
     p.add_argument("--download", action="store_true", help="download a missing dataset (CIFAR) first")
     p.add_argument("--progress", action="store_true", help="show a progress bar over steps, with the ETA")
     p.set_defaults(func=run)
@@ -106,32 +114,79 @@ def config_from_args(args):
         path = Path(args.config)
         if not path.is_file():
             raise ConfigError(f"--config {path} does not exist")
-        if path.suffix == ".toml":
-            given = tomllib.loads(path.read_text())
-        else:
-            given = _json(path.read_text())
+        try:
+            text = path.read_text()
+            given = tomllib.loads(text) if path.suffix == ".toml" else json.loads(text)
+        except (OSError, UnicodeDecodeError, ValueError) as e:  # TOMLDecodeError and JSONDecodeError are ValueErrors
+            kind = "TOML" if path.suffix == ".toml" else "JSON"
+            raise ConfigError(f"--config {path} is not a readable {kind} file ({type(e).__name__}: {e}); "
+                              "fix the file (a table of RunConfig fields)") from None
+        if not isinstance(given, dict):
+            raise ConfigError(f"--config {path} must hold a table of RunConfig fields, got {type(given).__name__}")
     given.update({k: None if v is _NONE else v for k in field_names()
                   if (v := getattr(args, k, None)) is not None})
     return RunConfig.from_dict(given).resolve()
 
 
 def checkpoint_of(out: Path, every=None, keep: bool = False):
-    """The :class:`~staleopt.checkpoint.Checkpoint` of ``staleopt train --out OUT``: ``OUT.ckpt``."""
-    return Checkpoint(out.with_name(out.name + ".ckpt"), every=every, keep=keep, records=out)
+    """The :class:`~staleopt.checkpoint.Checkpoint` of ``staleopt train --out OUT``: ``OUT.ckpt``, completed by
+    the marker ``OUT.done``."""
+    return Checkpoint(out.with_name(out.name + ".ckpt"), every=every, keep=keep, records=out,
+                      done=out.with_name(out.name + ".done"))
+
+
+def _finished(config: RunConfig, checkpoint: Checkpoint):
+    """The records of the finished run at ``--out`` (verified against its marker), or ``None`` when unfinished."""
+    out = checkpoint.records
+    if not checkpoint.done.is_file():
+        if out.exists() and not checkpoint.path.is_file():
+            raise ConfigError(f"{out} exists but is neither a finished run (no {checkpoint.done.name}) nor a "
+                              f"resumable one (no {checkpoint.path.name}): pass --rerun to overwrite it, or "
+                              "choose another --out")
+        return None
+    try:
+        done = read_done(checkpoint.done)
+        records = read_records(out, done)
+    except RunFileError as e:
+        raise RunFileError(f"{e} (or pass --rerun to train the run again)") from None
+    if done.get("run_id") != config.run_id():
+        raise ConfigError(f"{out} holds the finished run {done.get('run_id')}, not run {config.run_id()}: the "
+                          "configuration changed. Pass --rerun to overwrite it, or choose another --out")
+    return records
+
+
+def _header(config: RunConfig, how: str) -> str:
+    return (f"{config.method} P={config.stages} N={config.microbatches} on {config.model}/{config.data}, "
+            f"seed {config.seed} (run id {config.run_id()}{how}):")
 
 
 def run(args) -> int:
     config = config_from_args(args)
-    if not args.out and (args.checkpoint_every is not None or args.keep_checkpoint):
-        raise ConfigError("--checkpoint-every and --keep-checkpoint need --out (the checkpoint is OUT.ckpt)")
+    if not args.out and (args.checkpoint_every is not None or args.keep_checkpoint or args.rerun):
+        raise ConfigError("--checkpoint-every, --keep-checkpoint and --rerun need --out (the checkpoint is "
+                          "OUT.ckpt)")
     checkpoint = checkpoint_of(Path(args.out), args.checkpoint_every, args.keep_checkpoint) if args.out else None
+    if checkpoint is not None:
+        check_writable(checkpoint.path.parent)  # before training: a read-only folder fails now, not at epoch 1
+        if args.rerun:
+            checkpoint.done.unlink(missing_ok=True)
+            checkpoint.path.unlink(missing_ok=True)
+        else:
+            finished = _finished(config, checkpoint)
+            if finished is not None:
+                print(_header(config, f", finished earlier: {checkpoint.done}; --rerun trains it again"))
+                print(finished.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+                return 0
     if args.download:
         data.load(config.data, download=True, **config.data_kwargs)
+    t0 = time.perf_counter()
     records = train.run(config, progress=args.progress, checkpoint=checkpoint)
     resumed = records.attrs.get("resumed_at_step", 0)
-    print(f"{config.method} P={config.stages} N={config.microbatches} on {config.model}/{config.data}, "
-          f"seed {config.seed} (run id {config.run_id()}"
-          + (f", resumed from its checkpoint at step {resumed}):" if resumed else "):"))
+    if checkpoint is not None:  # the records, then OUT.done, then the checkpoint goes
+        checkpoint.complete(records, {"run_id": config.run_id(), "status": str(records["status"].iloc[-1]),
+                                      "seconds": time.perf_counter() - t0, "resumed_at_step": int(resumed),
+                                      "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
+    print(_header(config, f", resumed from its checkpoint at step {resumed}" if resumed else ""))
     print(records.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
     if args.out:
         print(f"wrote {args.out}")  # after every epoch, by the checkpoint
