@@ -124,7 +124,9 @@ def provenance(seconds: float, report, run_dirs, workers: int, threads: int, tar
     training time (from the runs' ``done`` files, whichever launch trained them).
     """
     import torch
-    run_seconds = sum(json.loads((Path(d) / "done").read_text())["seconds"] for d in run_dirs)
+
+    from .. import sweep
+    run_seconds = sum(sweep.read_done(Path(d) / "done")["seconds"] for d in run_dirs)
     return {"date": time.strftime("%Y-%m-%d", time.gmtime()), "cpu": _cpu_name(), "cores": os.cpu_count(),
             "torch": torch.__version__.split("+")[0], "workers": workers, "worker_threads": threads,
             "target": target, "runs": report.total, "runs_trained_now": len(report.finished),

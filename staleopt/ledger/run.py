@@ -21,6 +21,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from .. import sweep
 from ..config import RunConfig
+from ..errors import RunFileError
 from .report import markdown
 from .spec import Check, Experiment
 from .verdict import Row, evaluate_horizons, scores, setting_text
@@ -84,10 +85,10 @@ def _calibrate(c: RunConfig, steps: int = 20) -> Tuple[float, float]:
 def _measured(path: Path) -> Optional[Tuple[float, float]]:
     """``(seconds per training step, other seconds)`` of the finished run in ``path``; None if unreadable."""
     try:
-        secs = float(json.loads((path / "done").read_text())["seconds"])
+        secs = float(sweep.read_done(path / "done")["seconds"])
         last = sweep.pd.read_csv(path / "records.csv").iloc[-1]
         return float(last["wall_time"]) / max(1, int(last["step"])), max(0.0, secs - float(last["wall_time"]))
-    except (OSError, ValueError, KeyError, IndexError, TypeError):
+    except (OSError, ValueError, KeyError, IndexError, TypeError, RunFileError):
         return None
 
 
@@ -221,7 +222,7 @@ def run_times(configs: Sequence[RunConfig], out: Path) -> Optional[Tuple[str, st
     for c in configs:
         path = Path(out) / "runs" / c.run_id() / "done"
         if path.is_file():
-            d = json.loads(path.read_text())
+            d = sweep.read_done(path)
             end = datetime.datetime.strptime(d["finished"], "%Y-%m-%dT%H:%M:%S%z")
             spans.append((end - datetime.timedelta(seconds=d["seconds"]), end, d["seconds"]))
     if not spans:
