@@ -392,6 +392,7 @@ def _gap_rows(gaps_by_h, rule="not-worse"):
     ({1: [-0.30, -0.25, -0.28], 8: [-0.29, -0.27, -0.26]}, verdict.PERSISTING),
     ({1: [0.01, 0.02, 0.00], 8: [0.10, 0.12, 0.09]}, verdict.WIDENING),
     ({1: [-0.20, -0.22, -0.21], 8: [0.05, 0.04, 0.06]}, verdict.CLOSING),     # closed and crossed over
+    ({1: [-0.02, 0.03, 0.00], 8: [0.01, -0.01, 0.002]}, verdict.ABSENT),      # no gap at either end
 ])
 def test_trend_from_paired_seeds(gaps, expected):
     t = verdict.trend(_gap_rows(gaps))

@@ -50,8 +50,8 @@ gets a verdict at each. Its *gap* (the per-seed difference the rule reads) is
 drawn against `tau_max / steps` on a log axis, with the paper's own ratio
 marked, and the trend is computed from the runs: "closing" when, paired by
 seed, the gap at the longest horizon is nearer 0 than at the shortest with a
-95% interval that excludes no change, "widening" when farther, "persisting"
-otherwise. A claim that holds only at the longer horizons says so in its row.
+95% interval that excludes no change, "widening" when farther, "absent" when
+the gap's interval includes 0 at both ends, "persisting" otherwise. A claim that holds only at the longer horizons says so in its row.
 `make reproduce` runs the quick tier (1x only, about 30 minutes on 2 cores);
 `make reproduce-ladder` runs every horizon and writes this page. Every
 experiment also runs at the papers' scale, CIFAR-10 ResNet-20 on a GPU, with

@@ -32,7 +32,9 @@ the gap (gap-grows) or the drop from the reference at the largest P
 seed: with ``sigma`` the sign of the mean gap at the shortest,
 ``c_s = sigma (g_s(longest) - g_s(shortest))``; "closing" when the 95%
 interval of ``c`` lies below 0 (the gap moved toward 0, or past it),
-"widening" when it lies above 0, "persisting" otherwise.
+"widening" when it lies above 0; otherwise "absent" when the 95% intervals
+of the mean gap at both horizons include 0 (no gap to follow), else
+"persisting".
 """
 from __future__ import annotations
 
@@ -51,8 +53,8 @@ __all__ = ["Row", "Trend", "REPRODUCED", "PARTLY", "NOT", "NOT_RUN", "VERDICTS",
 
 REPRODUCED, PARTLY, NOT, NOT_RUN = "reproduced", "partly", "not reproduced", "not yet run"
 VERDICTS = (REPRODUCED, PARTLY, NOT, NOT_RUN)
-CLOSING, PERSISTING, WIDENING, NO_TREND = "closing", "persisting", "widening", "no trend"
-TRENDS = (CLOSING, PERSISTING, WIDENING, NO_TREND)
+CLOSING, PERSISTING, WIDENING, ABSENT, NO_TREND = "closing", "persisting", "widening", "absent", "no trend"
+TRENDS = (CLOSING, PERSISTING, WIDENING, ABSENT, NO_TREND)
 
 
 @dataclass(frozen=True)
@@ -280,9 +282,10 @@ def trend(rows: Sequence[Row]) -> Trend:
     mean, half, n = t_interval(c)
     if n < 2 or math.isnan(half):
         return Trend(NO_TREND, f"{n} paired seed(s) between {short.horizon}x and {long_.horizon}x: no interval")
-    label = CLOSING if mean + half < 0 else WIDENING if mean - half > 0 else PERSISTING
     m0, h0, _ = t_interval(g0.values())
     m1, h1, _ = t_interval(g1.values())
+    label = CLOSING if mean + half < 0 else WIDENING if mean - half > 0 else \
+        ABSENT if abs(m0) <= h0 and abs(m1) <= h1 else PERSISTING
     text = (f"{label}: gap {m0:+.3f} [{m0 - h0:+.3f}, {m0 + h0:+.3f}] at {short.horizon}x, {m1:+.3f} "
             f"[{m1 - h1:+.3f}, {m1 + h1:+.3f}] at {long_.horizon}x; its size changed by {mean:+.3f} "
             f"[{mean - half:+.3f}, {mean + half:+.3f}] ({n} paired seeds)")
