@@ -75,7 +75,7 @@ from ._torch_compat import (current_autograd_node, disable_dynamo, flatten, opti
 from .corrections.base import Correction
 from .errors import CheckpointError, ConfigError, CorrectionError, DetachedError, LoopError, OptimizerMismatchError
 from .history import STRATEGIES, History, SlotHistory, StageView
-from .partition import Partition, dataflow, partition_model
+from .partition import Partition, dataflow, partition_model, refuse_shared
 from .recompute import RecomputeWindow, reached_parameters
 from .schedules import Schedule
 from .stage_lr import StageGroups
@@ -185,6 +185,11 @@ class PipelineOptimizer(torch.optim.Optimizer):
             SwapMoves`); ``"fast"`` keeps one more version per delayed stage and moves views by
             plain copies (:class:`~staleopt.history.CopyMoves`): fewer copies per step for
             ``(H_i + 1) / H_i`` the history memory. Same results bit for bit.
+        shared_parameters: a parameter used by a stage other than its owner's (tied weights such as
+            GPT-2's ``lm_head``, a module applied in two stages; :attr:`Partition.shared
+            <staleopt.partition.Partition.shared>`, and the first training forward's graph) raises
+            :class:`~staleopt.errors.SharedParameterError` (``"error"``, default); ``"first-owner"``
+            accepts it: every use reads the owner stage's view.
 
     Every argument after ``base_optimizer`` is keyword-only.
     The update rule is the base optimizer's, applied to ``w_t`` with the gradient
@@ -195,7 +200,7 @@ class PipelineOptimizer(torch.optim.Optimizer):
                  stages: Union[int, Partition] = 1, schedule: Union[str, Schedule] = "dataflow",
                  microbatches: int = 1, corrections: Iterable[Correction] = (), seed: Optional[int] = None,
                  partition: Optional[str] = None, foreach: bool = True, method_args: Optional[dict] = None,
-                 microbatch_passes: bool = False, memory: str = "minimal"):
+                 microbatch_passes: bool = False, memory: str = "minimal", shared_parameters: str = "error"):
         from . import methods  # methods imports the corrections, which import this package
 
         if positional:
@@ -217,6 +222,9 @@ class PipelineOptimizer(torch.optim.Optimizer):
         if memory not in STRATEGIES:
             raise ConfigError(f"memory must be 'minimal' (exactly max(tau) versions per stage) or 'fast' (one more "
                               f"per delayed stage, fewer copies per step), got {memory!r}")
+        if shared_parameters not in ("error", "first-owner"):
+            raise ConfigError(f"shared_parameters must be 'error' (refuse a parameter used by two stages) or "
+                              f"'first-owner' (every use reads its owner stage's view), got {shared_parameters!r}")
         if isinstance(stages, Partition) and partition is not None:
             raise ConfigError(f"partition={partition!r} chooses how a stage count is split, but stages is already a "
                               "Partition: pass stages=staleopt.partition_model(model, P, strategy) alone")
@@ -236,6 +244,9 @@ class PipelineOptimizer(torch.optim.Optimizer):
         self._corrections: List[Correction] = method_corrections + corrections
         self._partition = stages if isinstance(stages, Partition) else \
             partition_model(model, stages, partition or "ops")
+        self._shared_parameters = shared_parameters
+        if shared_parameters == "error":
+            refuse_shared(self._partition.shared)
         self._microbatches = microbatches
         self._memory = memory
         self._microbatch_passes = bool(microbatch_passes)
@@ -619,9 +630,21 @@ class PipelineOptimizer(torch.optim.Optimizer):
         """Put ``w_t`` back into the parameters."""
         self._history.restore()
 
+    def _adopt_w0(self) -> None:
+        """Before the first step, ``w_0`` is what the parameters hold (docs/design.md §1): weights loaded
+        into the model after this optimizer was built (a pretrained checkpoint) replace the copies the
+        history took at construction. Called at each training forward and at ``step()`` of step 0."""
+        self._restore()
+        for v in self._stored:
+            if not all(torch.equal(d, s) for d, s in zip(v.data, v.stored(-1))):
+                self._history.restart()
+                return
+
     def _on_forward_start(self, module, args):
         if module.training and torch.is_grad_enabled():
             self._seen.add("forward")
+            if self._step == 0:
+                self._adopt_w0()
             if self._microbatch_passes:
                 if self._passes >= self._microbatches:
                     raise LoopError(f"microbatch_passes=True expects at most N={self._microbatches} training "
@@ -657,7 +680,7 @@ class PipelineOptimizer(torch.optim.Optimizer):
         flow = dataflow(outputs, self._partition.units)
         self._copies_weights = bool(flow.copied)
         try:
-            self._partition.check(flow)
+            self._partition.check(flow, self._shared_parameters)
         except Exception:
             self._restore()
             raise
@@ -755,6 +778,8 @@ class PipelineOptimizer(torch.optim.Optimizer):
         self._check_storage()
         self._restore()
         t = self._step
+        if t == 0:
+            self._adopt_w0()
         delays = self._step_plans()[0].delays  # microbatch 0's: the step's nominal delays
         self._check_recomputed()
         self._warn_if_unseen(delays)
@@ -818,6 +843,8 @@ class PipelineOptimizer(torch.optim.Optimizer):
 
     def _before_state_dict(self, optimizer) -> None:
         self._restore()
+        if self._step == 0:
+            self._adopt_w0()
 
     def _add_state(self, optimizer, state: dict) -> dict:
         state["staleopt"] = {
