@@ -165,3 +165,144 @@ def test_a_module_registered_twice_in_two_stages_is_refused_at_construction():
     model = nn.Sequential(shared, nn.Linear(4, 4), nn.Linear(4, 4), shared)
     with pytest.raises(staleopt.errors.SharedParameterError, match=r"'0.weight' \(stage 0\) is also used by '3'"):
         staleopt.PipelineOptimizer(model, torch.optim.SGD(model.parameters(), lr=0.1), stages=3)
+
+
+# ----------------------------------------------------------------------------- opt.checkpoint against the segments
+class Layers(nn.Module):
+    """Four Linear + tanh stages; ``calls`` lists the layer ranges run through one opt.checkpoint each."""
+
+    def __init__(self, calls):
+        super().__init__()
+        torch.manual_seed(0)
+        self.layers = nn.ModuleList(nn.Linear(4, 4) for _ in range(4)).double()
+        self.calls, self.opt = calls, None
+
+    def run(self, first, last, x):
+        for i in range(first, last + 1):
+            x = torch.tanh(self.layers[i](x))
+        return x
+
+    def forward(self, x):
+        done = 0
+        for first, last in self.calls:
+            x = self.run(done, first - 1, x)
+            x = self.opt.checkpoint(self.run, first, last, x)
+            done = last + 1
+        return self.run(done, 3, x)
+
+
+def _recompute_step(calls, schedule="pipemare-recompute", steps=2):
+    model = Layers(calls)
+    opt = staleopt.PipelineOptimizer(model, torch.optim.SGD(model.parameters(), lr=0.1), stages=4, schedule=schedule)
+    model.opt = opt
+    for x, y in batches(steps, in_dim=4, out_dim=4):
+        opt.zero_grad()
+        mse(model(x), y).backward()
+        opt.step()
+    return [p.detach().clone() for p in model.parameters()]
+
+
+@pytest.mark.parametrize("calls, problem", [
+    ([(0, 0), (1, 1), (2, 2), (3, 3)], r"segment \(0, 1\) is split over 2 calls; segment \(2, 3\) is split"),
+    ([(0, 3)], r"call 1 reads stages \[0, 1, 2, 3\], across the segments \[\(0, 1\), \(2, 3\)\]"),
+    ([(1, 2)], r"call 1 reads stages \[1, 2\], across"),
+    ([(2, 3)], r"segment \(0, 1\) has no call"),
+    ([(1, 1), (2, 3)], r"segment \(0, 1\)'s call leaves out \['layers.0.weight', 'layers.0.bias'\]"),
+])
+def test_checkpoint_calls_that_do_not_match_the_segments_are_refused(calls, problem):
+    """pipemare-recompute, P = 4: segments (0, 1) and (2, 3); anything but one call per segment is refused."""
+    with pytest.raises(staleopt.errors.SegmentError, match=r"segments \[\(0, 1\), \(2, 3\)\].*" + problem
+                       + r".*exactly one opt.checkpoint call"):
+        _recompute_step(calls)
+
+
+def test_the_segment_check_runs_every_step():
+    """A forward that matches the segments trains; one that stops matching later is refused at that step."""
+    model = Layers([(0, 1), (2, 3)])
+    opt = staleopt.PipelineOptimizer(model, torch.optim.SGD(model.parameters(), lr=0.1), stages=4,
+                                     schedule="pipemare-recompute")
+    model.opt = opt
+    data = batches(4, in_dim=4, out_dim=4)
+    for x, y in data[:3]:
+        opt.zero_grad()
+        mse(model(x), y).backward()
+        opt.step()
+    model.calls = [(0, 0), (1, 1), (2, 3)]
+    with pytest.raises(staleopt.errors.SegmentError, match=r"segment \(0, 1\) is split over 2 calls"):
+        model(data[3][0])
+    assert opt.step_count == 3
+
+
+def test_matching_calls_equal_checkpoint_segments():
+    from staleopt.segments import checkpoint_segments
+
+    class Segmented(Layers):
+        def forward(self, x):
+            return checkpoint_segments(self.opt, [nn.Sequential(m, nn.Tanh()) for m in self.layers], x)
+
+    by_hand = _recompute_step([(0, 1), (2, 3)], steps=6)
+    model = Segmented([])
+    opt = staleopt.PipelineOptimizer(model, torch.optim.SGD(model.parameters(), lr=0.1), stages=4,
+                                     schedule="pipemare-recompute")
+    model.opt = opt
+    train(model, opt, batches(6, in_dim=4, out_dim=4))
+    assert all(torch.equal(a, b) for a, b in zip(by_hand, model.parameters()))
+
+
+def test_hf_per_layer_checkpointing_leaves_the_embeddings_out_of_stage_0s_segment():
+    """Hugging Face's per-layer gradient checkpointing with opt.checkpoint swapped in: one call per block, the
+    embeddings and the final norm and head outside: refused, naming them."""
+    model = _gpt2(tie=False)
+    opt = staleopt.PipelineOptimizer(model, torch.optim.SGD(model.parameters(), lr=0.1), stages=4,
+                                     schedule="pipemare-recompute")
+    model._set_gradient_checkpointing(True, opt.checkpoint)
+    model.train()
+    x = torch.randint(0, 50, (2, 8))
+    with pytest.raises(staleopt.errors.SegmentError,
+                       match=r"segment \(0, 1\)'s call leaves out \['transformer.wte.weight', "
+                             r"'transformer.wpe.weight'\]; segment \(2, 3\)'s call leaves out "
+                             r"\['transformer.ln_f.weight', 'transformer.ln_f.bias', 'lm_head.weight'\]"):
+        model(x, labels=x)
+
+
+# ----------------------------------------------------------------------------- torch's checkpoint under delays
+def _hf_torch_checkpoint(schedule, steps=3):
+    import warnings
+    model = _gpt2(tie=False)
+    opt = staleopt.PipelineOptimizer(model, torch.optim.SGD(model.parameters(), lr=0.1), stages=4, schedule=schedule)
+    model._set_gradient_checkpointing(True, torch.utils.checkpoint.checkpoint)  # HF's default, torch's own
+    model.train()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(steps):
+            x = torch.randint(0, 50, (2, 8))
+            opt.zero_grad()
+            model(x, labels=x).loss.backward()
+            opt.step()
+    return [w for w in caught if issubclass(w.category, staleopt.errors.RecomputeNotice)]
+
+
+def test_torch_checkpoint_under_differing_views_is_noticed_once():
+    """pipemare (tau_bkwd = 0 < tau_fwd): torch's checkpoint recomputes with the backward view; noticed once."""
+    notices = _hf_torch_checkpoint("pipemare")
+    assert len(notices) == 1
+    assert "backward view" in str(notices[0].message) and "tau_bkwd = [0, 0, 0, 0]" in str(notices[0].message)
+    assert _hf_torch_checkpoint("gpipe") == []  # forward and backward views equal: the same activations
+    with pytest.raises(staleopt.errors.LoopError, match="outside opt.checkpoint"):  # a recompute schedule refuses it
+        _hf_torch_checkpoint("pipemare-recompute")
+
+
+def test_the_notice_is_true():
+    """Under pipemare, torch's checkpoint changes the trajectory (the notice's claim); under gpipe it does not."""
+    def run(schedule, checkpoint):
+        model = Layers([])
+        model.forward = (lambda x: torch.utils.checkpoint.checkpoint(model.run, 0, 3, x, use_reentrant=False)) \
+            if checkpoint else (lambda x: model.run(0, 3, x))
+        opt = staleopt.PipelineOptimizer(model, torch.optim.SGD(model.parameters(), lr=0.1), stages=4,
+                                         schedule=schedule)
+        train(model, opt, batches(6, in_dim=4, out_dim=4))
+        return [p.detach() for p in model.parameters()]
+    with pytest.warns(staleopt.errors.RecomputeNotice):
+        with_ckpt = run("pipemare", True)
+    assert any(not torch.equal(a, b) for a, b in zip(with_ckpt, run("pipemare", False)))
+    assert all(torch.equal(a, b) for a, b in zip(run("gpipe", True), run("gpipe", False)))
