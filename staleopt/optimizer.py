@@ -31,6 +31,12 @@ The user's loop stays ``zero_grad(); loss = crit(model(x), y); loss.backward(); 
   optimizer on ``w_t`` and advances the history.
 * Evaluation (``model.eval()`` or grad disabled), ``model.state_dict()`` and the
   :meth:`PipelineOptimizer.current_weights` context see ``w_t``.
+* Until the first ``step()`` completes, every training forward and ``step()`` take what the
+  parameters hold as ``w_0`` (:meth:`History.restart <staleopt.history.History.restart>` when they
+  changed since construction: weights loaded after the wrapper was built); a change at rest
+  between later steps is part of ``w_t``.
+* A parameter used by a stage other than its owner's (tied weights, a module applied twice) is
+  refused (:class:`~staleopt.errors.SharedParameterError`) unless ``shared_parameters="first-owner"``.
 
 The weights live in a :class:`~staleopt.history.History` (``staleopt/history.py``), which alone
 owns the stored versions and moves them: per stage (and per device/dtype within a stage) exactly
@@ -49,8 +55,10 @@ Limits (documented, not checked):
 * activation checkpointing: :meth:`PipelineOptimizer.checkpoint` recomputes with the recompute view
   ``u_recomp`` (:mod:`staleopt.recompute`); ``torch.utils.checkpoint`` called directly recomputes
   with the backward view (under a schedule with ``tau_bkwd < tau_recomp < tau_fwd`` a step without
-  ``opt.checkpoint``, and a stage *module* recomputed outside it, raise; a segment of raw parameter
-  ops under torch's checkpoint is not caught);
+  ``opt.checkpoint``, calls that do not match the schedule's segments, and a stage *module*
+  recomputed outside it, raise; elsewhere, where the backward view differs from the forward view,
+  the first such recomputation warns, :class:`~staleopt.errors.RecomputeNotice`; a segment of raw
+  parameter ops under torch's checkpoint is not caught);
 * buffers (BatchNorm running statistics) are not delayed;
 * a loss term that reads parameters directly (an explicit L2 penalty) sees
   whichever view is loaded when its backward runs;
