@@ -86,6 +86,26 @@ def test_weights_loaded_between_backward_and_the_first_step_are_w0():
         assert all(torch.equal(x, y) for x, y in zip(a, b))
 
 
+def test_a_change_at_rest_between_steps_is_part_of_w_t():
+    """Weight clipping after every step: every engine pushes the clipped weights as w_t (the reference keeps
+    every version as it found it at step()), and the stale stages read clipped versions."""
+    results = []
+    for cls, memory in ENGINES:
+        model = mlp(SIZES, seed=0)
+        opt = cls(model, torch.optim.SGD(model.parameters(), lr=0.5), stages=4, memory=memory, schedule="pipemare")
+        for x, y in batches(10, in_dim=5, out_dim=3):
+            opt.zero_grad()
+            mse(model(x), y).backward()
+            opt.step()
+            with torch.no_grad():
+                for p in model.parameters():
+                    p.clamp_(-0.2, 0.2)
+        results.append([p.detach().clone() for p in model.parameters()])
+    for other in results[1:]:
+        assert all(torch.equal(a, b) for a, b in zip(results[0], other))
+    assert all(p.abs().max() <= 0.2 for p in results[0])
+
+
 def test_the_first_step_updates_the_weights_it_finds():
     """w_1 = B - lr g(A): the gradient of the forward pass (at A), applied to the weights loaded since (B)."""
     data = batches(1, in_dim=5, out_dim=3)
