@@ -46,7 +46,8 @@ from ._torch_compat import flatten, sequence_nr
 from .errors import SharedParameterError, StageError, StageOrderError
 from .validate import check_int
 
-__all__ = ["Unit", "Stage", "SharedParameter", "Partition", "Dataflow", "units_of", "dataflow", "execution_order", "partition_model"]
+__all__ = ["Unit", "Stage", "SharedParameter", "Partition", "Dataflow", "units_of", "dataflow", "execution_order",
+           "partition_model", "registered_shared", "refuse_shared"]
 
 
 @dataclass(frozen=True)
@@ -316,9 +317,9 @@ def refuse_shared(shared: Sequence[SharedParameter]) -> None:
             f"{len(shared)} trainable parameter(s) are used by more than one stage: {'; '.join(map(str, shared))}. "
             "The engine keeps a parameter's weight history at its owner's stage, so every use would read it with "
             "the owner's delay, not the delay of the stage that uses it (a real pipeline holds a copy per stage). "
-            "Untie it (one module per use; Hugging Face models: config.tie_word_embeddings=False), put every use in one stage "
-            "(explicit cut points: stages=staleopt.partition_model(model, [cuts])), or accept the owner's delay "
-            "at every use with PipelineOptimizer(..., shared_parameters='first-owner')")
+            "Untie it (one module per use; Hugging Face models: config.tie_word_embeddings=False), put every use "
+            "in one stage (explicit cut points: stages=staleopt.partition_model(model, [cuts])), or accept the "
+            "owner's delay at every use with PipelineOptimizer(..., shared_parameters='first-owner')")
 
 
 def registered_shared(model: nn.Module, stages: Sequence[Stage]) -> List[SharedParameter]:
