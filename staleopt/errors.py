@@ -3,7 +3,7 @@
 __all__ = ["StaleoptError", "ConfigError", "StageError", "ScheduleError", "DelayError",
            "OptimizerMismatchError", "CorrectionError", "SweepConfigError", "DataError", "StageOrderError",
            "LoopError", "DetachedError", "CheckpointError", "UnsafeCheckpointError", "ClaimLostError",
-           "RunFileError", "OutputError"]
+           "RunFileError", "OutputError", "SharedParameterError", "SegmentError", "RecomputeNotice"]
 
 
 class StaleoptError(Exception):
@@ -46,6 +46,11 @@ class StageOrderError(StageError):
     """The stages are not contiguous in the forward pass (modules registered out of execution order)."""
 
 
+class SharedParameterError(StageError):
+    """A trainable parameter is used by more than one stage (tied weights, a module applied twice): the engine
+    keeps it at its first owner's stage, so every use would read that stage's delay."""
+
+
 class LoopError(StaleoptError, ValueError):
     """The training loop does something the simulation cannot follow (and says what to do instead)."""
 
@@ -53,6 +58,15 @@ class LoopError(StaleoptError, ValueError):
 class DetachedError(LoopError):
     """This PipelineOptimizer no longer drives its model: a newer one took over its parameters, or
     ``remove_hooks()`` detached it."""
+
+
+class SegmentError(LoopError):
+    """The ``opt.checkpoint`` calls of a training forward do not match the schedule's recompute segments."""
+
+
+class RecomputeNotice(UserWarning):
+    """``torch.utils.checkpoint`` recomputed a segment under delays: it read the backward view
+    (``tau_recomp = tau_bkwd``), not the forward one, so the trajectory differs from the run without it."""
 
 
 class CheckpointError(StaleoptError, ValueError):

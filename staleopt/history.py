@@ -10,6 +10,7 @@ calls, and corrections read it through the :class:`StageView` protocol:
 ``restore()``               put ``w_t`` back into the parameters
 ``push(t)``                 the parameters hold ``w_t`` at rest: store it, forget ``w_{t - H_i}``
 ``advance(t)``              the base step wrote ``w_t`` into the parameters (their only copy)
+``restart()``               before the first step: the parameters' content is ``w_0`` (every stored version)
 ``stored(view, v)``         per-parameter tensors of stored version ``v`` (a correction may rewrite them)
 ``state_dict()`` / ``load_state_dict()``   everything above, for checkpoints
 ==========================  ==========================================================================
@@ -132,6 +133,11 @@ class History:
 
     def advance(self, t: int) -> None:
         """The parameters now hold ``w_t``, written by the base step, and no slot holds it."""
+        raise NotImplementedError
+
+    def restart(self) -> None:
+        """At step 0, at rest: what the parameters hold now is ``w_0``, so every stored version
+        (``w_v = w_0`` for ``v < 0``) becomes a copy of it (weights loaded after the engine was built)."""
         raise NotImplementedError
 
     def stored(self, view: StageView, version: int) -> List[torch.Tensor]:
@@ -451,6 +457,16 @@ class SlotHistory(History):
     def advance(self, t):
         n = len(self.views)
         self._t, self._loaded, self._rewritten, self._saved, self._rest = t, [t] * n, [False] * n, [False] * n, True
+
+    def restart(self):
+        if self._t != 0 or not self._rest:
+            raise CorrectionError("the history restarts only at step 0 with the parameters at rest (a bug: "
+                                  "please report it)")
+        with torch.no_grad():
+            for i in self._delayed:
+                _copy(list(chain.from_iterable(self._slot_views[i][:self._M[i]])),
+                      self.views[i].data * self._M[i], self._foreach)
+        self._saved = [False] * len(self.views)
 
     def stored(self, view, version):
         i, t = view.index, self._t

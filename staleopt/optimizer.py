@@ -31,6 +31,12 @@ The user's loop stays ``zero_grad(); loss = crit(model(x), y); loss.backward(); 
   optimizer on ``w_t`` and advances the history.
 * Evaluation (``model.eval()`` or grad disabled), ``model.state_dict()`` and the
   :meth:`PipelineOptimizer.current_weights` context see ``w_t``.
+* Until the first ``step()`` completes, every training forward and ``step()`` take what the
+  parameters hold as ``w_0`` (:meth:`History.restart <staleopt.history.History.restart>` when they
+  changed since construction: weights loaded after the wrapper was built); a change at rest
+  between later steps is part of ``w_t``.
+* A parameter used by a stage other than its owner's (tied weights, a module applied twice) is
+  refused (:class:`~staleopt.errors.SharedParameterError`) unless ``shared_parameters="first-owner"``.
 
 The weights live in a :class:`~staleopt.history.History` (``staleopt/history.py``), which alone
 owns the stored versions and moves them: per stage (and per device/dtype within a stage) exactly
@@ -49,8 +55,10 @@ Limits (documented, not checked):
 * activation checkpointing: :meth:`PipelineOptimizer.checkpoint` recomputes with the recompute view
   ``u_recomp`` (:mod:`staleopt.recompute`); ``torch.utils.checkpoint`` called directly recomputes
   with the backward view (under a schedule with ``tau_bkwd < tau_recomp < tau_fwd`` a step without
-  ``opt.checkpoint``, and a stage *module* recomputed outside it, raise; a segment of raw parameter
-  ops under torch's checkpoint is not caught);
+  ``opt.checkpoint``, calls that do not match the schedule's segments, and a stage *module*
+  recomputed outside it, raise; elsewhere, where the backward view differs from the forward view,
+  the first such recomputation warns, :class:`~staleopt.errors.RecomputeNotice`; a segment of raw
+  parameter ops under torch's checkpoint is not caught);
 * buffers (BatchNorm running statistics) are not delayed;
 * a loss term that reads parameters directly (an explicit L2 penalty) sees
   whichever view is loaded when its backward runs;
@@ -73,9 +81,10 @@ from torch import nn
 from ._torch_compat import (current_autograd_node, disable_dynamo, flatten, optimizer_load_state_dict_hooks,
                             optimizer_state_dict_hooks, queue_callback)
 from .corrections.base import Correction
-from .errors import CheckpointError, ConfigError, CorrectionError, DetachedError, LoopError, OptimizerMismatchError
+from .errors import (CheckpointError, ConfigError, CorrectionError, DetachedError, LoopError, OptimizerMismatchError,
+                     RecomputeNotice, SegmentError)
 from .history import STRATEGIES, History, SlotHistory, StageView
-from .partition import Partition, dataflow, partition_model
+from .partition import Partition, dataflow, partition_model, refuse_shared
 from .recompute import RecomputeWindow, reached_parameters
 from .schedules import Schedule
 from .stage_lr import StageGroups
@@ -185,6 +194,11 @@ class PipelineOptimizer(torch.optim.Optimizer):
             SwapMoves`); ``"fast"`` keeps one more version per delayed stage and moves views by
             plain copies (:class:`~staleopt.history.CopyMoves`): fewer copies per step for
             ``(H_i + 1) / H_i`` the history memory. Same results bit for bit.
+        shared_parameters: a parameter used by a stage other than its owner's (tied weights such as
+            GPT-2's ``lm_head``, a module applied in two stages; :attr:`Partition.shared
+            <staleopt.partition.Partition.shared>`, and the first training forward's graph) raises
+            :class:`~staleopt.errors.SharedParameterError` (``"error"``, default); ``"first-owner"``
+            accepts it: every use reads the owner stage's view.
 
     Every argument after ``base_optimizer`` is keyword-only.
     The update rule is the base optimizer's, applied to ``w_t`` with the gradient
@@ -195,7 +209,7 @@ class PipelineOptimizer(torch.optim.Optimizer):
                  stages: Union[int, Partition] = 1, schedule: Union[str, Schedule] = "dataflow",
                  microbatches: int = 1, corrections: Iterable[Correction] = (), seed: Optional[int] = None,
                  partition: Optional[str] = None, foreach: bool = True, method_args: Optional[dict] = None,
-                 microbatch_passes: bool = False, memory: str = "minimal"):
+                 microbatch_passes: bool = False, memory: str = "minimal", shared_parameters: str = "error"):
         from . import methods  # methods imports the corrections, which import this package
 
         if positional:
@@ -217,6 +231,9 @@ class PipelineOptimizer(torch.optim.Optimizer):
         if memory not in STRATEGIES:
             raise ConfigError(f"memory must be 'minimal' (exactly max(tau) versions per stage) or 'fast' (one more "
                               f"per delayed stage, fewer copies per step), got {memory!r}")
+        if shared_parameters not in ("error", "first-owner"):
+            raise ConfigError(f"shared_parameters must be 'error' (refuse a parameter used by two stages) or "
+                              f"'first-owner' (every use reads its owner stage's view), got {shared_parameters!r}")
         if isinstance(stages, Partition) and partition is not None:
             raise ConfigError(f"partition={partition!r} chooses how a stage count is split, but stages is already a "
                               "Partition: pass stages=staleopt.partition_model(model, P, strategy) alone")
@@ -236,6 +253,9 @@ class PipelineOptimizer(torch.optim.Optimizer):
         self._corrections: List[Correction] = method_corrections + corrections
         self._partition = stages if isinstance(stages, Partition) else \
             partition_model(model, stages, partition or "ops")
+        self._shared_parameters = shared_parameters
+        if shared_parameters == "error":
+            refuse_shared(self._partition.shared)
         self._microbatches = microbatches
         self._memory = memory
         self._microbatch_passes = bool(microbatch_passes)
@@ -296,10 +316,14 @@ class PipelineOptimizer(torch.optim.Optimizer):
                        model.register_forward_hook(_Callback(self._on_forward_end)),
                        model.register_state_dict_pre_hook(_Callback(self._on_state_dict))]
         self._recomputing = 0  # recompute windows open now
-        if any(b != r != f for f, b, r in zip(tf, tb, tr)):  # a recompute schedule: catch torch's checkpoint
-            modules = {id(m): m for m in (model.get_submodule(u.name) for u in self._partition.units)
-                       if m is not model}
-            self._hooks += [m.register_forward_pre_hook(_Callback(self._on_unit_forward)) for m in modules.values()]
+        self._ahead = any(b != r != f for f, b, r in zip(tf, tb, tr))  # recomputes ahead of the backward pass
+        self._segments = self._schedule.segments(P) if self._ahead else []  # what opt.checkpoint calls must cover
+        self._calls: List[set] = []  # per opt.checkpoint call of this training forward: the parameters it read
+        self._unit_stage = {id(model.get_submodule(u.name)): s.index for s in self._partition for u in s.units
+                            if u.name != "<root>"}
+        self._watch = None  # while a backward pass runs: the global module pre-hook that spots recomputations
+        self._noticed = False  # the RecomputeNotice was given
+        self._names: Optional[Dict[int, str]] = None  # id(parameter) -> its name in the model (for messages)
         weakref.finalize(self, _remove_handles, self._hooks)  # hooks die with their wrapper
         # the history and the corrections' state travel in state_dict()["staleopt"], added and read by
         # torch's own optimizer hooks (so hooks a user registers see it too)
@@ -574,20 +598,98 @@ class PipelineOptimizer(torch.optim.Optimizer):
         window = RecomputeWindow(self, plan, self._step)
         out = torch.utils.checkpoint.checkpoint(function, *args, use_reentrant=False, context_fn=window.contexts,
                                                 **kwargs)
-        if plan.recomputing:
-            view_of = self._view_of_param
+        if plan.recomputing or self._segments:
             reached = reached_parameters(out, list(args) + list(kwargs.values()))
+            if self._segments:
+                self._calls.append(reached)
+            view_of = self._view_of_param
             window.views = frozenset(view_of[p] for p in reached if p in view_of) & plan.recomputing
         return out
 
+    def _check_segments(self, outputs) -> None:
+        """Under a schedule with recompute segments, the ``opt.checkpoint`` calls of a training forward must be
+        the segments (``Schedule.segments``): one call per segment, reading every weight of its stages that the
+        forward reads, and no other stage's. A call per layer, a call across two segments, a segment left out
+        (its activations kept from the forward) or a layer of it run outside its call (embeddings) would
+        recompute something else than the schedule says while ``tau_recomp`` reports it."""
+        plan = self._plan()
+        tf, tr = plan.delays[0], plan.recomp
+        segment_of = {i: k for k, (a, b) in enumerate(self._segments) for i in range(a, b + 1)}
+        stage_of = self._stage_of_param
+        if self._names is None:
+            self._names = {id(p): n for n, p in self._model.named_parameters()}
+        problems, calls = [], {}
+        for n, reached in enumerate(self._calls, start=1):
+            stages = sorted({stage_of[p] for p in reached if p in stage_of})
+            segments = sorted({segment_of[i] for i in stages})
+            if len(segments) > 1:
+                problems.append(f"call {n} reads stages {stages}, across the segments "
+                                f"{[self._segments[k] for k in segments]}")
+            elif segments:
+                calls.setdefault(segments[0], []).append(reached)
+        used = reached_parameters(outputs, ())  # every leaf this forward read
+        for k, (a, b) in enumerate(self._segments):
+            mine = calls.get(k, [])
+            if len(mine) > 1:
+                problems.append(f"segment {(a, b)} is split over {len(mine)} calls")
+            elif not mine and any(tr[i] != tf[i] for i in range(a, b + 1)):
+                problems.append(f"segment {(a, b)} has no call (its activations would be the forward's)")
+            inside = set().union(*mine)
+            outside = [self._names.get(id(p), "?") for s in range(a, b + 1) for p in self._partition[s].params
+                       if id(p) in used and id(p) not in inside]
+            if mine and outside:
+                problems.append(f"segment {(a, b)}'s call leaves out {outside}")
+        if problems:
+            self._restore()
+            raise SegmentError(f"schedule {self._schedule!r} recomputes the segments {self._segments} of stages "
+                               f"(Schedule.segments; tau_recomp = {tr}), but this training forward's opt.checkpoint "
+                               f"calls do not match them: {'; '.join(problems)}. Wrap each segment in exactly one "
+                               "opt.checkpoint call, from the first layer of its first stage (embeddings included) "
+                               "to the last layer of its last stage (staleopt.segments.checkpoint_segments(opt, "
+                               "layers, x) does it; opt.partition shows the stages), or train "
+                               "schedule.without_recompute()")
+
+    def _watch_recomputation(self) -> None:
+        """From the start of a backward pass to its end, a stage module's forward is a recomputation: a global
+        module pre-hook (no per-module hooks in the forward pass) watches for it under a recompute schedule, and
+        until the :class:`~staleopt.errors.RecomputeNotice` was given where a backward view differs."""
+        if self._watch is None and (self._ahead or (not self._noticed and self._backward_views_differ())):
+            self._watch = torch.nn.modules.module.register_module_forward_pre_hook(_Callback(self._on_unit_forward))
+            self._hooks.append(self._watch)
+
+    def _unwatch(self) -> None:
+        if self._watch is not None:
+            self._watch.remove()
+            if self._watch in self._hooks:
+                self._hooks.remove(self._watch)
+            self._watch = None
+
     def _on_unit_forward(self, module, args):
-        """Under a recompute schedule, a stage's module that runs during the backward pass outside
-        :meth:`checkpoint` is a recomputation with ``u_bkwd`` (``torch.utils.checkpoint`` called directly)."""
-        if not self._recomputing and current_autograd_node() is not None:
-            raise LoopError(f"{type(module).__name__} ran its forward during the backward pass outside "
-                            f"opt.checkpoint: torch.utils.checkpoint recomputes with the backward weights, but "
-                            f"schedule {self._schedule!r} recomputes with tau_recomp = {self._plan().recomp}; "
-                            "call opt.checkpoint(segment, x) instead (docs/wrapper.md)")
+        """A stage's module running during the backward pass outside :meth:`checkpoint` is a recomputation with
+        ``u_bkwd`` (``torch.utils.checkpoint`` called directly): refused under a recompute schedule; elsewhere,
+        where the stage's backward view differs from its forward view, noticed once (:class:`RecomputeNotice`)."""
+        stage = self._unit_stage.get(id(module))
+        if stage is None or self._recomputing or current_autograd_node() is None:
+            return
+        if not self._ahead:
+            plan = self._plan()
+            rewritten = {self._views[i].stage for _, views in plan.rewriters for i in views}
+            if not self._noticed and (plan.delays[0][stage] != plan.delays[1][stage] or stage in rewritten):
+                self._noticed = True
+                warnings.warn(RecomputeNotice(
+                    f"torch.utils.checkpoint recomputed {type(module).__name__} (stage {stage}) during the backward "
+                    f"pass, with the weights loaded then: the backward view (tau_fwd = {plan.delays[0]}, tau_bkwd = "
+                    f"{plan.delays[1]}), not the forward view. The recomputed activations, and the weight gradients "
+                    "computed from them, differ from those of the run without checkpointing (tau_recomp = tau_bkwd, "
+                    "the behaviour of a pipeline that recomputes in its backward pass; docs/wrapper.md). Train "
+                    "without activation checkpointing to keep the forward's activations. (Given once; silence it "
+                    "with warnings.filterwarnings('ignore', category=staleopt.errors.RecomputeNotice).)"),
+                    stacklevel=2)
+            return
+        raise LoopError(f"{type(module).__name__} ran its forward during the backward pass outside "
+                        f"opt.checkpoint: torch.utils.checkpoint recomputes with the backward weights, but "
+                        f"schedule {self._schedule!r} recomputes with tau_recomp = {self._plan().recomp}; "
+                        "call opt.checkpoint(segment, x) instead (docs/wrapper.md)")
 
     def _enter_recompute(self, window: RecomputeWindow) -> None:
         """The recomputation of ``window``'s segment begins: its stages' recompute views into the parameters."""
@@ -619,15 +721,28 @@ class PipelineOptimizer(torch.optim.Optimizer):
         """Put ``w_t`` back into the parameters."""
         self._history.restore()
 
+    def _adopt_w0(self) -> None:
+        """Before the first step, ``w_0`` is what the parameters hold (docs/design.md §1): weights loaded
+        into the model after this optimizer was built (a pretrained checkpoint) replace the copies the
+        history took at construction. Called at each training forward and at ``step()`` of step 0."""
+        self._restore()
+        for v in self._stored:
+            if not all(torch.equal(d, s) for d, s in zip(v.data, v.stored(-1))):
+                self._history.restart()
+                return
+
     def _on_forward_start(self, module, args):
         if module.training and torch.is_grad_enabled():
             self._seen.add("forward")
+            if self._step == 0:
+                self._adopt_w0()
             if self._microbatch_passes:
                 if self._passes >= self._microbatches:
                     raise LoopError(f"microbatch_passes=True expects at most N={self._microbatches} training "
                                         "forward passes between zero_grad() and step(); call zero_grad() "
                                         "before the first microbatch of each step")
                 self._pass, self._passes = self._passes, self._passes + 1
+            self._calls = []
             self._load(backward=False)
             self._autocast_outside = torch.is_autocast_enabled(self._device_type)
             self._in_forward = True
@@ -641,6 +756,8 @@ class PipelineOptimizer(torch.optim.Optimizer):
             outputs = [t for t in flatten(output) if isinstance(t, torch.Tensor) and t.grad_fn is not None]
             if not self._traced:
                 self._trace(outputs)
+            if self._calls and self._plan().needs_checkpoint:
+                self._check_segments(outputs)
             if (self._autocast_outside or self._copies_weights) and self._backward_views_differ():
                 self._warn_once("autocast", "under autocast the backward pass multiplies with the cast copies of "
                                 "the forward weights, so the backward views (tau_bkwd != tau_fwd, T2) are not "
@@ -657,7 +774,7 @@ class PipelineOptimizer(torch.optim.Optimizer):
         flow = dataflow(outputs, self._partition.units)
         self._copies_weights = bool(flow.copied)
         try:
-            self._partition.check(flow)
+            self._partition.check(flow, self._shared_parameters)
         except Exception:
             self._restore()
             raise
@@ -670,12 +787,14 @@ class PipelineOptimizer(torch.optim.Optimizer):
         self._seen.add("backward")
         if "backward-pending" not in self._seen:
             self._seen.add("backward-pending")
+            self._watch_recomputation()
             queue_callback(_Callback(self._on_backward_end))
         self._load(backward=True)
 
     def _on_backward_end(self):
         """At the end of every backward pass the parameters hold ``w_t`` again (at rest, docs/design.md §1)."""
         self._seen.discard("backward-pending")
+        self._unwatch()
         self._restore()
 
     def _on_state_dict(self, *args):
@@ -755,6 +874,8 @@ class PipelineOptimizer(torch.optim.Optimizer):
         self._check_storage()
         self._restore()
         t = self._step
+        if t == 0:
+            self._adopt_w0()
         delays = self._step_plans()[0].delays  # microbatch 0's: the step's nominal delays
         self._check_recomputed()
         self._warn_if_unseen(delays)
@@ -818,6 +939,8 @@ class PipelineOptimizer(torch.optim.Optimizer):
 
     def _before_state_dict(self, optimizer) -> None:
         self._restore()
+        if self._step == 0:
+            self._adopt_w0()
 
     def _add_state(self, optimizer, state: dict) -> dict:
         state["staleopt"] = {

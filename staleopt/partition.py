@@ -24,7 +24,14 @@ it contradicts (:class:`~staleopt.errors.StageOrderError`), and
 in a forward pass on ``x`` instead of by registration.
 
 Shared (tied) parameters belong to their first owner and appear once; frozen
-parameters (``requires_grad=False``) are excluded.
+parameters (``requires_grad=False``) are excluded. The engine keeps one weight history per
+parameter, at its owner's stage, so a parameter that a *later* stage uses too (GPT-2's ``lm_head``
+tied to the token embedding, a module applied at two places) would be read there with the owner's
+delay. :attr:`Partition.shared` lists such parameters, found from the module registrations (a
+module that registers another's parameter sits in the stage of its own unit, or of the last unit
+registered before it) and, given ``example_input``, from the forward pass; :meth:`Partition.check`
+finds them in the first training forward. :class:`~staleopt.PipelineOptimizer` refuses them
+(:class:`~staleopt.errors.SharedParameterError`) unless ``shared_parameters="first-owner"``.
 """
 from __future__ import annotations
 
@@ -36,10 +43,11 @@ import torch
 from torch import nn
 
 from ._torch_compat import flatten, sequence_nr
-from .errors import StageError, StageOrderError
+from .errors import SharedParameterError, StageError, StageOrderError
 from .validate import check_int
 
-__all__ = ["Unit", "Stage", "Partition", "Dataflow", "units_of", "dataflow", "execution_order", "partition_model"]
+__all__ = ["Unit", "Stage", "SharedParameter", "Partition", "Dataflow", "units_of", "dataflow", "execution_order",
+           "partition_model", "registered_shared", "refuse_shared"]
 
 
 @dataclass(frozen=True)
@@ -49,6 +57,7 @@ class Unit:
     name: str
     module_type: str
     params: tuple  # of nn.Parameter
+    param_names: tuple = ()  # their names in the module
 
     @property
     def numel(self) -> int:
@@ -83,18 +92,33 @@ class Stage:
         return sum(u.nbytes for u in self.units)
 
 
+@dataclass(frozen=True)
+class SharedParameter:
+    """A trainable parameter used by a stage other than its owner's: ``name`` (as its owner registers it),
+    the owner ``stage`` whose history holds it, and ``uses``: ``(where, stage)`` of each use elsewhere."""
+
+    name: str
+    stage: int
+    uses: tuple
+
+    def __str__(self) -> str:
+        return (f"{self.name!r} (stage {self.stage}) is also used by "
+                + ", ".join(f"{where} (stage {stage})" for where, stage in self.uses))
+
+
 def units_of(model: nn.Module) -> List[Unit]:
     """The model's parametrized operators in registration order (tied and frozen parameters handled)."""
     seen = set()
     units = []
     for name, module in model.named_modules():
         own = []
-        for p in module.parameters(recurse=False):
+        for key, p in module.named_parameters(recurse=False):
             if p.requires_grad and id(p) not in seen:
                 seen.add(id(p))
-                own.append(p)
+                own.append((key, p))
         if own:
-            units.append(Unit(name or "<root>", type(module).__name__, tuple(own)))
+            units.append(Unit(name or "<root>", type(module).__name__, tuple(p for _, p in own),
+                              tuple(k for k, _ in own)))
     return units
 
 
@@ -106,11 +130,14 @@ class Dataflow:
     ``crossings``: pairs ``(a, b)``, ``b > a``: a weight of unit ``a`` is applied to data computed
     with the weights of unit ``b`` (weights used more than once, e.g. tied embeddings, are left out).
     ``copied``: units whose weights the graph reads through a copy (autocast's casts, ``.to(dtype)``).
+    ``shared``: triples ``(a, b, j)``, ``b > a``: parameter ``j`` of unit ``a``, read by more than one node,
+    is applied to data computed with the weights of unit ``b`` (tied weights, a module applied twice).
     """
 
     first_use: Dict[int, int]
     crossings: FrozenSet[Tuple[int, int]]
     copied: FrozenSet[int]
+    shared: FrozenSet[Tuple[int, int, int]] = frozenset()
 
 
 def dataflow(outputs: Any, units: Sequence[Unit]) -> Dataflow:
@@ -156,7 +183,9 @@ def dataflow(outputs: Any, units: Sequence[Unit]) -> Dataflow:
                 uses[pid] = uses.get(pid, 0) + 1
                 first_use[u] = min(first_use.get(u, math.inf), sequence_nr(node))
     crossings = frozenset((a, b) for a, b, pid in found if uses.get(pid, 0) <= 1)
-    return Dataflow(first_use, crossings, frozenset(copied))
+    index = {id(p): j for u in units for j, p in enumerate(u.params)}
+    shared = frozenset((a, b, index[pid]) for a, b, pid in found if uses.get(pid, 0) > 1)
+    return Dataflow(first_use, crossings, frozenset(copied), shared)
 
 
 def _cuts_ops(n_units: int, stages: int) -> List[int]:
@@ -195,6 +224,8 @@ class Partition:
 
     stages: List[Stage]
     units: List[Unit] = field(repr=False)
+    #: parameters a stage other than their owner's uses (module docstring); filled by :func:`partition_model`
+    shared: List[SharedParameter] = field(default_factory=list, repr=False)
 
     def __len__(self) -> int:
         return len(self.stages)
@@ -224,13 +255,27 @@ class Partition:
                 return s.index
         raise KeyError("parameter is not in this partition")
 
-    def check(self, flow: Dataflow) -> None:
-        """Raise :class:`StageOrderError` if ``flow`` (of ``self.units``) shows data going to an earlier stage."""
-        stage_of = {}
-        for s in self.stages:
-            for u in s.units:
-                stage_of[id(u)] = s.index
-        unit_stage = [stage_of.get(id(u)) for u in self.units]
+    def _unit_stages(self) -> List[Optional[int]]:
+        stage_of = {id(u): s.index for s in self.stages for u in s.units}
+        return [stage_of.get(id(u)) for u in self.units]
+
+    def shared_in(self, flow: Dataflow) -> List[SharedParameter]:
+        """The parameters ``flow`` (of ``self.units``) shows used by a later stage than their owner's."""
+        unit_stage = self._unit_stages()
+        uses: Dict[Tuple[int, int], set] = {}
+        for a, b, j in flow.shared:
+            if unit_stage[a] is not None and unit_stage[b] is not None and unit_stage[b] > unit_stage[a]:
+                uses.setdefault((a, j), set()).add(b)
+        return [SharedParameter(_param_name(self.units[a], j), unit_stage[a],
+                                tuple((f"the forward pass, on data computed by {self.units[b].name!r}", unit_stage[b])
+                                      for b in sorted(bs)))
+                for (a, j), bs in sorted(uses.items())]
+
+    def check(self, flow: Dataflow, shared_parameters: str = "error") -> None:
+        """Raise :class:`StageOrderError` if ``flow`` (of ``self.units``) shows data going to an earlier stage;
+        :class:`SharedParameterError` if it shows a parameter used by a later stage than its owner's (unless
+        ``shared_parameters="first-owner"``)."""
+        unit_stage = self._unit_stages()
         bad = sorted((a, b) for a, b in flow.crossings
                      if unit_stage[a] is not None and unit_stage[b] is not None and unit_stage[b] > unit_stage[a])
         if bad:
@@ -243,6 +288,8 @@ class Partition:
                 f"registers {ua.name!r} before {ub.name!r} but runs it after, so its stages are not contiguous "
                 f"in the pipeline. Order the units by execution: stages=staleopt.partition_model(model, "
                 f"{self.num_stages}, example_input=x) (or register the modules in the order forward runs them)")
+        if shared_parameters != "first-owner":
+            refuse_shared(self.shared_in(flow))
 
     def __repr__(self) -> str:
         rows = [("stage", "units", "modules", "params", "bytes")]
@@ -259,23 +306,74 @@ class Partition:
         return "\n".join(lines)
 
 
+def _param_name(unit: Unit, j: int) -> str:
+    return f"{unit.name}.{unit.param_names[j]}" if unit.param_names else f"{unit.name}[{j}]"
+
+
+def refuse_shared(shared: Sequence[SharedParameter]) -> None:
+    """Raise :class:`SharedParameterError` naming ``shared`` (if any) and the ways out."""
+    if shared:
+        raise SharedParameterError(
+            f"{len(shared)} trainable parameter(s) are used by more than one stage: {'; '.join(map(str, shared))}. "
+            "The engine keeps a parameter's weight history at its owner's stage, so every use would read it with "
+            "the owner's delay, not the delay of the stage that uses it (a real pipeline holds a copy per stage). "
+            "Untie it (one module per use; Hugging Face models: config.tie_word_embeddings=False), put every use "
+            "in one stage (explicit cut points: stages=staleopt.partition_model(model, [cuts])), or accept the "
+            "owner's delay at every use with PipelineOptimizer(..., shared_parameters='first-owner')")
+
+
+def registered_shared(model: nn.Module, stages: Sequence[Stage]) -> List[SharedParameter]:
+    """Parameters registered by a module (or a second registration of a module) in another stage than the
+    unit that owns them: such a module sits in the stage of its own unit, else of the last unit registered
+    before it (registration order, as the partition's)."""
+    owner = {id(p): (u, j) for s in stages for u in s.units for j, p in enumerate(u.params)}
+    stage_of = {id(u): s.index for s in stages for u in s.units}
+    by_name = {u.name: u for s in stages for u in s.units}
+    uses: Dict[int, Dict[str, int]] = {}
+    anchor = None
+    for name, module in model.named_modules(remove_duplicate=False):
+        name = name or "<root>"
+        mine = by_name.get(name)
+        if mine is not None and any(p is q for q in module.parameters(recurse=False) for p in mine.params):
+            anchor = mine
+        else:
+            mine = None
+        for p in module.parameters(recurse=False):
+            u = owner.get(id(p), (None,))[0]
+            if u is None or u is mine:
+                continue
+            here = 0 if anchor is None else stage_of[id(anchor)]
+            if here != stage_of[id(u)]:
+                uses.setdefault(id(p), {})[repr(name)] = here
+    out = []
+    for pid, where in uses.items():
+        u, j = owner[pid]
+        out.append(SharedParameter(_param_name(u, j), stage_of[id(u)], tuple(where.items())))
+    return out
+
+
 def execution_order(model: nn.Module, units: Sequence[Unit], example_input: Any) -> List[Unit]:
     """``units`` sorted by the first use of their weights in one forward pass on ``example_input``.
 
     The pass runs in eval mode (no BatchNorm statistics change) with grad enabled, and nothing
     is backpropagated; units the pass does not use keep their registration order, after the rest.
     """
+    flow = _probe(model, units, example_input)
+    order = sorted(range(len(units)), key=lambda i: (flow.first_use.get(i, math.inf), i))
+    return [units[i] for i in order]
+
+
+def _probe(model: nn.Module, units: Sequence[Unit], example_input: Any) -> Dataflow:
+    """The :class:`Dataflow` of one forward pass on ``example_input`` in eval mode, grad enabled."""
     args = example_input if isinstance(example_input, tuple) else (example_input,)
     modes = [(m, m.training) for m in model.modules()]
     model.eval()
     try:
         with torch.enable_grad():
-            flow = dataflow(model(*args), units)
+            return dataflow(model(*args), units)
     finally:
         for m, training in modes:
             m.training = training
-    order = sorted(range(len(units)), key=lambda i: (flow.first_use.get(i, math.inf), i))
-    return [units[i] for i in order]
 
 
 def partition_model(model: nn.Module, stages: Union[int, Sequence[int]], strategy: str = "ops",
@@ -286,10 +384,17 @@ def partition_model(model: nn.Module, stages: Union[int, Sequence[int]], strateg
     cut points (unit indices where stages 1..P-1 begin, strictly increasing). Units are in
     registration order, or, given ``example_input`` (a tensor or a tuple of forward
     arguments), in the order one forward pass on it first uses them (:func:`execution_order`).
+    :attr:`Partition.shared` lists the parameters a stage other than their owner's uses (from the
+    registrations, and from that forward pass).
     """
     units = units_of(model)
+    used_late = frozenset()  # (a, b, j) of Dataflow.shared, as indices into the (reordered) units
     if example_input is not None and units:
-        units = execution_order(model, units, example_input)
+        flow = _probe(model, units, example_input)
+        order = sorted(range(len(units)), key=lambda i: (flow.first_use.get(i, math.inf), i))
+        position = {old: new for new, old in enumerate(order)}
+        units = [units[i] for i in order]
+        used_late = frozenset((position[a], position[b], j) for a, b, j in flow.shared)
     n = len(units)
     if n == 0:
         raise StageError("the model has no trainable parameters: nothing to pipeline "
@@ -315,4 +420,10 @@ def partition_model(model: nn.Module, stages: Union[int, Sequence[int]], strateg
             raise StageError(f"cut points {cuts} must be strictly increasing within 1..{n - 1} "
                              f"(this model has {n} parametrized operators)")
     bounds = [0] + cuts + [n]
-    return Partition([Stage(i, tuple(units[bounds[i]:bounds[i + 1]])) for i in range(len(bounds) - 1)], units)
+    part = Partition([Stage(i, tuple(units[bounds[i]:bounds[i + 1]])) for i in range(len(bounds) - 1)], units)
+    found = {sp.name: sp for sp in registered_shared(model, part.stages)}
+    for sp in part.shared_in(Dataflow({}, frozenset(), frozenset(), used_late)):
+        found[sp.name] = SharedParameter(sp.name, sp.stage, (found[sp.name].uses if sp.name in found else ())
+                                         + sp.uses)
+    part.shared = list(found.values())
+    return part

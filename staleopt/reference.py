@@ -74,6 +74,13 @@ class ReferenceHistory(History):
     def advance(self, t):
         self._t, self._rest = t, True
 
+    def restart(self):
+        with torch.no_grad():
+            for v in self.views:
+                for w in self._versions[v.index].values():
+                    for x, d in zip(w, v.data):
+                        x.copy_(d)
+
     def stored(self, view: StageView, version: int) -> List[torch.Tensor]:
         return self._versions[view.index][version]
 

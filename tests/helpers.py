@@ -72,23 +72,50 @@ def oracle_grads(x, y, Wf, Wb):
     return grads
 
 
-def sweep_killed_after_first_run(sweep_file, out, extra_args=(), env=None, timeout=60):
-    """Launch ``staleopt sweep`` in a real process and SIGKILL it once the first run is done."""
+#: Seconds a test waits for a subprocess to reach a state (a file, a process exit) before calling it hung: a
+#: guard against hangs, never reached by a merely slow machine (a loaded 2-core machine runs 10-20x slower).
+PATIENCE = 900
+
+
+def wait_for(condition, what, proc=None, poll=0.01):
+    """Poll ``condition()`` until it is true; fail if ``proc`` (a ``Popen``) exits first, or after ``PATIENCE``."""
+    import time
+
+    deadline = time.monotonic() + PATIENCE
+    while not condition():
+        if proc is not None and proc.poll() is not None:
+            err = proc.stderr.read().decode() if proc.stderr else ""
+            raise AssertionError(f"the process exited ({proc.returncode}) before {what}: {err}")
+        assert time.monotonic() < deadline, f"no {what} within {PATIENCE} s: hung"
+        time.sleep(poll)
+
+
+def train_then_stall(config, progress=False, checkpoint=None):
+    """``staleopt.train.run`` for the first run this process trains; a later run waits until the process is
+    killed (so a launch killed after its first run has exactly one done, however slow the machine)."""
+    import time
+
+    from staleopt import train
+    if getattr(train_then_stall, "ran", False):
+        while True:
+            time.sleep(1)
+    train_then_stall.ran = True
+    return train.run(config, progress=progress, checkpoint=checkpoint)
+
+
+def sweep_killed_after_first_run(sweep_file, out, extra_args=(), env=None):
+    """Launch ``staleopt sweep`` in a real process and SIGKILL it once the first run is done (its train function
+    must hold a second run back: :func:`train_then_stall`, or ``test_sweep.fake_train`` with ``FAKE_STALL``)."""
     import os
     import signal
     import subprocess
     import sys
-    import time
 
     proc = subprocess.Popen([sys.executable, "-m", "staleopt.cli", "sweep", str(sweep_file), "--out", str(out),
                              "--no-bar", *extra_args], env={**os.environ, **(env or {})},
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
-        deadline = time.time() + timeout
-        while not list(out.glob("runs/*/done")):
-            assert proc.poll() is None, proc.stderr.read().decode()
-            assert time.time() < deadline, f"no run finished within {timeout} s"
-            time.sleep(0.01)
+        wait_for(lambda: list(out.glob("runs/*/done")), "finished run", proc)
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait()
     finally:

@@ -4,6 +4,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -16,6 +17,8 @@ from staleopt.checkpoint import Checkpoint, read as read_checkpoint
 from staleopt.cli import main
 from staleopt.config import RunConfig
 from staleopt.errors import CheckpointError
+
+from helpers import wait_for
 
 REPO = Path(__file__).resolve().parents[1]
 SMALL = dict(model="mlp", model_kwargs={"depth": 3, "hidden": 16}, data="synthetic",
@@ -139,17 +142,13 @@ stages = [3, 1]
 """
 
 
-def killed_when(args, ready, timeout=120):
+def killed_when(args, ready):
     """Start ``python -m staleopt.cli ARGS`` and SIGKILL it as soon as ``ready()`` is true."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
     proc = subprocess.Popen([sys.executable, "-m", "staleopt.cli", *args], env=env, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE)
     try:
-        deadline = time.time() + timeout
-        while not ready():
-            assert proc.poll() is None, proc.stderr.read().decode()
-            assert time.time() < deadline, f"not ready within {timeout} s"
-            time.sleep(0.005)
+        wait_for(ready, "checkpoint", proc, poll=0.005)
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait()
     finally:
@@ -204,11 +203,10 @@ def test_a_worker_killed_in_a_process_pool_fails_only_its_run_which_resumes(tmp_
     path.write_text(SWEEP)
     configs = sweep.load_sweep(path).configs
     out = tmp_path / "out"
-    killed = []
+    killed, over = [], threading.Event()
 
     def kill_a_worker():  # the claim file names the process that trains the run
-        deadline = time.time() + 120
-        while time.time() < deadline:
+        while not over.is_set():
             for c in configs:
                 run_dir = out / "runs" / c.run_id()
                 held = lease.holder(run_dir) if (run_dir / "checkpoint.pt").exists() else None
@@ -217,11 +215,13 @@ def test_a_worker_killed_in_a_process_pool_fails_only_its_run_which_resumes(tmp_
                     killed.append(c)
                     return
             time.sleep(0.005)
-    import threading
     killer = threading.Thread(target=kill_a_worker)
     killer.start()
-    report = sweep.run_sweep(path, out, workers=2, bar=False, checkpoint_every=10)
-    killer.join()
+    try:
+        report = sweep.run_sweep(path, out, workers=2, bar=False, checkpoint_every=10)
+    finally:
+        over.set()
+        killer.join()
     assert killed and report.failed == [killed[0].run_id()] and not report.ok
     other = next(c for c in configs if c is not killed[0])
     assert report.finished == {other.run_id(): "ok"}  # the other worker's run went on to the end

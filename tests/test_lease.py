@@ -15,6 +15,8 @@ from staleopt import lease, sweep
 from staleopt.cli import main
 from staleopt.errors import ClaimLostError, ConfigError
 
+from helpers import PATIENCE, wait_for
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -108,8 +110,7 @@ def test_the_heartbeat_keeps_a_claim_fresh(tmp_path):
     with mine:
         old = time.time() - 100
         os.utime(mine.path, (old, old))
-        time.sleep(0.3)  # a few beats of timeout / 10
-        assert time.time() - mine.path.stat().st_mtime < 1
+        wait_for(lambda: mine.path.stat().st_mtime > old + 50, "heartbeat")  # a beat every timeout / 10
     assert not mine.path.exists()
 
 
@@ -138,9 +139,10 @@ def test_two_launches_at_once_train_every_run_exactly_once(tmp_path):
     out, log = tmp_path / "out", tmp_path / "calls.log"
     cmd = [sys.executable, "-m", "staleopt.cli", "sweep", str(path), "--out", str(out), "--no-bar",
            "--train-fn", "test_sweep:fake_train"]
-    env = _env(FAKE_SLEEP="0.7", FAKE_LOG=str(log))
+    # each launch's first run waits until the other launch runs one too: both take part however slowly they start
+    env = _env(FAKE_SLEEP="0.7", FAKE_LOG=str(log), FAKE_PIDS=str(tmp_path / "pids"), FAKE_PROCESSES="2")
     procs = [subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE) for _ in range(2)]
-    results = [p.communicate(timeout=120) for p in procs]
+    results = [p.communicate(timeout=PATIENCE) for p in procs]
     for p, (stdout, stderr) in zip(procs, results):
         assert p.returncode == 0, stderr.decode()
         assert b"Traceback" not in stderr

@@ -4,6 +4,8 @@ from pathlib import Path
 import nbformat
 import pytest
 
+from helpers import PATIENCE
+
 nbclient = pytest.importorskip("nbclient")
 
 REPO = Path(__file__).resolve().parents[1]
@@ -23,7 +25,7 @@ def test_notebook_runs_and_draws_its_figures(path, monkeypatch, tmp_path):
     monkeypatch.setenv("MPLBACKEND", "Agg")
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     nb = nbformat.read(path, as_version=4)
-    nbclient.NotebookClient(nb, timeout=300, kernel_name="python3",
+    nbclient.NotebookClient(nb, timeout=PATIENCE, startup_timeout=PATIENCE, kernel_name="python3",
                             resources={"metadata": {"path": str(REPO)}}).execute()
     outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])]
     assert not [o for o in outputs if o.output_type == "error"]

@@ -17,6 +17,8 @@ from staleopt.cli import main
 from staleopt.config import RunConfig
 from staleopt.optimizer import PipelineOptimizer
 
+from helpers import PATIENCE, wait_for
+
 REPO = Path(__file__).resolve().parents[1]
 SMALL = dict(model="mlp", model_kwargs={"depth": 2, "hidden": 16}, data="synthetic",
              data_kwargs={"num_samples": 250, "input_shape": [1, 8], "num_classes": 4}, batch_size=16, epochs=3,
@@ -136,7 +138,7 @@ def test_worker_processes_show_each_runs_progress(tmp_path):
     path.write_text(SWEEP.replace("epochs = 4", "epochs = 1"))
     proc = subprocess.run([sys.executable, "-m", "staleopt.cli", "sweep", str(path), "--out", str(tmp_path / "o"),
                            "--workers", "2", "--progress", "--no-bar"], env=_env(), capture_output=True, text=True,
-                          timeout=300)
+                          timeout=PATIENCE)
     assert proc.returncode == 0, proc.stderr
     seen = bars(proc.stderr)
     for c in sweep.load_sweep(path).configs:
@@ -156,11 +158,7 @@ def test_records_of_a_run_in_flight_can_be_followed(tmp_path, capsys):
                              "--train-fn", "test_progress:gated_train"], env=_env(GATE=str(gate)),
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
-        deadline = time.time() + 120
-        while not (records.exists() and len(pd.read_csv(records)) >= 1):
-            assert proc.poll() is None, proc.stderr.read().decode()
-            assert time.time() < deadline
-            time.sleep(0.01)
+        wait_for(lambda: records.exists() and len(pd.read_csv(records)) >= 1, "first epoch's record", proc)
         # the run is in flight: results leaves it out, --partial shows its epochs so far
         assert sweep.run_state(records.parent) == "running"
         assert main(["results", str(out)]) == 0
@@ -176,7 +174,7 @@ def test_records_of_a_run_in_flight_can_be_followed(tmp_path, capsys):
         mid = partial[partial.run == first.run_id()].reset_index(drop=True)
         assert list(mid["epoch"]) == [1] and mid["step"].iloc[0] == 62
         gate.unlink()
-        assert proc.wait(timeout=300) == 0
+        assert proc.wait(timeout=PATIENCE) == 0
     finally:
         if proc.poll() is None:
             proc.kill()

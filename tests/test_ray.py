@@ -5,6 +5,7 @@ check that a missing Ray gives a clear error.
 """
 import random
 import sys
+import time
 
 import pandas as pd
 import pytest
@@ -61,9 +62,44 @@ def test_missing_ray_is_a_clear_error(monkeypatch, tmp_path):
         list(ray_executor.run_jobs(sweep._execute, [("test_ray:fake_train", {}, str(tmp_path), False, {})]))
 
 
+#: Seconds Ray may take to start its head node and workers, or to answer a health check, on a loaded machine:
+#: a limit for a hung Ray only. Ray's own (20-60 s, one of them fixed) are missed on a busy 2-core machine.
+PATIENCE = 600
+
+
+def _patient(get_node):
+    """``ray._private.services.get_node``, retried until the node is registered (or ``PATIENCE`` s pass).
+
+    A starting head node polls this for its raylet's registration with the GCS and gives up after a fixed
+    30 s ("The current node timed out during startup", ``ray/_private/node.py``; no setting changes it): a
+    call that returns once the raylet registered makes that wait an event, not a deadline."""
+    def patient(*args, **kwargs):
+        deadline = time.monotonic() + PATIENCE
+        while True:
+            try:
+                return get_node(*args, **kwargs)
+            except RuntimeError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
+    return patient
+
+
 @pytest.fixture(scope="module")
 def ray():
-    return pytest.importorskip("ray")
+    """Ray, with its startup and health-check limits raised to ``PATIENCE`` for the Ray this module starts."""
+    with pytest.MonkeyPatch.context() as mp:
+        # read by the GCS and raylet processes Ray starts (RayConfig: RAY_<name>); seconds, or ms where named
+        for key, value in (("RAY_worker_register_timeout_seconds", PATIENCE),
+                           ("RAY_gcs_rpc_server_reconnect_timeout_s", PATIENCE),
+                           ("RAY_health_check_failure_threshold", PATIENCE // 3),  # checks 3 s apart
+                           ("RAY_NUM_REDIS_GET_RETRIES", PATIENCE)):
+            mp.setenv(key, str(value))
+        ray = pytest.importorskip("ray")
+        from ray._private import ray_constants, services
+        mp.setattr(ray_constants, "NUM_REDIS_GET_RETRIES", PATIENCE)  # (ray may have been imported before)
+        mp.setattr(services, "get_node", _patient(services.get_node))
+        yield ray
 
 
 def test_local_ray_sweep_equals_the_serial_sweep(ray, tmp_path):

@@ -14,7 +14,7 @@ from staleopt.cli import main
 from staleopt.config import RunConfig
 from staleopt.errors import ConfigError, SweepConfigError
 
-from helpers import sweep_killed_after_first_run
+from helpers import PATIENCE, sweep_killed_after_first_run, wait_for
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -22,8 +22,10 @@ REPO = Path(__file__).resolve().parents[1]
 def fake_train(config, progress=False):
     """A deterministic stand-in for staleopt.train.run: records are a function of the run id only.
 
-    ``$FAKE_LOG`` collects the run ids it was called with, ``$FAKE_PIDS`` the process ids it ran in;
-    ``$FAKE_SLEEP`` seconds pass per run;
+    ``$FAKE_LOG`` collects the run ids it was called with, ``$FAKE_PIDS`` the process ids it ran in (a run
+    waits there until ``$FAKE_PROCESSES`` processes have started one);
+    ``$FAKE_SLEEP`` seconds pass per run; after ``$FAKE_STALL`` runs in one process, a run waits until the
+    process is killed (an event for the kill tests to wait on, instead of a race with a run's duration);
     method ``pb`` "diverges" after its first epoch.
     """
     if os.environ.get("FAKE_LOG"):
@@ -32,6 +34,11 @@ def fake_train(config, progress=False):
     if os.environ.get("FAKE_PIDS"):
         with open(os.environ["FAKE_PIDS"], "a") as f:
             f.write(f"{os.getpid()}\n")
+        while len(set(open(os.environ["FAKE_PIDS"]).read().split())) < int(os.environ.get("FAKE_PROCESSES", "0")):
+            time.sleep(0.05)
+    fake_train.calls = getattr(fake_train, "calls", 0) + 1
+    while os.environ.get("FAKE_STALL") and fake_train.calls > int(os.environ["FAKE_STALL"]):
+        time.sleep(1)
     time.sleep(float(os.environ.get("FAKE_SLEEP", "0")))
     rng = random.Random(config.run_id())
     rows = []
@@ -152,7 +159,7 @@ def _records(sweep_dir):
 def test_killed_sweep_resumes_to_the_uninterrupted_result(tmp_path, monkeypatch):
     path = _write(tmp_path)
     killed, log = tmp_path / "killed", tmp_path / "calls.log"
-    env = {"PYTHONPATH": os.pathsep.join([str(REPO / "tests"), str(REPO)]), "FAKE_SLEEP": "1.5",
+    env = {"PYTHONPATH": os.pathsep.join([str(REPO / "tests"), str(REPO)]), "FAKE_STALL": "1",
            "FAKE_LOG": str(log)}
     sweep_killed_after_first_run(path, killed, ["--train-fn", "test_sweep:fake_train"], env)  # run 2 in flight
 
@@ -211,22 +218,21 @@ def test_a_killed_launch_leaves_no_worker_training(tmp_path, signame):
     proc = subprocess.Popen([sys.executable, "-m", "staleopt.cli", "sweep", str(_write(tmp_path)), "--out",
                              str(tmp_path / "s"), "--no-bar", "--workers", "2", "--train-fn", "test_sweep:fake_train"],
                             env={**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "tests"), str(REPO)]),
-                                 "FAKE_SLEEP": "120", "FAKE_PIDS": str(pids)},
+                                 "FAKE_STALL": "0", "FAKE_PIDS": str(pids)},
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     workers = []
+
+    def started():
+        nonlocal workers
+        workers = [int(p) for p in pids.read_text().split()] if pids.exists() else []
+        return len(workers) >= 2
     try:
-        deadline = time.time() + 60
-        while len(workers) < 2:
-            assert proc.poll() is None and time.time() < deadline, "the two workers did not start their runs"
-            time.sleep(0.05)
-            workers = [int(p) for p in pids.read_text().split()] if pids.exists() else []
+        wait_for(started, "two workers training", proc, poll=0.05)
         os.kill(proc.pid, getattr(signal, signame))
-        proc.wait(timeout=30)
-        deadline = time.time() + 3 + 3 * sweep.PARENT_POLL_SECONDS
-        while any(_alive(w) for w in workers) and time.time() < deadline:
-            time.sleep(0.05)
-        assert not [w for w in workers if _alive(w)], f"workers still running {time.time() - deadline:+.1f} s after the launch died"
-        assert len(list((tmp_path / "s" / "runs").glob("*/done"))) == 0  # nothing finished: 120 s runs
+        proc.wait(timeout=PATIENCE)
+        # the runs never end on their own (FAKE_STALL): a worker that exits does so because its launch died
+        wait_for(lambda: not any(_alive(w) for w in workers), "exit of the workers after the launch died", poll=0.05)
+        assert len(list((tmp_path / "s" / "runs").glob("*/done"))) == 0
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -31,13 +31,13 @@ class StaleWeights:
         engine = correction.engine
         self.views = [c for c in engine.chunks if c.H]  # stages that can be stale
         self._oldest: Dict[int, tuple] = {}
-        for c in self.views:
-            flat, views = c.zeros()
-            torch._foreach_copy_(views, c.data)  # w_{-H} = w_0
-            self._oldest[c.index] = (flat, views)
+        for c in self.views:  # (first read at step H_i, after refresh filled it at step H_i - 1)
+            self._oldest[c.index] = c.zeros()
 
     def version(self, view, step: int, tau: int) -> List[torch.Tensor]:
         """Per-parameter tensors of ``w_{step - tau}`` of ``view`` (``0 <= tau <= view.H``), in ``before_update``."""
+        if step < tau:  # w_(step - tau) is w_0, which the history stores as version 0 until step H_i
+            return view.stored(0)
         if tau == view.H:
             return self._oldest[view.index][1]
         return view.stored(step - tau)
