@@ -133,3 +133,71 @@ def test_large_and_non_contiguous_parameters_swap_in_pieces(monkeypatch):
             assert blocks and all(sum(sizes) * 8 <= 64 for _, _, sizes, _ in blocks)
         runs.append([p.detach().clone() for p in model.parameters()])
     assert all(torch.equal(a, b) for a, b in zip(*runs))
+
+
+def _syncs(make_base, method, steps=6, device="cpu"):
+    """Reads back to the host per step (the last ``steps - 3``) of ``method`` (None: the base alone)."""
+    model = mlp(SIZES).to(device)
+    base = make_base(model.parameters())
+    opt = base if method is None else staleopt.PipelineOptimizer(model, base, stages=4, schedule=method)
+    counts = []
+    for i, (x, y) in enumerate(batches(steps, in_dim=SIZES[0], out_dim=SIZES[-1])):
+        mode = _Moves()
+        _step(model, opt, x.to(device), y.to(device), mode if i >= 3 else None)
+        counts.append(len(mode.syncs))
+    return counts[3:]
+
+
+def _tensor_lr(cls, **kw):
+    return lambda params: cls(params, lr=torch.tensor(0.01, dtype=torch.float64), **kw)
+
+
+@pytest.mark.parametrize("method", ["dataflow", "pipedream", "pipemare", "pipemare-t1", "pipeoptim", "spectrain",
+                                    "xpipe"])
+@pytest.mark.parametrize("make_base", [_tensor_lr(torch.optim.Adam, fused=True),
+                                       _tensor_lr(torch.optim.AdamW, fused=True, weight_decay=0.1)],
+                         ids=["fused Adam", "fused AdamW"])
+def test_no_host_reads_per_step_with_fused_adam_and_a_tensor_lr(make_base, method):
+    """``.item()`` and the like (``_local_scalar_dense``) stall a GPU: the engine never calls them, even where a
+    correction needs the lr (weight prediction, T1) or Adam's step (a tensor on the device when fused)."""
+    assert _syncs(make_base, None) == [0, 0, 0]
+    assert _syncs(make_base, method) == [0, 0, 0]
+
+
+def test_weight_prediction_reads_no_tensor_lr_back_with_any_optimizer():
+    """The generic rule (the last update over the lr) with a Tensor lr adds no host read to the optimizer's own."""
+    make = _tensor_lr(torch.optim.RMSprop)
+    assert _syncs(make, "pipeoptim") == _syncs(make, None)
+
+
+def test_a_tensor_lr_predicts_like_a_float_lr():
+    """Weight prediction and T1 with a Tensor lr give the weights of the same lr as a Python float."""
+    runs = []
+    for lr in (0.01, torch.tensor(0.01, dtype=torch.float64)):
+        for method in ("pipeoptim",):
+            model = mlp(SIZES, seed=2)
+            opt = staleopt.PipelineOptimizer(model, torch.optim.Adam(model.parameters(), lr=lr, foreach=False),
+                                             stages=4, schedule=method)
+            for x, y in batches(8, in_dim=SIZES[0], out_dim=SIZES[-1]):
+                _step(model, opt, x, y)
+            runs.append(torch.cat([p.detach().flatten() for p in model.parameters()]))
+    torch.testing.assert_close(runs[0], runs[1], rtol=1e-12, atol=0)
+    assert not torch.equal(runs[0], torch.cat([p.detach().flatten() for p in mlp(SIZES, seed=2).parameters()]))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("method", ["dataflow", "pipemare", "pipeoptim", "xpipe"])
+def test_no_cuda_sync_per_step(method):
+    """On a GPU, torch's sync debug mode raises at any synchronizing call inside the engine's step."""
+    model = mlp(SIZES).cuda()
+    base = torch.optim.Adam(model.parameters(), lr=torch.tensor(0.01, device="cuda"), fused=True)
+    opt = staleopt.PipelineOptimizer(model, base, stages=4, schedule=method)
+    data = [(x.cuda(), y.cuda()) for x, y in batches(6, in_dim=SIZES[0], out_dim=SIZES[-1])]
+    for x, y in data[:3]:
+        _step(model, opt, x, y)
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for x, y in data[3:]:
+            _step(model, opt, x, y)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
