@@ -738,9 +738,14 @@ class PipelineOptimizer(torch.optim.Optimizer):
                             "was built (e.g. model.to(device) or load_state_dict(assign=True)): build "
                             "the optimizer after the model is on its device")
 
+    @disable_dynamo
     @torch.no_grad()
     def step(self, closure=None):
         """Apply the base optimizer to ``w_t`` with the simulated gradient; advance the history.
+
+        ``torch.compile(opt.step)`` runs this step eagerly (dynamo skips it, as it skips the hooks):
+        the engine's bookkeeping (which version is where, the step count, the plans) is Python state
+        that a graph would freeze. To compile the update itself, compile the base optimizer's step.
 
         Order within the step (``docs/engine.md``): restore ``w_t``; push it into the history;
         corrections' ``lr_factors``, then per correction ``transform_stored`` and

@@ -201,3 +201,57 @@ def test_no_cuda_sync_per_step(method):
             _step(model, opt, x, y)
     finally:
         torch.cuda.set_sync_debug_mode("default")
+
+
+@pytest.mark.parametrize("method", ["dataflow", "pipemare"])
+def test_compiled_step_runs_the_engine_eagerly(method):
+    """``torch.compile(opt.step)`` used to trace the engine's bookkeeping into a graph (pipemare then asked for
+    version -5 at step 1); dynamo now skips the step: the same weights and step count as eager, bit for bit."""
+    dynamo = pytest.importorskip("torch._dynamo")
+    runs = []
+    for compiled in (False, True):
+        dynamo.reset()
+        model = mlp()
+        opt = staleopt.PipelineOptimizer(model, torch.optim.Adam(model.parameters(), lr=0.01), stages=3,
+                                         schedule=method)
+        step = torch.compile(opt.step, backend="aot_eager") if compiled else opt.step
+        for x, y in batches(5):
+            opt.zero_grad()
+            mse(model(x), y).backward()
+            step()
+        assert opt.step_count == 5
+        runs.append(torch.cat([p.detach().flatten() for p in model.parameters()]))
+    assert torch.equal(runs[0], runs[1])
+
+
+def test_opt_checkpoint_in_a_compiled_model_compiles_once():
+    """``opt.checkpoint`` is kept out of dynamo (a graph break at each call, the segment runs eagerly with its
+    recompute view): the compiled model under ``pipemare-recompute`` compiles in the first step only and
+    trains exactly as in eager."""
+    dynamo = pytest.importorskip("torch._dynamo")
+    from torch._dynamo.testing import CompileCounterWithBackend
+    from test_engine_recompute import WIDTHS, Net, data
+
+    class Unrolled(Net):
+        def forward(self, x):
+            x = self.opt.checkpoint(self.run, 0, 0, x)
+            x = self.opt.checkpoint(self.run, 1, 1, x)
+            return self.run(2, 2, x)
+
+    runs, frames = [], []
+    for compiled in (False, True):
+        dynamo.reset()
+        model = Unrolled(WIDTHS, [])
+        counter = CompileCounterWithBackend("aot_eager")
+        call = torch.compile(model, backend=counter) if compiled else model
+        opt = staleopt.PipelineOptimizer(call, torch.optim.SGD(model.parameters(), lr=0.1), stages=3,
+                                         schedule="pipemare-recompute")
+        model.opt = opt
+        for x, y in data(6):
+            opt.zero_grad()
+            ((call(x) - y) ** 2).mean().backward()
+            opt.step()
+            frames.append(counter.frame_count)
+        runs.append(torch.cat([p.detach().flatten() for p in model.parameters()]))
+    assert frames[6] > 0 and frames[6:] == [frames[6]] * 6
+    assert torch.equal(runs[0], runs[1])
