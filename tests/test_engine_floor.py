@@ -25,11 +25,12 @@ class _Moves(TorchDispatchMode):
 
     def __init__(self):
         super().__init__()
-        self.bytes, self.syncs = 0, []
+        self.bytes, self.syncs, self.ops = 0, [], 0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         name = func.overloadpacket.__name__
+        self.ops += not func.is_view
         if name == "copy_":
             self.bytes += args[0].numel() * args[0].element_size()
         elif name == "_foreach_copy_":
@@ -255,3 +256,43 @@ def test_opt_checkpoint_in_a_compiled_model_compiles_once():
         runs.append(torch.cat([p.detach().flatten() for p in model.parameters()]))
     assert frames[6] > 0 and frames[6:] == [frames[6]] * 6
     assert torch.equal(runs[0], runs[1])
+
+
+@pytest.mark.parametrize("memory", ["minimal", "fast"])
+@pytest.mark.parametrize("method, args", [("dataflow", None), ("pipedream", None), ("pipeoptim", None),
+                                          ("pipemare", {"anneal_steps": 2, "decay": 0.3})])
+def test_ops_per_step_do_not_grow_with_the_stage_count(method, args, memory):
+    """The history's moves, T2's rewrite and delta update and weight prediction are each a fixed number of
+    foreach calls over all stages: a step dispatches as many ops at P = 3 as at P = 9 (base SGD with
+    foreach, as on a GPU; pipemare past T1's annealing, whose per-stage groups add the base step's ops
+    per stage while it anneals, docs/engine.md)."""
+    sizes = (5,) + (12,) * 8 + (3,)
+    counts = []
+    for P in (3, 9):
+        model = mlp(sizes)
+        opt = staleopt.PipelineOptimizer(model, torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9,
+                                                                foreach=True),
+                                         stages=P, schedule=method, method_args=args, memory=memory)
+        data = batches(14, in_dim=sizes[0], out_dim=sizes[-1])
+        for x, y in data[:13]:
+            _step(model, opt, x, y)
+        mode = _Moves()
+        _step(model, opt, *data[13], mode)
+        counts.append(mode.ops)
+    assert counts[0] == counts[1]
+
+
+def test_t2_updates_delta_in_bounded_blocks(monkeypatch):
+    """T2's ``w_{t+1} - w_t`` temporary goes block by block: 64-byte blocks (every tensor cut in flat pieces)
+    give the weights of one block, bit for bit."""
+    from staleopt import history
+    runs = []
+    for block in (history.SWAP_BLOCK_BYTES, 64):
+        monkeypatch.setattr(history, "SWAP_BLOCK_BYTES", block)
+        model = mlp(seed=6)
+        opt = staleopt.PipelineOptimizer(model, torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9),
+                                         stages=3, schedule="pipemare", method_args={"anneal_steps": 4, "decay": 0.3})
+        for x, y in batches(6):
+            _step(model, opt, x, y)
+        runs.append([p.detach().clone() for p in model.parameters()])
+    assert all(torch.equal(a, b) for a, b in zip(*runs))
