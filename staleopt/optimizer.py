@@ -78,7 +78,7 @@ from .history import STRATEGIES, History, SlotHistory, StageView
 from .partition import Partition, dataflow, partition_model
 from .recompute import RecomputeWindow, reached_parameters
 from .schedules import Schedule
-from .stage_lr import StageGroups
+from .stage_lr import StageGroups, stepping_optimizers
 from .validate import check_int
 
 __all__ = ["PipelineOptimizer"]
@@ -281,6 +281,8 @@ class PipelineOptimizer(torch.optim.Optimizer):
         self._stage_of_param = {id(p): s.index for s in self._partition for p in s.params}
         self._per_stage_lr = any(type(c).lr_factors is not Correction.lr_factors for c in self._corrections)
         self._stage_groups = StageGroups(self._stage_of_param)
+        if self._per_stage_lr:
+            stepping_optimizers(self._base)  # per-stage step sizes must reach the optimizer that steps
         self._lr_factors = [1.0] * self._partition.num_stages
         self._outside = [p for g in self._base.param_groups for p in g["params"] if id(p) not in self._stage_of_param]
         self._warned = set()
