@@ -46,11 +46,27 @@ from torch import nn
 from .errors import CheckpointError, CorrectionError
 
 __all__ = ["StageView", "make_views", "History", "SlotHistory", "MoveStrategy", "SwapMoves", "CopyMoves",
-           "STRATEGIES", "SWAP_BLOCK_BYTES"]
+           "STRATEGIES", "SWAP_BLOCK_BYTES", "blocks"]
 
 Target = Tuple[int, bool]  # (version, rewritten in place)
 #: A swap goes through a temporary buffer of at most this many bytes at a time (larger parameters in pieces).
 SWAP_BLOCK_BYTES = 1 << 24
+
+
+def blocks(tensors: Sequence[torch.Tensor]) -> List[Tuple[int, int]]:
+    """Index ranges ``[a, b)`` of ``tensors`` of at most :data:`SWAP_BLOCK_BYTES` together (a larger tensor
+    alone): how the corrections bound a foreach call's weight-sized temporaries, whatever the model."""
+    out: List[Tuple[int, int]] = []
+    a, size = 0, 0
+    for b, t in enumerate(tensors):
+        nbytes = t.numel() * t.element_size()
+        if b > a and size + nbytes > SWAP_BLOCK_BYTES:
+            out.append((a, b))
+            a, size = b, 0
+        size += nbytes
+    if a < len(tensors):
+        out.append((a, len(tensors)))
+    return out
 
 
 def _narrowings(shape: Tuple[int, ...], cap: int, dim: int) -> List[tuple]:

@@ -282,16 +282,21 @@ def test_ops_per_step_do_not_grow_with_the_stage_count(method, args, memory):
     assert counts[0] == counts[1]
 
 
-def test_t2_updates_delta_in_bounded_blocks(monkeypatch):
-    """T2's ``w_{t+1} - w_t`` temporary goes block by block: 64-byte blocks (every tensor cut in flat pieces)
+@pytest.mark.parametrize("method, base", [("pipemare", torch.optim.SGD), ("pipeoptim", torch.optim.Adam),
+                                          ("xpipe", torch.optim.SGD)])
+def test_weight_sized_temporaries_go_in_bounded_blocks(monkeypatch, method, base):
+    """T2's ``w_{t+1} - w_t`` and weight prediction's Adam direction (the base's moments or its own) are
+    temporaries computed block by block: 64-byte blocks (every tensor its own block, T2's cut in flat pieces)
     give the weights of one block, bit for bit."""
     from staleopt import history
     runs = []
     for block in (history.SWAP_BLOCK_BYTES, 64):
         monkeypatch.setattr(history, "SWAP_BLOCK_BYTES", block)
         model = mlp(seed=6)
-        opt = staleopt.PipelineOptimizer(model, torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9),
-                                         stages=3, schedule="pipemare", method_args={"anneal_steps": 4, "decay": 0.3})
+        kw = {"momentum": 0.9} if base is torch.optim.SGD else {}
+        opt = staleopt.PipelineOptimizer(model, base(model.parameters(), lr=0.05, **kw), stages=3, schedule=method,
+                                         **({"method_args": {"anneal_steps": 4, "decay": 0.3}}
+                                            if method == "pipemare" else {}))
         for x, y in batches(6):
             _step(model, opt, x, y)
         runs.append([p.detach().clone() for p in model.parameters()])

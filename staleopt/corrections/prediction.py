@@ -6,6 +6,7 @@ from typing import Dict, List
 
 import torch
 
+from .. import history
 from ..errors import CorrectionError
 from .base import Correction
 
@@ -289,15 +290,16 @@ class WeightPrediction(Correction):
                 steps = [float(st["step"]) for _, st in items]
                 bc1 = [1 - betas[0] ** k for k in steps]
                 bc2 = [math.sqrt(1 - betas[1] ** k) for k in steps]
-            num = torch._foreach_div(m, bc1)
-            den = torch._foreach_sqrt(v)
-            torch._foreach_div_(den, bc2)
-            torch._foreach_add_(den, eps)
-            torch._foreach_div_(num, den)
-            if decoupled:
-                torch._foreach_add_(ds, num)  # d held wd * w_t
-            else:
-                torch._foreach_copy_(ds, num)
+            for a, b in history.blocks(ds):  # (the temporaries: at most a block, not the model)
+                num = torch._foreach_div(m[a:b], bc1[a:b])
+                den = torch._foreach_sqrt(v[a:b])
+                torch._foreach_div_(den, bc2[a:b])
+                torch._foreach_add_(den, eps)
+                torch._foreach_div_(num, den)
+                if decoupled:
+                    torch._foreach_add_(ds[a:b], num)  # d held wd * w_t
+                else:
+                    torch._foreach_copy_(ds[a:b], num)
 
     def _own_moments(self, rest):
         ds = [d for _, _, d, _, _, _, _ in rest]
@@ -314,12 +316,13 @@ class WeightPrediction(Correction):
         torch._foreach_add_(m, grads, alpha=1 - beta1)
         torch._foreach_mul_(v, beta2)
         torch._foreach_addcmul_(v, grads, grads, value=1 - beta2)
-        num = torch._foreach_div(m, 1 - beta1 ** k)
-        den = torch._foreach_div(v, 1 - beta2 ** k)
-        torch._foreach_sqrt_(den)
-        torch._foreach_add_(den, self.eps)
-        torch._foreach_div_(num, den)
-        torch._foreach_copy_(ds, num)
+        for a, b in history.blocks(ds):  # (the temporaries: at most a block, not the model)
+            num = torch._foreach_div(m[a:b], 1 - beta1 ** k)
+            den = torch._foreach_div(v[a:b], 1 - beta2 ** k)
+            torch._foreach_sqrt_(den)
+            torch._foreach_add_(den, self.eps)
+            torch._foreach_div_(num, den)
+            torch._foreach_copy_(ds[a:b], num)
 
     def direction(self, stage: int) -> torch.Tensor:
         """The current ``dW`` of ``stage`` (flat)."""
