@@ -96,7 +96,6 @@ class DiscrepancyCorrection(Correction):
                 self._ring[i] = (M, ring, [c.split(ring[r]) for r in range(M)])
         self._weights = [1.0 - self.gamma[engine.chunks[i].stage] for i, (_, _, rows) in self._ring.items()
                          for _ in rows[0]]
-        self._scales: Dict[tuple, torch.Tensor] = {}
 
     def _delta_at(self, index: int, version: int) -> List[torch.Tensor]:
         """Per-parameter views of view ``index``'s ``delta_version`` (``t - M < version <= t``)."""
@@ -134,25 +133,21 @@ class DiscrepancyCorrection(Correction):
     def modifies_backward(self, stage, tau_fwd, tau_bkwd):
         return tau_fwd > tau_bkwd and self.gamma[stage] is not None
 
-    def _scale(self, chunk, k: int) -> torch.Tensor:
-        """``-k`` as a 0-d float64 tensor on ``chunk``'s device (cached): ``addcmul_`` with it rounds exactly as
-        ``add_(alpha=-k)``, and one ``_foreach_addcmul_`` takes a different one per tensor."""
-        device = chunk.params[0].device
-        scale = self._scales.get((device, k))
-        if scale is None:
-            scale = self._scales[(device, k)] = torch.tensor(-float(k), dtype=torch.float64, device=device)
-        return scale
-
     def _rewrite(self, chunks, tau, tf) -> None:
-        """``u = w - (tau_fwd - tau) delta_(t - tau)`` for every chunk: one foreach call over all stages."""
-        data, deltas, scales = [], [], []
+        """``u = w - (tau_fwd - tau) delta_(t - tau)`` for every chunk: one foreach call over all stages, with
+        ``-(tau_fwd - tau)`` as a 0-d float64 tensor per tensor (``addcmul_`` with it rounds exactly as
+        ``add_(alpha=...)``), made per call, one tensor per device: nothing kept."""
+        data, deltas, scales = [], [], {}
         for c in chunks:
             delta = self._read(c.index, tau[c.stage])
             data += c.data
             deltas += delta
-            scales += [self._scale(c, tf[c.stage] - tau[c.stage])] * len(delta)
-        if data:
-            torch._foreach_addcmul_(data, deltas, scales)
+            scales.setdefault(c.params[0].device, []).extend([-float(tf[c.stage] - tau[c.stage])] * len(delta))
+        if not data:
+            return
+        per_device = {device: iter(torch.tensor(ks, dtype=torch.float64).to(device, non_blocking=True).unbind())
+                      for device, ks in scales.items()}
+        torch._foreach_addcmul_(data, deltas, [next(per_device[c.params[0].device]) for c in chunks for _ in c.data])
 
     def backward_view(self, chunks, delays):
         self._rewrite(chunks, delays[1], delays[0])
