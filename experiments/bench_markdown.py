@@ -41,15 +41,19 @@ def _ratio(row, name: str) -> str:
 
 
 def step_table(step: pd.DataFrame) -> str:
-    """Table 1: whole-step ratio and engine time of each model's shown variants."""
+    """Table 1: whole-step ratio, engine time, and the ops and weight copies the engine adds per step
+    (copies in units of all the model's weights) of each model's shown variants."""
     lines = ["| model (P) | method | plain step | whole-step ratio, median [IQR] | engine time / step "
-             "| ratio from engine time |", "|---|---|---:|---:|---:|---:|"]
+             "| ratio from engine time | engine ops / step | weight copies / step |",
+             "|---|---|---:|---:|---:|---:|---:|---:|"]
+    counted = "engine_ops" in step.columns  # (runs before 2026-11-24 did not count them)
     for key, variants in STEP_ROWS.items():
         for variant in variants:
             rows = step[(step.model == key) & (step.variant == variant)]
             for _, r in rows.iterrows():
+                counts = f"{r.engine_ops:.0f} | {r.engine_copies:.2f}" if counted else "— | —"
                 lines.append(f"| {_model(key, r.batch, r.stages)} | {_variant(variant)} | {_ms(r.plain_ms)} | "
-                             f"{_ratio(r, 'ratio')} | {_ms(r.engine_ms)} | {r.engine_ratio:.2f} |")
+                             f"{_ratio(r, 'ratio')} | {_ms(r.engine_ms)} | {r.engine_ratio:.2f} | {counts} |")
     return "\n".join(lines)
 
 

@@ -17,8 +17,11 @@ after is recorded in ``meta.json``.
    simulator's own cost, the *engine time* is also timed directly: the wall
    time inside the wrapper's forward pre-hook, forward hook, backward-start
    tensor hook and ``step()``, minus the plain base optimizer's ``step``
-   (probes are hooks placed before and after the wrapper's own; the same
-   probes on the plain model measure their own cost, which is subtracted).
+   (every hook, the end-of-backward callback included, timed at the one entry
+   point all of them go through, :func:`_time_callbacks`). ``engine_ops`` and
+   ``engine_copies``: the ops (non-view aten ops: kernel launches on a GPU) and
+   weight bytes moved (in units of all weights) that the simulator adds to one
+   whole step, counted by a ``TorchDispatchMode`` (:func:`engine_counts`).
    So it includes the slower base step over per-stage param groups (T1).
    ``weights_copy_ms`` is one ``torch._foreach_copy_`` of all weights: the
    memory-copy floor the engine time is compared with.
@@ -105,12 +108,13 @@ import pandas as pd
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import staleopt
 from staleopt import models, schedules, segments
 from staleopt.corrections import DiscrepancyCorrection, WeightPrediction
 
-__all__ = ["main", "HandRolled", "EngineClock", "SegmentClock", "TorchCheckpoint", "new_storage_bytes", "minimum_bytes",
+__all__ = ["main", "HandRolled", "EngineClock", "OpCounter", "engine_counts", "SegmentClock", "TorchCheckpoint", "new_storage_bytes", "minimum_bytes",
            "ModelSpec", "MODELS"]
 
 METHODS = ("pipemare", "pipedream", "pipeoptim")
@@ -157,23 +161,56 @@ QUICK = {
 
 
 # ---------------------------------------------------------------------------------------------- timing
-class EngineClock:
-    """Wall time spent inside a simulator per step, timed around its hooks and ``step``.
+#: The wrapper timed by each live :class:`EngineClock` (by ``id``), for the timed ``_Callback``.
+_CLOCKS: Dict[int, "EngineClock"] = {}
+#: Hooks timed elsewhere: a recompute schedule's unit pre-hooks (:class:`SegmentClock`).
+_TIMED_ELSEWHERE = ("_on_unit_forward",)
 
-    Probes are hooks placed before and after the wrapper's own (``prepend=True``
-    and appended); tensor hooks on the model output fire in registration order,
-    so the backward-start hook is bracketed too. ``base_step`` is the time of
-    the base optimizer's ``step`` inside the wrapper's.
+
+def _time_callbacks() -> None:
+    """Time every hook of every wrapper: ``staleopt.optimizer._Callback`` is the one entry point of the
+    forward pre-hook, the forward hook, the backward-start tensor hooks and the end-of-backward
+    callback (and of the rarer ones), so its ``__call__`` is wrapped once, at class level."""
+    from staleopt import optimizer
+    cls = optimizer._Callback
+    if getattr(cls, "_bench_timed", False):
+        return
+    original = cls.__call__
+
+    def timed_call(self, *args):
+        method = self._method()
+        c = None if method is None or method.__func__.__name__ in _TIMED_ELSEWHERE else \
+            _CLOCKS.get(id(method.__self__))
+        if c is None or c._depth:
+            return original(self, *args)
+        c._depth += 1
+        t = clock()
+        try:
+            return original(self, *args)
+        finally:
+            c.seconds += clock() - t
+            c._depth -= 1
+
+    cls.__call__ = torch._disable_dynamo(timed_call)
+    cls._bench_timed = True
+
+
+class EngineClock:
+    """Time spent inside a wrapper's hooks per step (all of them: :func:`_time_callbacks`), and
+    ``base_step``, the time of the base optimizer's ``step`` (inside the wrapper's ``step()``,
+    which the caller times whole). Without a wrapper (``opt`` None) only ``base_step`` is timed.
+
+    (Until 2026-11-24 probe hooks around the wrapper's own timed the forward pre-hook, the forward
+    hook and the backward-start hook, but not the end-of-backward callback, which restores ``w_t``:
+    the engine time was under-reported, e.g. pipedream's by about a third.)
     """
 
-    def __init__(self, model: nn.Module, base: torch.optim.Optimizer):
-        self.seconds = 0.0
-        self._t0 = 0.0
-        self._handles = [model.register_forward_pre_hook(self._start, prepend=True),
-                         model.register_forward_pre_hook(self._stop),
-                         model.register_forward_hook(self._fwd_start, prepend=True),
-                         model.register_forward_hook(self._fwd_stop)]
-        self.base_step = 0.0
+    def __init__(self, opt: Optional[staleopt.PipelineOptimizer], base: torch.optim.Optimizer):
+        _time_callbacks()
+        self.seconds, self.base_step, self._depth = 0.0, 0.0, 0
+        self._opt = opt
+        if opt is not None:
+            _CLOCKS[id(opt)] = self
         orig = base.step
 
         def timed_step(*args, **kwargs):
@@ -185,28 +222,48 @@ class EngineClock:
 
         base.step = timed_step
 
-    def _start(self, *args):
-        self._t0 = clock()
-
-    def _stop(self, *args):
-        self.seconds += clock() - self._t0
-
-    def _outputs(self, output):
-        return [t for t in torch.utils._pytree.tree_flatten(output)[0]
-                if isinstance(t, torch.Tensor) and t.requires_grad]
-
-    def _fwd_start(self, module, args, output):
-        for t in self._outputs(output):
-            t.register_hook(lambda g: self._start())
-        self._t0 = clock()
-
-    def _fwd_stop(self, module, args, output):
-        self.seconds += clock() - self._t0
-        for t in self._outputs(output):
-            t.register_hook(lambda g: self._stop())
-
     def reset(self) -> None:
         self.seconds, self.base_step = 0.0, 0.0
+
+    def remove(self) -> None:
+        if self._opt is not None:
+            _CLOCKS.pop(id(self._opt), None)
+            self._opt = None
+
+
+class OpCounter(TorchDispatchMode):
+    """Ops dispatched (``ops``: those that are not views, i.e. kernel launches on a GPU) and bytes written
+    by the ops that move weights (``copy_``, ``_foreach_copy_``, ``cat``, ``split_with_sizes_copy``)."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops, self.copy_bytes = 0, 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        name = func.overloadpacket.__name__
+        if not func.is_view and name not in ("detach", "alias", "lift_fresh"):
+            self.ops += 1
+        if name in ("copy_", "_foreach_copy_", "cat"):
+            first = args[0]
+            self.copy_bytes += sum(t.numel() * t.element_size() for t in
+                                   (first if isinstance(first, (list, tuple)) else [first]))
+        elif name == "split_with_sizes_copy":
+            self.copy_bytes += sum(t.numel() * t.element_size() for t in kwargs["out"])
+        return func(*args, **kwargs)
+
+
+def engine_counts(v: "Variant", plain: "Variant") -> Tuple[int, float]:
+    """``(ops, copies)`` per step that ``v``'s simulator adds to the plain step: the ops dispatched in one
+    whole step minus the plain step's (T1's extra base-step ops included), and the weight bytes moved
+    minus the plain step's, in units of all the model's weights. One untimed step of each."""
+    out = []
+    for u in (v, plain):
+        with OpCounter() as counter:
+            u.step()
+        out.append(counter)
+    weights = sum(p.numel() * p.element_size() for p in v.model.parameters() if p.requires_grad)
+    return out[0].ops - out[1].ops, (out[0].copy_bytes - out[1].copy_bytes) / weights
 
 
 class HandRolled:
@@ -417,7 +474,7 @@ class Variant:
         if kind == "staleopt":
             self.opt = staleopt.PipelineOptimizer(self.model, self.base, stages=stages, schedule=method,
                                                   memory=memory)
-        self.clock = EngineClock(self.model, self.base) if kind != "hand" else None
+        self.clock = EngineClock(self.opt, self.base) if kind != "hand" else None
         if recompute is not None:
             runner = (TorchCheckpoint(self.opt.partition, schedules.get("dataflow-recompute")) if recompute == "torch"
                       else self.opt)
@@ -456,7 +513,7 @@ class Variant:
     def engine_seconds(self) -> float:
         """Time in the simulator since the last :meth:`reset`: the hand-rolled loop's own code; the
         wrapper's hooks and whole ``step()`` (base step included: per-stage param groups slow it,
-        :func:`_engine` subtracts the plain base step); for the plain model, the probes' own cost."""
+        :func:`_engine` subtracts the plain base step); for the plain model, nothing."""
         if self.hand is not None:
             return self.hand.seconds
         if self.opt is None:
@@ -488,6 +545,8 @@ class Variant:
     def release(self) -> None:
         if self.segment_clock is not None:
             self.segment_clock.remove()
+        if self.clock is not None:
+            self.clock.remove()
         if self.opt is not None:
             self.opt.remove_hooks()
         self.model = self.opt = self.hand = self.base = None
@@ -516,7 +575,7 @@ def weights_copy_seconds(model: nn.Module, repeats: int = 20) -> float:
 def _engine(v: "Variant", plain: "Variant") -> Tuple[float, float]:
     """(median, min) over rounds of the simulator's own seconds per step.
 
-    For the wrapper: hooks + ``step()`` minus the plain model's base step and probe cost.
+    For the wrapper: hooks + ``step()`` minus the plain model's base step.
     """
     if v.kind != "staleopt":
         return statistics.median(v.engine_s), min(v.engine_s)
@@ -578,11 +637,13 @@ def bench_model(key: str, spec: ModelSpec, rounds: int, steps: int, log) -> Tupl
         ratios = [a / b for a, b in zip(v.rounds_s, plain.rounds_s)]
         q1, med, q3 = _quantiles(ratios)
         engine, engine_min = _engine(v, plain)
+        ops, copies = engine_counts(v, plain)
         step_rows.append({"model": key, "stages": P, "variant": v.name, "batch": spec.batch,
                           "plain_ms": 1e3 * plain_med, "step_ms": 1e3 * statistics.median(v.rounds_s),
                           "ratio": med, "ratio_q1": q1, "ratio_q3": q3,
                           "engine_ms": 1e3 * engine, "engine_min_ms": 1e3 * engine_min,
                           "engine_ratio": (plain_med + engine) / plain_med,
+                          "engine_ops": ops, "engine_copies": copies,
                           "weights_copy_ms": 1e3 * copy_s, "rounds": rounds, "steps_per_round": steps})
         if v.kind == "staleopt":
             minimum = minimum_bytes(v.opt)
@@ -634,8 +695,9 @@ def bench_growth(spec: ModelSpec, stage_counts: Sequence[int], widths: Sequence[
                "weights_copy_ms": 1e3 * weights_copy_seconds(vs[0].model)}
         for v in vs[1:]:
             med, low = _engine(v, vs[0])
+            ops, copies = engine_counts(v, vs[0])
             row.update({f"{v.name}_engine_ms": 1e3 * med, f"{v.name}_engine_min_ms": 1e3 * low,
-                        f"{v.name}_bytes": v.bytes})
+                        f"{v.name}_bytes": v.bytes, f"{v.name}_ops": ops, f"{v.name}_copies": copies})
             if v.opt is not None:
                 row[f"{v.name}_minimum_bytes"] = minimum_bytes(v.opt)
         rows.append(row)
@@ -898,7 +960,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     print("\n1. whole training step vs the base optimizer alone (max P; ratio = median over rounds [IQR]);"
           "\n   engine_ms = the simulator's own time per step, timed directly")
     print(_table(step, ["model", "stages", "variant", "plain_ms", "ratio", "ratio_q1", "ratio_q3", "engine_ms",
-                        "engine_min_ms", "engine_ratio"]))
+                        "engine_min_ms", "engine_ratio", "engine_ops", "engine_copies"]))
     print("\n2. stale-weight memory (bytes of tensors allocated) vs the minimum the delays require")
     print(_table(mem, ["model", "stages", "method", "measured_bytes", "engine_reported_bytes", "minimum_bytes",
                        "ratio_to_minimum"]))
@@ -909,8 +971,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if not args.no_growth:
         print("\n4. growth (ResNet-20; engine time per step, memory)")
         print(_table(growth, ["axis", "value", "stages", "params", "dataflow_engine_ms", "pipemare_engine_ms",
-                              "hand_engine_ms", "weights_copy_ms", "dataflow_bytes", "pipemare_bytes",
-                              "pipemare_minimum_bytes", "hand_bytes"]))
+                              "hand_engine_ms", "weights_copy_ms", "dataflow_ops", "pipemare_ops",
+                              "dataflow_bytes", "pipemare_bytes", "pipemare_minimum_bytes", "hand_bytes"]))
     print("\n5. where the engine time goes (engine-bound setting): the history's data movement "
           "(cat/foreach copies) vs the rest")
     print(_table(split, ["stages", "variant", "engine_ms", "moves_ms", "base_step_extra_ms", "other_ms",

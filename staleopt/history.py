@@ -22,14 +22,15 @@ the parameters hold the only copy of another is the memory strategy's choice:
 
 * :class:`SwapMoves` (``memory="minimal"``, the default): ``S_i = H_i``; the parameters trade
   places with the slot (three copies through a temporary buffer of at most
-  :data:`SWAP_BLOCK_BYTES` at a time, freed at once), so the current weights ``w_t`` never need a
-  slot of their own;
+  :data:`SWAP_BLOCK_BYTES` at a time, larger parameters cut into pieces, freed at once), so the
+  current weights ``w_t`` never need a slot of their own;
 * :class:`CopyMoves` (``memory="fast"``): ``S_i = H_i + 1``; the parameters' content is saved to
   the slot of the version that just expired and the wanted version copied in (two copies, and
   ``push`` is then free).
 
-Either way a stage whose backward view a correction rewrites in place (T2) keeps one free slot for
-the raw version it rewrites. Every move of one phase is batched over all stages: a few
+A stage whose backward view a correction rewrites in place (T2) needs a row for the raw version
+it rewrites: it keeps ``H_i + 1`` rows and moves by :class:`CopyMoves` in either mode.
+Every move of one phase is batched over all stages: a few
 ``torch.cat``/``torch._foreach_copy_``/``torch.split_with_sizes_copy`` calls over lists built once,
 whatever the number of tensors.
 :class:`staleopt.reference.ReferenceHistory` is the readable version (every version kept, views
@@ -46,11 +47,42 @@ from torch import nn
 from .errors import CheckpointError, CorrectionError
 
 __all__ = ["StageView", "make_views", "History", "SlotHistory", "MoveStrategy", "SwapMoves", "CopyMoves",
-           "STRATEGIES", "SWAP_BLOCK_BYTES"]
+           "STRATEGIES", "SWAP_BLOCK_BYTES", "blocks"]
 
 Target = Tuple[int, bool]  # (version, rewritten in place)
-#: A swap goes through a temporary buffer of at most this many bytes at a time (or one larger view).
+#: A swap goes through a temporary buffer of at most this many bytes at a time (larger parameters in pieces).
 SWAP_BLOCK_BYTES = 1 << 24
+
+
+def blocks(tensors: Sequence[torch.Tensor]) -> List[Tuple[int, int]]:
+    """Index ranges ``[a, b)`` of ``tensors`` of at most :data:`SWAP_BLOCK_BYTES` together (a larger tensor
+    alone): how the corrections bound a foreach call's weight-sized temporaries, whatever the model."""
+    out: List[Tuple[int, int]] = []
+    a, size = 0, 0
+    for b, t in enumerate(tensors):
+        nbytes = t.numel() * t.element_size()
+        if b > a and size + nbytes > SWAP_BLOCK_BYTES:
+            out.append((a, b))
+            a, size = b, 0
+        size += nbytes
+    if a < len(tensors):
+        out.append((a, len(tensors)))
+    return out
+
+
+def _narrowings(shape: Tuple[int, ...], cap: int, dim: int) -> List[tuple]:
+    """Cuts ``((dim, start, length), ...)`` of a tensor of ``shape`` (from dimension ``dim`` on) into
+    pieces of at most ``cap`` elements: whole blocks of the first dimension that fit, else one index
+    of it at a time, cut further along the next."""
+    inner = 1
+    for size in shape[dim + 1:]:
+        inner *= size
+    if inner * shape[dim] <= cap:
+        return [()]
+    if inner <= cap:
+        step = cap // inner
+        return [((dim, a, min(step, shape[dim] - a)),) for a in range(0, shape[dim], step)]
+    return [((dim, a, 1),) + rest for a in range(shape[dim]) for rest in _narrowings(shape, cap, dim + 1)]
 
 
 class StageView:
@@ -159,27 +191,16 @@ class _Moves:
     """The data movements of one round of a phase, collected over all views and run batched.
 
     ``swaps`` lists ``(view, row)``: the parameters and that row exchange contents (through a
-    temporary buffer, block by block, :meth:`SlotHistory._swap`); then ``copies[0]``,
-    ``copies[1]``, ``copies[2]`` run in this order (each a pair of destination and source tensor
-    lists). Views touch disjoint memory, so batching over views is exact.
+    temporary buffer, block by block, :meth:`SlotHistory._swap`); then ``copies[0]`` and
+    ``copies[1]`` run in this order (each a pair of destination and source tensor lists). Views
+    touch disjoint memory, so batching over views is exact.
     """
 
     __slots__ = ("swaps", "copies")
 
     def __init__(self):
         self.swaps: List[Tuple[int, int]] = []
-        self.copies: Tuple[Tuple[list, list], ...] = (([], []), ([], []), ([], []))
-
-    def raw_to_parameters(self, row: List[torch.Tensor], data: List[torch.Tensor], spare: List[torch.Tensor]) -> None:
-        """Raw ``w_t`` from ``row`` into the spare row and the parameters (where a correction rewrites it),
-        the parameters' version back into ``row``: ``spare <- row``, ``row <- data``, ``data <- spare``."""
-        c1, c2, c3 = self.copies
-        c1[0].extend(spare)
-        c1[1].extend(row)
-        c2[0].extend(row)
-        c2[1].extend(data)
-        c3[0].extend(data)
-        c3[1].extend(spare)
+        self.copies: Tuple[Tuple[list, list], ...] = (([], []), ([], []))
 
 
 def _copy(dst: List[torch.Tensor], src: List[torch.Tensor], foreach: bool) -> None:
@@ -197,8 +218,9 @@ class MoveStrategy:
 
     name: str = ""
 
-    def rows(self, depth: int, rewritten: bool) -> Tuple[int, bool]:
-        """``(M, spare)``: version ``v`` lives in row ``v mod M``; ``spare``: one more row after them."""
+    def rows(self, depth: int, rewritten: bool) -> int:
+        """``M``: version ``v`` lives in row ``v mod M``; ``M = H + 1`` makes the view a copy view
+        (:class:`CopyMoves`), ``M = H`` a swap view (:class:`SwapMoves`)."""
         raise NotImplementedError
 
     def plan(self, history: "SlotHistory", pending: List[int], targets: Sequence[Target],
@@ -209,97 +231,19 @@ class MoveStrategy:
         raise NotImplementedError
 
 
-class SwapMoves(MoveStrategy):
-    """``memory="minimal"``: ``M = H_i`` rows hold ``w_{t-H_i} .. w_{t-1}``; the parameters hold ``w_t``.
-
-    Loading ``w_v`` swaps the parameters with row ``v mod H`` (which then holds ``w_t`` until the
-    parameters are restored); a view a correction rewrites keeps its raw version in the spare row.
-    Where ``w_t`` is: in the parameters (``loaded == t``, raw), in the spare row (``loaded == t``,
-    rewritten) or in row ``loaded mod M`` (``loaded != t``).
-    """
-
-    name = "minimal"
-
-    def rows(self, depth, rewritten):
-        return depth, rewritten and depth > 0
-
-    def plan(self, h, pending, targets, moves):
-        t, loaded, rewritten = h._t, h._loaded, h._rewritten
-        rest, done = [], []
-        c1 = moves.copies[0]
-        for i in pending:  # the moves of every step, in bulk; the rare ones in _one
-            v, m = targets[i]
-            L = loaded[i]
-            if not rewritten[i]:
-                if not m and (L == t) != (v == t):  # a raw version to or from w_t: one swap
-                    moves.swaps.append((i, (v if L == t else L) % h._M[i]))
-                    done.append(i)
-                    continue
-                if m and v == t and L != t:  # raw w_t to the parameters (to rewrite) and the spare row
-                    moves.raw_to_parameters(h._slot_views[i][L % h._M[i]], h.views[i].data, h._spare[i])
-                    done.append(i)
-                    continue
-            elif L == t and v == t and not m:  # rewritten w_t back to raw, from the spare row
-                c1[0].extend(h.views[i].data)
-                c1[1].extend(h._spare[i])
-                done.append(i)
-                continue
-            rest.append(i)
-        after = [self._one(h, i, targets[i], moves) for i in rest]
-
-        def commit():
-            for i in done:
-                loaded[i], rewritten[i] = targets[i]
-            for i, (version, mod, _) in zip(rest, after):
-                loaded[i], rewritten[i] = version, mod
-        return commit
-
-    def _one(self, h: "SlotHistory", i: int, target: Target, moves: _Moves) -> Tuple[int, bool, bool]:
-        """One step of view ``i`` towards ``target`` (``"minimal"``); returns its state after it.
-
-        Where ``w_t`` is: in the parameters (``loaded == t``, raw), in the spare row (``loaded == t``,
-        rewritten) or in row ``loaded mod M`` (``loaded != t``, the row of the version the parameters hold).
-        """
-        t, L, mod, (v, m) = h._t, h._loaded[i], h._rewritten[i], target
-        data, M, spare = h.views[i].data, h._M[i], h._spare[i]
-        c1, c2, c3 = moves.copies
-        if L == t and not mod:  # at rest: swap in w_v, keep it raw in the spare row if it is rewritten
-            if v != t:
-                moves.swaps.append((i, v % M))
-            if m:
-                c1[0].extend(spare)
-                c1[1].extend(data)
-            return v, m, False
-        if L == t:  # rewritten w_t; the raw one is in the spare row
-            c1[0].extend(data)
-            c1[1].extend(spare)
-            return t, False, False
-        row = h._slot_views[i][L % M]  # holds w_t
-        if v == t and m and not mod:  # raw w_t to the parameters (to be rewritten) and the spare row
-            moves.raw_to_parameters(row, data, spare)
-            return t, True, False
-        if mod:  # w_t back to the parameters, the raw w_L back to its row
-            c1[0].extend(data)
-            c1[1].extend(row)
-            c2[0].extend(row)
-            c2[1].extend(spare)
-        else:  # trade places with the row holding w_t
-            moves.swaps.append((i, L % M))
-        return t, False, False
-
-
 class CopyMoves(MoveStrategy):
     """``memory="fast"``: ``M = H_i + 1`` rows; when the parameters first leave ``w_t`` they are saved to
-    row ``t mod M`` (whose version expired), and every view is a plain copy from its row."""
+    row ``t mod M`` (whose version expired), and every view is a plain copy from its row (a view that a
+    correction rewrites in place is rewritten in the parameters; its raw version stays in its row)."""
 
     name = "fast"
 
     def rows(self, depth, rewritten):
-        return (depth + 1 if depth else 0), False
+        return depth + 1 if depth else 0
 
     def plan(self, h, pending, targets, moves):
         t, loaded, rewritten, saved = h._t, h._loaded, h._rewritten, h._saved
-        c1, c2, _ = moves.copies
+        c1, c2 = moves.copies
         newly = [i for i in pending if not saved[i] and (targets[i][0] != t or targets[i][1])]
         for i in newly:  # save w_t to its row once
             c1[0].extend(h._slot_views[i][t % h._M[i]])
@@ -315,6 +259,46 @@ class CopyMoves(MoveStrategy):
                 saved[i] = True
             for i in pending:
                 loaded[i], rewritten[i] = targets[i]
+        return commit
+
+
+class SwapMoves(MoveStrategy):
+    """``memory="minimal"``: ``M = H_i`` rows hold ``w_{t-H_i} .. w_{t-1}``; the parameters hold ``w_t``.
+
+    Loading ``w_v`` swaps the parameters with row ``v mod H`` (which then holds ``w_t`` until the
+    parameters are restored by a second swap). A view that a correction rewrites in place (T2) needs
+    one more row for its raw version anyway, so it gets ``M = H + 1`` rows and :class:`CopyMoves`' plain
+    copies (no swap: four copies per step instead of eight, the same memory).
+    """
+
+    name = "minimal"
+    _copies = CopyMoves()
+
+    def rows(self, depth, rewritten):
+        return depth + 1 if rewritten and depth else depth
+
+    def plan(self, h, pending, targets, moves):
+        t, loaded = h._t, h._loaded
+        copies = [i for i in pending if h._copy[i]]
+        commit_copies = self._copies.plan(h, copies, targets, moves) if copies else None
+        done = []
+        for i in pending:
+            if h._copy[i]:
+                continue
+            v, m = targets[i]
+            if m:
+                raise CorrectionError(f"stage {h.views[i].stage}: a correction rewrites a view the history did "
+                                      "not reserve a row for (please report this)")
+            L = loaded[i]
+            # one swap: from w_t to w_v, or from w_L back to w_t (then, if v != t, another round to w_v)
+            moves.swaps.append((i, (v if L == t else L) % h._M[i]))
+            done.append((i, v if L == t else t))
+
+        def commit():
+            if commit_copies is not None:
+                commit_copies()
+            for i, version in done:
+                loaded[i] = version
         return commit
 
 
@@ -339,33 +323,30 @@ class SlotHistory(History):
         self.views = tuple(make_views(self, partition, depths))
         self._t = 0
         self._M: List[int] = []  # rows of the modular ring per view
-        self._spare: List[Optional[List[torch.Tensor]]] = []  # per view: the spare row's tensors
+        self._copy: List[bool] = []  # the view moves by plain copies (M = H + 1): no swaps
         self._slot_views: List[List[List[torch.Tensor]]] = []  # [view][row] -> per-parameter tensors
         self._rows: List[List[torch.Tensor]] = []  # [view][row] -> the row, flat
-        self._flat: List[Optional[List[torch.Tensor]]] = []  # [view] -> 1-d aliases of the parameters
         for v in self.views:
-            M, spare = strategy.rows(v.H, rewritten[v.stage])
-            S = M + int(spare)
+            M = strategy.rows(v.H, rewritten[v.stage])
             views: List[List[torch.Tensor]] = []
-            if S:
+            if M:
                 p0 = v.params[0]
-                v.ring = torch.empty((S, v.numel), dtype=p0.dtype, device=p0.device)
-                views = [v.split(v.ring[s]) for s in range(S)]
+                v.ring = torch.empty((M, v.numel), dtype=p0.dtype, device=p0.device)
+                views = [v.split(v.ring[s]) for s in range(M)]
                 with torch.no_grad():
-                    for s in range(S):
+                    for s in range(M):
                         torch._foreach_copy_(views[s], v.data)  # w_v = w_0 for v < 0
             self._M.append(M)
-            self._spare.append(views[M] if spare else None)
+            self._copy.append(bool(M) and M == v.H + 1)
             self._slot_views.append(views)
-            self._rows.append([v.ring[s] for s in range(S)])
-            contiguous = all(d.is_contiguous() for d in v.data)  # (else flattened at each swap: a copy)
-            self._flat.append([d.view(-1) for d in v.data] if contiguous else None)
+            self._rows.append([v.ring[s] for s in range(M)])
         self._delayed = [v.index for v in self.views if v.ring is not None]
         self._H = [v.H for v in self.views]
         n = len(self.views)
         self._loaded, self._rewritten, self._saved = [0] * n, [False] * n, [False] * n
         self._rest = True  # every view holds w_t, raw
         self._swap_blocks: Dict[tuple, List[tuple]] = {}  # views swapped together -> their blocks
+        self._pieces: Dict[Tuple[int, int], list] = {}  # (view, row) -> the row's pieces, as _blocks cuts them
 
     # ------------------------------------------------------------------ API
     def load(self, targets):
@@ -395,11 +376,12 @@ class SlotHistory(History):
     def _swap(self, swaps: List[Tuple[int, int]]) -> None:
         """Exchange the parameters of view ``i`` with its row ``r`` for every ``(i, r)`` in ``swaps``.
 
-        Block by block (views of one device and dtype, together at most :data:`SWAP_BLOCK_BYTES`,
-        or one larger view): gather the parameters into a temporary flat buffer (``torch.cat``),
-        copy the rows into the parameters (``torch._foreach_copy_``), then the buffer into the
-        rows (``torch.split_with_sizes_copy``). The blocks bound the extra memory (peak, not
-        resident). The lists that do not depend on the rows are built once per set of views.
+        Block by block (pieces of the views of one device and dtype, together at most
+        :data:`SWAP_BLOCK_BYTES`; a larger parameter is cut into pieces): gather the parameters'
+        pieces into a temporary flat buffer (``torch.cat``), copy the rows' pieces into them
+        (``torch._foreach_copy_``), then the buffer into the rows (``torch.split_with_sizes_copy``).
+        So the extra memory is at most one block, for the duration of one block's moves. The
+        lists that do not depend on the rows are built once per set of views.
         """
         key = tuple(i for i, _ in swaps)
         blocks = self._swap_blocks.get(key)
@@ -407,35 +389,81 @@ class SlotHistory(History):
             if len(self._swap_blocks) >= 64:  # random delays (Hogwild) swap ever new sets of views
                 self._swap_blocks.clear()
             blocks = self._swap_blocks[key] = self._blocks(key)
-        for pos, sizes, idx, params, flat in blocks:
-            temp = torch.cat(flat if flat is not None else  # (non-contiguous parameters: flattened by a copy)
-                             [d.reshape(-1) for i in idx for d in self.views[i].data])
-            _copy(params, list(chain.from_iterable(self._slot_views[swaps[k][0]][swaps[k][1]] for k in pos)),
-                  self._foreach)
-            rows = [self._rows[swaps[k][0]][swaps[k][1]] for k in pos]
+        for params, flat, sizes, where in blocks:
+            shaped, rows = [], []
+            for k, a, b in where:
+                pieces = self._row_pieces(*swaps[k])
+                shaped += pieces[0][a:b]
+                rows += pieces[1][a:b]
+            temp = torch.cat([f if f is not None else p.reshape(-1) for p, f in zip(params, flat)])
+            _copy(params, shaped, self._foreach)
             if self._foreach:
                 torch.split_with_sizes_copy(temp, sizes, out=rows)
             else:
                 for row, piece in zip(rows, temp.split(sizes)):
                     row.copy_(piece)
 
+    def _cut(self, i: int) -> List[tuple]:
+        """View ``i``'s pieces of at most :data:`SWAP_BLOCK_BYTES`: ``(parameter, start, stop, narrowings)``;
+        ``start:stop`` slices a contiguous parameter's flat alias, else ``narrowings`` are
+        ``(dim, start, length)`` cuts of a non-contiguous one (none: the whole parameter)."""
+        view = self.views[i]
+        cap = max(1, SWAP_BLOCK_BYTES // view.params[0].element_size())
+        out = []
+        for j, d in enumerate(view.data):
+            n = d.numel()
+            if n <= cap:
+                out.append((j, None, None, ()))
+            elif d.is_contiguous():
+                out += [(j, a, min(a + cap, n), ()) for a in range(0, n, cap)]
+            else:
+                out += [(j, None, None, cuts) for cuts in _narrowings(tuple(d.shape), cap, 0)]
+        return out
+
+    @staticmethod
+    def _piece(t: torch.Tensor, start: Optional[int], stop: Optional[int], cuts: tuple) -> torch.Tensor:
+        if start is not None:
+            return t.view(-1)[start:stop]
+        for dim, a, length in cuts:
+            t = t.narrow(dim, a, length)
+        return t
+
+    def _row_pieces(self, i: int, r: int) -> Tuple[list, list]:
+        """Row ``r`` of view ``i`` cut like the parameters: pieces shaped like theirs, and flat."""
+        pieces = self._pieces.get((i, r))
+        if pieces is None:
+            shaped = [self._piece(self._slot_views[i][r][j], *cut) for j, *cut in self._cut(i)]
+            pieces = self._pieces[(i, r)] = (shaped, [p.view(-1) for p in shaped])
+        return pieces
+
     def _blocks(self, key: Tuple[int, ...]) -> List[tuple]:
-        """The swap blocks of the views ``key``: ``(positions in key, sizes, views, parameters, flat aliases)``."""
-        by: Dict[tuple, List[List[int]]] = {}
+        """The swap blocks of the views ``key``: ``(parameter pieces, their flat aliases or None, sizes,
+        [(position in key, first piece, end piece)])``, pieces of one device and dtype, at most
+        :data:`SWAP_BLOCK_BYTES` together (or one piece)."""
+        by: Dict[tuple, List[list]] = {}
         for k, i in enumerate(key):
-            p0 = self.views[i].params[0]
-            blocks = by.setdefault((p0.device, p0.dtype), [[]])
-            size = sum(self.views[key[j]].numel for j in blocks[-1]) * p0.element_size()
-            if blocks[-1] and size + self.views[i].numel * p0.element_size() > SWAP_BLOCK_BYTES:
-                blocks.append([])
-            blocks[-1].append(k)
+            view = self.views[i]
+            p0 = view.params[0]
+            blocks = by.setdefault((p0.device, p0.dtype), [[0, []]])
+            for n, (j, *cut) in enumerate(self._cut(i)):
+                piece = self._piece(view.data[j], *cut)
+                size = piece.numel() * p0.element_size()
+                if blocks[-1][1] and blocks[-1][0] + size > SWAP_BLOCK_BYTES:
+                    blocks.append([0, []])
+                blocks[-1][0] += size
+                blocks[-1][1].append((k, n, piece))
         out = []
         for blocks in by.values():
-            for pos in blocks:
-                idx = [key[k] for k in pos]
-                flat = None if any(self._flat[i] is None for i in idx) else [f for i in idx for f in self._flat[i]]
-                out.append((pos, [self.views[i].numel for i in idx], idx,
-                            [d for i in idx for d in self.views[i].data], flat))
+            for _, members in blocks:
+                params = [p for _, _, p in members]
+                where: List[list] = []
+                for k, n, _ in members:
+                    if where and where[-1][0] == k:
+                        where[-1][2] = n + 1
+                    else:
+                        where.append([k, n, n + 1])
+                out.append((params, [p.view(-1) if p.is_contiguous() else None for p in params],
+                            [p.numel() for p in params], [tuple(w) for w in where]))
         return out
 
     def restore(self):
@@ -484,7 +512,7 @@ class SlotHistory(History):
         return sum(self.views[i].ring.numel() * self.views[i].ring.element_size() for i in self._delayed)
 
     def state_dict(self):
-        return {"strategy": self.strategy, "t": self._t, "loaded": list(self._loaded),
+        return {"strategy": self.strategy, "t": self._t, "loaded": list(self._loaded), "rows": list(self._M),
                 "rewritten": list(self._rewritten), "saved": list(self._saved), "rings": [v.ring for v in self.views]}
 
     def load_state_dict(self, state):
@@ -493,11 +521,23 @@ class SlotHistory(History):
         if state["strategy"] != self.strategy:
             raise CheckpointError(f"the checkpoint's history was kept with memory={state['strategy']!r} but this "
                                   f"optimizer uses memory={self.strategy!r}: build it with the same memory mode")
+        t, saved = int(state["t"]), list(state["saved"])
+        # before "rows" was saved, minimal mode kept a rewritten view in H rows plus a spare one
+        rows = state.get("rows") or [v.H if self.strategy == "minimal" else M for v, M in zip(self.views, self._M)]
         with torch.no_grad():
-            for v, ring in zip(self.views, state["rings"]):
-                if v.ring is not None:
+            for v, ring, old in zip(self.views, state["rings"], rows):
+                if v.ring is None:
+                    continue
+                M = self._M[v.index]
+                if old == M:
                     v.ring.copy_(ring)
-        self._t = int(state["t"])
+                    continue
+                if state["loaded"][v.index] != t or state["rewritten"][v.index]:
+                    raise CheckpointError("this checkpoint's history was not saved at rest (the parameters did "
+                                          "not hold w_t): save it with opt.state_dict(), which restores w_t first")
+                for version in range(t - v.H, t + int(saved[v.index])):  # the versions stored at rest
+                    v.ring[version % M].copy_(ring[version % old])
+        self._t = t
         self._loaded, self._rewritten, self._saved = (list(state[k]) for k in ("loaded", "rewritten", "saved"))
         self._rest = all(v == self._t and not m for v, m in zip(self._loaded, self._rewritten))
 
@@ -518,10 +558,10 @@ class SlotHistory(History):
             M = self._M[v.index]
             new = torch.empty_like(ring)
             for w, s in where.items():
-                if t - v.H <= w < t or (w == t and self.strategy == "fast"):
+                if t - v.H <= w < t or (w == t and self._copy[v.index]):
                     new[w % M] = ring[s]
             rings.append(new)
-            saved.append(self.strategy == "fast" and t in where)
+            saved.append(self._copy[v.index] and t in where)
         n = len(self.views)
         return {"strategy": self.strategy, "t": t or 0, "loaded": [t or 0] * n, "rewritten": [False] * n,
-                "saved": saved, "rings": rings}
+                "saved": saved, "rings": rings, "rows": list(self._M)}

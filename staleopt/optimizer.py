@@ -87,7 +87,7 @@ from .history import STRATEGIES, History, SlotHistory, StageView
 from .partition import Partition, dataflow, partition_model, refuse_shared
 from .recompute import RecomputeWindow, reached_parameters
 from .schedules import Schedule
-from .stage_lr import StageGroups
+from .stage_lr import StageGroups, stepping_optimizers
 from .validate import check_int
 
 __all__ = ["PipelineOptimizer"]
@@ -301,6 +301,8 @@ class PipelineOptimizer(torch.optim.Optimizer):
         self._stage_of_param = {id(p): s.index for s in self._partition for p in s.params}
         self._per_stage_lr = any(type(c).lr_factors is not Correction.lr_factors for c in self._corrections)
         self._stage_groups = StageGroups(self._stage_of_param)
+        if self._per_stage_lr:
+            stepping_optimizers(self._base)  # per-stage step sizes must reach the optimizer that steps
         self._lr_factors = [1.0] * self._partition.num_stages
         self._outside = [p for g in self._base.param_groups for p in g["params"] if id(p) not in self._stage_of_param]
         self._warned = set()
@@ -857,9 +859,14 @@ class PipelineOptimizer(torch.optim.Optimizer):
                             "was built (e.g. model.to(device) or load_state_dict(assign=True)): build "
                             "the optimizer after the model is on its device")
 
+    @disable_dynamo
     @torch.no_grad()
     def step(self, closure=None):
         """Apply the base optimizer to ``w_t`` with the simulated gradient; advance the history.
+
+        ``torch.compile(opt.step)`` runs this step eagerly (dynamo skips it, as it skips the hooks):
+        the engine's bookkeeping (which version is where, the step count, the plans) is Python state
+        that a graph would freeze. To compile the update itself, compile the base optimizer's step.
 
         Order within the step (``docs/engine.md``): restore ``w_t``; push it into the history;
         corrections' ``lr_factors``, then per correction ``transform_stored`` and

@@ -7,7 +7,41 @@ import torch
 
 from .errors import OptimizerMismatchError
 
-__all__ = ["StageGroups"]
+__all__ = ["StageGroups", "stepping_optimizers"]
+
+
+def _inner(obj) -> List[torch.optim.Optimizer]:
+    """The optimizers held by ``obj``'s attributes (directly or in a list, tuple or dict)."""
+    found = []
+    for value in vars(obj).values():
+        values = value.values() if isinstance(value, dict) else value if isinstance(value, (list, tuple)) else [value]
+        found += [v for v in values if isinstance(v, torch.optim.Optimizer) and v is not obj]
+    return found
+
+
+def stepping_optimizers(base: torch.optim.Optimizer) -> List[torch.optim.Optimizer]:
+    """``base`` and every optimizer it wraps (timm's ``Lookahead``, accelerate's ``AcceleratedOptimizer``,
+    ...), recursively: the ones whose ``param_groups`` the per-stage groups must replace for a step.
+
+    A wrapped optimizer must step the same group dicts as ``base`` (the same list, or a list of the same
+    dicts), else per-stage step sizes set in ``base``'s groups would not reach it:
+    :class:`~staleopt.errors.OptimizerMismatchError`.
+    """
+    out, todo = [base], _inner(base)
+    while todo:
+        opt = todo.pop()
+        if any(opt is o for o in out):
+            continue
+        mine, theirs = base.param_groups, opt.param_groups
+        if not (mine is theirs or (len(mine) == len(theirs) and all(a is b for a, b in zip(mine, theirs)))):
+            raise OptimizerMismatchError(
+                f"{type(base).__name__} wraps a {type(opt).__name__} that steps parameter groups of its own, so "
+                "per-stage step sizes (T1: pipemare, pipemare-t1, staleness-aware, ...) set in the wrapper's "
+                f"groups would not reach the optimizer that updates the weights: wrap the {type(opt).__name__} "
+                f"itself, or use a method without per-stage step sizes")
+        out.append(opt)
+        todo += _inner(opt)
+    return out
 
 
 class _Split:
@@ -33,6 +67,11 @@ class StageGroups:
     own keys of its first stage (the wrapper's ``state_dict`` keeps every stage's). While no group
     has own keys and every factor is 1, the base optimizer steps over the user's groups directly.
     ``lr`` is never an own key: the wrapper sets it at every step.
+
+    An optimizer that wraps another (timm's ``Lookahead``) steps its inner optimizer's groups: the
+    per-stage groups replace the groups of every optimizer in the chain for the step
+    (:func:`stepping_optimizers`), so the inner one steps them with the stage's ``lr`` and the
+    wrapper's own keys (``lookahead_step``) live on in them as own keys.
     """
 
     def __init__(self, stage_of: Dict[int, int]):
@@ -88,11 +127,15 @@ class StageGroups:
         if self._stepped is None or len(self._stepped) != len(splits) or \
                 any(a is not sp.group for a, sp in zip(self._stepped, splits)):
             self._stepped = [sp.group for sp in splits]
-        base.param_groups = self._stepped
+        driven = stepping_optimizers(base)  # a wrapper (timm's Lookahead) steps its inner optimizer's groups
+        before = [o.param_groups for o in driven]
+        for o in driven:
+            o.param_groups = self._stepped
         try:
             base.step()
         finally:
-            base.param_groups = groups
+            for o, g in zip(reversed(driven), reversed(before)):
+                o.param_groups = g
         shown = set()
         for sp in splits:  # a key the step wrote (not the value set from the user's group) becomes own
             own, user = sp.own, sp.user

@@ -61,6 +61,46 @@ def test_new_storage_bytes_counts_allocated_tensors(bench):
     del kept, view
 
 
+def test_engine_clock_times_the_end_of_backward_callback(bench, monkeypatch):
+    """The end-of-backward callback (``_on_backward_end``, which restores ``w_t``) counts as engine time:
+    made to spin 20 ms of this thread's CPU time, the engine time per step grows by at least that."""
+    def spin(self):
+        t = bench.clock()
+        while bench.clock() - t < 0.02:
+            pass
+        return original(self)
+
+    original = staleopt.PipelineOptimizer._on_backward_end
+    monkeypatch.setattr(staleopt.PipelineOptimizer, "_on_backward_end", spin)
+    model = mlp()
+    base = torch.optim.SGD(model.parameters(), lr=0.1)
+    opt = staleopt.PipelineOptimizer(model, base, stages=3, schedule="pipedream")
+    clock = bench.EngineClock(opt, base)
+    for x, y in batches(2):
+        opt.zero_grad()
+        mse(model(x), y).backward()
+        opt.step()
+    assert clock.seconds >= 2 * 0.02
+    clock.remove()
+
+
+def test_engine_counts_the_moves_and_ops_a_simulator_adds(bench):
+    """The counts per step against the plain step: dataflow moves its delayed weights 7 times (swap, swap
+    back, push), 3 times in memory="fast"; the plain variant adds nothing to itself."""
+    spec = bench.QUICK["cnn1d"]
+    x, y = spec.batch_of()
+    plain = bench.Variant("plain", spec, 3, x, y, "plain")
+    minimal = bench.Variant("dataflow", spec, 3, x, y, "staleopt", "dataflow")
+    fast = bench.Variant("fast", spec, 3, x, y, "staleopt", "dataflow", memory="fast")
+    delayed = sum(v.numel * 4 for v in minimal.opt.chunks if v.H) / sum(p.numel() * 4 for p in minimal.model.parameters())
+    assert bench.engine_counts(plain, plain) == (0, 0)
+    ops, copies = bench.engine_counts(minimal, plain)
+    assert ops > 0 and copies == pytest.approx(7 * delayed)
+    assert bench.engine_counts(fast, plain)[1] == pytest.approx(3 * delayed)
+    for v in (plain, minimal, fast):
+        v.release()
+
+
 def test_quick_run_writes_tables_and_plot(bench, tmp_path):
     assert bench.main(["--quick", "--out", str(tmp_path), "--models", "cnn1d", "--rounds", "1"]) == 0
     for name in ("step.csv", "memory.csv", "handrolled.csv", "recompute.csv", "growth.csv", "growth.png",
@@ -70,6 +110,8 @@ def test_quick_run_writes_tables_and_plot(bench, tmp_path):
     assert set(step.variant) == {"pipemare", "pipedream", "pipeoptim", "dataflow", "dataflow (memory=fast)",
                                  "pipedream (memory=fast)", "hand-rolled dataflow", "hand-rolled pipedream"}
     assert (step.engine_ms >= 0).all() and (step.ratio > 0).all()
+    wrapped = step[~step.variant.str.startswith("hand-rolled")]
+    assert (wrapped.engine_ops > 0).all() and (wrapped.engine_copies > 0).all()
     mem = pd.read_csv(tmp_path / "memory.csv")
     assert (mem.measured_bytes == mem.engine_reported_bytes).all()  # the engine's account is what it allocated
     assert (mem.measured_bytes >= mem.minimum_bytes).all()

@@ -29,7 +29,7 @@ CASES.update({
     "schedule pb N=2": dict(schedule="pb", microbatches=2),
     "schedule 2bw": dict(schedule="2bw", microbatches=4),
     "schedule hogwild": dict(schedule="hogwild", seed=3),
-    "custom + T2 (tau_bkwd > 0)": dict(schedule=schedules.get("custom", tau_fwd=[4, 3, 2, 0], tau_bkwd=[2, 2, 0, 0]),
+    "custom + T2 (tau_bkwd > 0)": dict(schedule=schedules.get("custom", tau_fwd=[4, 3, 2, 1], tau_bkwd=[2, 3, 0, 1]),
                                       corrections=[DiscrepancyCorrection(0.4)]),
     "dataflow + stashing + vertical sync + warmup": dict(corrections=[Stashing(), VerticalSync(), Warmup(3)]),
     "1f1b + prediction + T1": dict(schedule="1f1b", corrections=[WeightPrediction(), LRReschedule(3)]),
@@ -155,15 +155,16 @@ def test_non_contiguous_and_0d_parameters_swap_exactly(memory):
 
 
 def test_swaps_in_small_blocks_equal_the_reference(monkeypatch):
-    """A swap goes through its temporary buffer block by block (bounded extra memory): tiny blocks
-    give the same weights as one block and as the reference."""
+    """A swap goes through its temporary buffer block by block (bounded extra memory): tiny blocks,
+    which cut every parameter into pieces, give the same weights as one block and as the reference.
+    (Stages 1 and 3 swap; T2's stages 0 and 2 move by copies.)"""
     from staleopt import history
     monkeypatch.setattr(history, "SWAP_BLOCK_BYTES", 64)
     runs = []
     for cls in (ReferencePipelineOptimizer, staleopt.PipelineOptimizer):
         model = mlp(SIZES, seed=4)
         opt = cls(model, torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9), stages=4,
-                  schedule=schedules.get("custom", tau_fwd=[4, 3, 2, 0], tau_bkwd=[2, 2, 0, 0]),
+                  schedule=schedules.get("custom", tau_fwd=[4, 3, 2, 1], tau_bkwd=[2, 3, 0, 1]),
                   corrections=[DiscrepancyCorrection(0.4)])
         for x, y in batches(STEPS, in_dim=SIZES[0], batch=12, seed=5):
             opt.zero_grad()

@@ -5,12 +5,36 @@ from typing import Dict, List
 
 import torch
 
+from .. import history
 from ..errors import CheckpointError, CorrectionError
 from ..theory import check_accumulator, t2_gamma
 from ..validate import check_int
 from .base import Correction
 
 __all__ = ["DiscrepancyCorrection"]
+
+
+def _blocks(views, new, old, weights):
+    """``(views, new, old, weights)`` lists of at most :data:`~staleopt.history.SWAP_BLOCK_BYTES` of ``new`` each
+    (a larger tensor alone, cut into flat pieces of that size where ``new`` and ``old`` are contiguous)."""
+    cap = history.SWAP_BLOCK_BYTES
+    block, size = ([], [], [], []), 0
+    for v, n, o, w in zip(views, new, old, weights):
+        nbytes = n.numel() * n.element_size()
+        if nbytes > cap and n.is_contiguous() and o.is_contiguous():
+            step = max(1, cap // n.element_size())
+            flat = (v.view(-1), n.view(-1), o.view(-1))
+            for a in range(0, n.numel(), step):
+                yield tuple([f[a:a + step]] for f in flat) + ([w],)
+            continue
+        if block[0] and size + nbytes > cap:
+            yield block
+            block, size = ([], [], [], []), 0
+        for lst, x in zip(block, (v, n, o, w)):
+            lst.append(x)
+        size += nbytes
+    if block[0]:
+        yield block
 
 
 class DiscrepancyCorrection(Correction):
@@ -109,20 +133,31 @@ class DiscrepancyCorrection(Correction):
     def modifies_backward(self, stage, tau_fwd, tau_bkwd):
         return tau_fwd > tau_bkwd and self.gamma[stage] is not None
 
-    def backward_view(self, chunks, delays):
-        tf, tb = delays
+    def _rewrite(self, chunks, tau, tf) -> None:
+        """``u = w - (tau_fwd - tau) delta_(t - tau)`` for every chunk: one foreach call over all stages, with
+        ``-(tau_fwd - tau)`` as a 0-d float64 tensor per tensor (``addcmul_`` with it rounds exactly as
+        ``add_(alpha=...)``), made per call, one tensor per device: nothing kept."""
+        data, deltas, scales = [], [], {}
         for c in chunks:
-            torch._foreach_add_(c.data, self._read(c.index, tb[c.stage]), alpha=-(tf[c.stage] - tb[c.stage]))
+            delta = self._read(c.index, tau[c.stage])
+            data += c.data
+            deltas += delta
+            scales.setdefault(c.params[0].device, []).extend([-float(tf[c.stage] - tau[c.stage])] * len(delta))
+        if not data:
+            return
+        per_device = {device: iter(torch.tensor(ks, dtype=torch.float64).to(device, non_blocking=True).unbind())
+                      for device, ks in scales.items()}
+        torch._foreach_addcmul_(data, deltas, [next(per_device[c.params[0].device]) for c in chunks for _ in c.data])
+
+    def backward_view(self, chunks, delays):
+        self._rewrite(chunks, delays[1], delays[0])
 
     def modifies_recompute(self, stage, tau_fwd, tau_recomp):
         return tau_fwd > tau_recomp and self.gamma[stage] is not None
 
     def recompute_view(self, chunks, delays, tau_recomp):
         """``u_recomp = w_{t - tau_recomp} - (tau_fwd - tau_recomp) delta`` (PipeMare App. D.1)."""
-        tf = delays[0]
-        for c in chunks:
-            torch._foreach_add_(c.data, self._read(c.index, tau_recomp[c.stage]),
-                                alpha=-(tf[c.stage] - tau_recomp[c.stage]))
+        self._rewrite(chunks, tau_recomp, delays[0])
 
     def after_update(self, chunks, delays, step):
         """``delta_{t+1} = delta_t + (1 - gamma) ((w_{t+1} - w_t) - delta_t)``, one foreach call over all
@@ -140,7 +175,10 @@ class DiscrepancyCorrection(Correction):
         if dst:
             torch._foreach_copy_(dst, src)
         views = [v for i, (M, _, rows) in self._ring.items() for v in rows[(step + 1) % M]]
-        torch._foreach_lerp_(views, torch._foreach_sub(new, old), self._weights)
+        # w_{t+1} - w_t is a temporary: block by block (at most SWAP_BLOCK_BYTES, a larger contiguous
+        # tensor in flat pieces), so the peak does not grow with the model
+        for block in _blocks(views, new, old, self._weights):
+            torch._foreach_lerp_(block[0], torch._foreach_sub(block[1], block[2]), block[3])
 
     def state_dict(self):
         t = self.engine.step_count

@@ -6,10 +6,32 @@ from typing import Dict, List
 
 import torch
 
+from .. import history
 from ..errors import CorrectionError
 from .base import Correction
 
 __all__ = ["WeightPrediction"]
+
+
+def _step_sizes(values, where, device, sign: float = -1.0) -> List[torch.Tensor]:
+    """One 0-d float64 tensor per entry of ``values``: a Python number as it is, a Tensor lr ``t`` as
+    ``sign * t * factor * s`` for its ``where`` entry ``(factor, s)``. A fixed number of tensor ops
+    whatever the number of stages or tensors, none of which reads a value back to the host."""
+    if not any(isinstance(v, torch.Tensor) for v in values):
+        return list(torch.tensor(values, dtype=torch.float64).to(device, non_blocking=True).unbind())
+    unique: Dict[int, int] = {}
+    tensors = []
+    for v in values:
+        if isinstance(v, torch.Tensor) and id(v) not in unique:
+            unique[id(v)] = len(tensors)
+            tensors.append(v)
+    lrs = torch.stack(tensors).to(device=device, dtype=torch.float64)  # (one lr tensor per group)
+    index = torch.tensor([unique.get(id(v), 0) for v in values]).to(device, non_blocking=True)
+    scale = torch.tensor([sign * f * s if isinstance(v, torch.Tensor) else 0.0 for v, (f, s) in zip(values, where)],
+                         dtype=torch.float64).to(device, non_blocking=True)
+    plain = torch.tensor([0.0 if isinstance(v, torch.Tensor) else v for v in values],
+                         dtype=torch.float64).to(device, non_blocking=True)
+    return list(torch.addcmul(plain, lrs[index], scale).unbind())
 
 
 class WeightPrediction(Correction):
@@ -133,89 +155,174 @@ class WeightPrediction(Correction):
         return {id(p): g for g in self.engine.param_groups for p in g["params"]}
 
     # ------------------------------------------------------------------ hooks
+    # Every hook is a fixed number of foreach calls over all stages (the per-tensor loops only build
+    # lists), and none reads a tensor back to the host: a Tensor lr (or Adam's step on a device, fused
+    # or capturable) stays a tensor. With Python-number lr the arithmetic is the per-tensor one's, bit
+    # for bit (foreach runs the same kernels; ``addcmul_`` with a 0-d step size rounds as ``add_(alpha)``).
     def transform_stored(self, chunks, delays, step):
         tf, tb = delays
         groups = self._groups()
+        stored, ds, alphas, where = [], [], [], []
         for ci, c in enumerate(self._chunks):
             s = tf[c.stage] - tb[c.stage]
             if s <= 0:
                 continue
             factor = self.engine.lr_factor(c.stage)  # the step size this stage really takes (T1)
-            for stored, d, p in zip(c.stored(step), self._views("dW", ci), c.params):
-                if id(p) in groups:  # parameters the base optimizer does not hold do not move
-                    stored.add_(d, alpha=-float(groups[id(p)]["lr"]) * factor * s)
+            for w, d, p in zip(c.stored(step), self._views("dW", ci), c.params):
+                g = groups.get(id(p))
+                if g is not None:  # parameters the base optimizer does not hold do not move
+                    stored.append(w)
+                    ds.append(d)
+                    lr = g["lr"]
+                    alphas.append(lr if isinstance(lr, torch.Tensor) else -float(lr) * factor * s)
+                    where.append((factor, s))
+        if not stored:
+            return
+        torch._foreach_addcmul_(stored, ds, _step_sizes(alphas, where, ds[0].device))
 
     def before_update(self, delays, step):
         """Keep what the update overwrites: ``w_t`` (generic rule) or ``wd * w_t`` (Nesterov, AdamW)."""
         if self.rule != "optimizer":
             return
         groups = self._groups()
+        dst, src, decay = [], [], []
         for ci, c in enumerate(self._chunks):
             for d, w, p in zip(self._views("dW", ci), c.data, c.params):
                 g = groups.get(id(p))
                 if g is None:
                     continue
                 if self._kind == "other":
-                    d.copy_(w)
+                    dst.append(d)
+                    src.append(w)
                 elif (self._kind == "sgd" and (not g["momentum"] or g["nesterov"])) or self._kind == "adamw":
-                    d.copy_(w).mul_(g["weight_decay"])
+                    dst.append(d)
+                    src.append(w)
+                    decay.append(g["weight_decay"])
+        if dst:
+            torch._foreach_copy_(dst, src)
+        if decay:  # (every entry but the generic rule's decays)
+            torch._foreach_mul_(dst, decay)
 
     def after_update(self, chunks, delays, step):
         base = self.engine.base_optimizer
         if self._own:
             self._own_step += 1
         groups = self._groups()
+        last = self.rule == "optimizer" and self._kind == "other"
+        zero, rest = [], []
         for ci, c in enumerate(self._chunks):
-            own = {k: self._views(k, ci) for k in self._buffers if k != "dW"}
             for j, (d, w, p) in enumerate(zip(self._views("dW", ci), c.data, c.params)):
-                g, st = groups.get(id(p)), base.state.get(p, {})
-                if g is None:
-                    d.zero_()
-                    continue
-                if self.rule == "optimizer" and self._kind == "other":
-                    lr = float(g["lr"]) * self.engine.lr_factor(c.stage)
-                    d.sub_(w).div_(lr)  # (w_{t-1} - w_t) / lr: the update the step applied
-                    continue
-                if p.grad is None:
-                    d.zero_()
-                    continue
-                if self._own:
-                    self._own_moments(d, own, j, p.grad)
-                elif self.rule == "sgdm" or (self.rule == "optimizer" and self._kind == "sgd"):
-                    self._sgd(d, g, st, p.grad, w)
+                g = groups.get(id(p))
+                if g is None or (p.grad is None and not last):
+                    zero.append(d)
                 else:
-                    self._adam(d, g, st, decoupled=self.rule == "optimizer" and self._kind == "adamw")
-
-    def _sgd(self, d, g, st, grad, w):
-        mu = g["momentum"]
-        if mu and (self.rule == "sgdm" or not g["nesterov"]):
-            d.copy_(st["momentum_buffer"])  # SpecTrain / PipeOptim Table I: dW = buf
-        elif mu:
-            d.add_(grad).add_(st["momentum_buffer"], alpha=mu)  # Nesterov: (wd w_t) + g + mu buf
+                    rest.append((ci, j, d, w, p, g, c.stage))
+        if zero:
+            torch._foreach_zero_(zero)
+        if not rest:
+            return
+        if last:
+            self._last_update(rest)
+        elif self._own:
+            self._own_moments(rest)
+        elif self.rule == "sgdm" or (self.rule == "optimizer" and self._kind == "sgd"):
+            self._sgd(rest, base.state)
         else:
-            d.add_(grad)  # plain SGD: (wd w_t) + g
+            self._adam(rest, base.state, decoupled=self.rule == "optimizer" and self._kind == "adamw")
 
-    def _adam(self, d, g, st, decoupled):
-        beta1, beta2 = g["betas"]
-        step = float(st["step"])
-        v = st["max_exp_avg_sq"] if g.get("amsgrad", False) else st["exp_avg_sq"]
-        direction = (st["exp_avg"] / (1 - beta1 ** step)) / (v.sqrt() / math.sqrt(1 - beta2 ** step) + g["eps"])
-        if decoupled:
-            d.add_(direction)  # d held wd * w_t
+    def _last_update(self, rest):
+        """``dW = (w_{t-1} - w_t) / lr``: the update the step applied (``d`` held ``w_{t-1}``)."""
+        ds = [d for _, _, d, _, _, _, _ in rest]
+        torch._foreach_sub_(ds, [w for _, _, _, w, _, _, _ in rest])
+        lrs, where = [], []
+        for _, _, _, _, _, g, stage in rest:
+            lr, factor = g["lr"], self.engine.lr_factor(stage)
+            lrs.append(lr if isinstance(lr, torch.Tensor) else float(lr) * factor)
+            where.append((factor, 1))
+        if any(isinstance(lr, torch.Tensor) for lr in lrs):
+            torch._foreach_div_(ds, _step_sizes(lrs, where, ds[0].device, sign=1.0))
         else:
-            d.copy_(direction)
+            torch._foreach_div_(ds, lrs)
 
-    def _own_moments(self, d, own, j, grad):
+    def _sgd(self, rest, state):
+        copy_d, copy_s, add_d, add_g, nesterov = [], [], [], [], {}
+        for _, _, d, _, p, g, _ in rest:
+            mu = g["momentum"]
+            if mu and (self.rule == "sgdm" or not g["nesterov"]):
+                copy_d.append(d)  # SpecTrain / PipeOptim Table I: dW = buf
+                copy_s.append(state[p]["momentum_buffer"])
+                continue
+            add_d.append(d)  # Nesterov: (wd w_t) + g + mu buf; plain SGD: (wd w_t) + g
+            add_g.append(p.grad)
+            if mu:
+                pair = nesterov.setdefault(mu, ([], []))
+                pair[0].append(d)
+                pair[1].append(state[p]["momentum_buffer"])
+        if copy_d:
+            torch._foreach_copy_(copy_d, copy_s)
+        if add_d:
+            torch._foreach_add_(add_d, add_g)
+        for mu, (dst, buf) in nesterov.items():
+            torch._foreach_add_(dst, buf, alpha=mu)
+
+    def _adam(self, rest, state, decoupled):
+        """``dW = m_hat / (sqrt(v_hat) + eps)``, one batch per set of hyperparameters (not per stage)."""
+        batches: Dict[tuple, list] = {}
+        for _, _, d, _, p, g, _ in rest:
+            st = state[p]
+            on_device = bool(g.get("fused") or g.get("capturable")) or st["step"].device.type != "cpu"
+            key = (tuple(g["betas"]), g["eps"], bool(g.get("amsgrad", False)), on_device)
+            batches.setdefault(key, []).append((d, st))
+        for (betas, eps, amsgrad, on_device), items in batches.items():
+            ds = [d for d, _ in items]
+            m = [st["exp_avg"] for _, st in items]
+            v = [st["max_exp_avg_sq"] if amsgrad else st["exp_avg_sq"] for _, st in items]
+            if on_device:  # the bias corrections as tensors: no read of the step back to the host
+                steps = [st["step"] for _, st in items]
+                bc1 = torch._foreach_pow(betas[0], steps)
+                torch._foreach_neg_(bc1)
+                torch._foreach_add_(bc1, 1)
+                bc2 = torch._foreach_pow(betas[1], steps)
+                torch._foreach_neg_(bc2)
+                torch._foreach_add_(bc2, 1)
+                torch._foreach_sqrt_(bc2)
+            else:
+                steps = [float(st["step"]) for _, st in items]
+                bc1 = [1 - betas[0] ** k for k in steps]
+                bc2 = [math.sqrt(1 - betas[1] ** k) for k in steps]
+            for a, b in history.blocks(ds):  # (the temporaries: at most a block, not the model)
+                num = torch._foreach_div(m[a:b], bc1[a:b])
+                den = torch._foreach_sqrt(v[a:b])
+                torch._foreach_div_(den, bc2[a:b])
+                torch._foreach_add_(den, eps)
+                torch._foreach_div_(num, den)
+                if decoupled:
+                    torch._foreach_add_(ds[a:b], num)  # d held wd * w_t
+                else:
+                    torch._foreach_copy_(ds[a:b], num)
+
+    def _own_moments(self, rest):
+        ds = [d for _, _, d, _, _, _, _ in rest]
+        grads = [p.grad for _, _, _, _, p, _, _ in rest]
+        m = [self._views("m", ci)[j] for ci, j, _, _, _, _, _ in rest]
         if self.rule == "sgdm":
-            m = own["m"][j]
-            m.mul_(self.momentum).add_(grad)
-            d.copy_(m)
+            torch._foreach_mul_(m, self.momentum)
+            torch._foreach_add_(m, grads)
+            torch._foreach_copy_(ds, m)
             return
         beta1, beta2 = self.betas
-        m, v, k = own["m"][j], own["v"][j], self._own_step
-        m.mul_(beta1).add_(grad, alpha=1 - beta1)
-        v.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
-        d.copy_((m / (1 - beta1 ** k)) / ((v / (1 - beta2 ** k)).sqrt() + self.eps))
+        v, k = [self._views("v", ci)[j] for ci, j, _, _, _, _, _ in rest], self._own_step
+        torch._foreach_mul_(m, beta1)
+        torch._foreach_add_(m, grads, alpha=1 - beta1)
+        torch._foreach_mul_(v, beta2)
+        torch._foreach_addcmul_(v, grads, grads, value=1 - beta2)
+        for a, b in history.blocks(ds):  # (the temporaries: at most a block, not the model)
+            num = torch._foreach_div(m[a:b], 1 - beta1 ** k)
+            den = torch._foreach_div(v[a:b], 1 - beta2 ** k)
+            torch._foreach_sqrt_(den)
+            torch._foreach_add_(den, self.eps)
+            torch._foreach_div_(num, den)
+            torch._foreach_copy_(ds[a:b], num)
 
     def direction(self, stage: int) -> torch.Tensor:
         """The current ``dW`` of ``stage`` (flat)."""
