@@ -54,10 +54,18 @@ def _check(records: pd.DataFrame) -> None:
                           "staleopt.sweep.collect (config keys and per-epoch records)")
 
 
+#: Config fields that the phase lengths do not depend on and that may name a user's model or data, which
+#: this process need not know (:mod:`staleopt.registry`): left at their defaults in :func:`_config`.
+_NOT_NEEDED = ("model", "model_kwargs", "data", "data_kwargs")
+
+
 def _config(row) -> RunConfig:
-    """The run's :class:`~staleopt.config.RunConfig` from a record row (JSON cells back to dicts, NaN to None)."""
+    """The run's :class:`~staleopt.config.RunConfig` from a record row (JSON cells back to dicts, NaN to None),
+    its model and data left at the defaults (:func:`staleopt.train.method_args` does not read them)."""
     values = {}
     for k in field_names():
+        if k in _NOT_NEEDED:
+            continue
         v = row.get(k)
         if isinstance(v, str) and v[:1] in "[{":
             v = json.loads(v)

@@ -31,6 +31,9 @@ trained only by the process that holds its claim; the others leave it alone,
 and a claim whose owner died is taken over by the next launch.
 ``shard=(k, n)`` runs the ``k``-th of ``n`` disjoint, deterministic slices
 (1-based), so a cluster scheduler can spread one sweep over machines.
+Models and datasets registered by name in the launching process
+(:func:`staleopt.register_model`) are registered in every worker process and
+Ray task before its run starts (:mod:`staleopt.registry`).
 
 The runner knows nothing about training: it calls
 ``train_fn(config, progress=...) -> pandas.DataFrame`` (default
@@ -60,7 +63,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import pandas as pd
 
-from . import lease
+from . import lease, registry
 from .checkpoint import Checkpoint, atomic_write_text, check_every
 from .config import RunConfig, field_names, validate_field
 from .errors import ClaimLostError, ConfigError, SweepConfigError
@@ -231,7 +234,7 @@ def _takes_checkpoint(fn: Callable) -> bool:
 
 #: Options of one run's execution (:func:`run_sweep`'s arguments of the same names).
 _OPTIONS = {"launch": "", "claim_timeout": lease.DEFAULT_TIMEOUT, "checkpoint_every": None,
-            "keep_checkpoint": False, "retry_failed": True}
+            "keep_checkpoint": False, "retry_failed": True, "registrations": None}
 
 
 def _execute(train_fn, config: Dict[str, Any], run_dir: str, progress: bool,
@@ -243,6 +246,8 @@ def _execute(train_fn, config: Dict[str, Any], run_dir: str, progress: bool,
     it while ``retry_failed`` is false): this launch left it alone.
     """
     options = {**_OPTIONS, **(options or {})}
+    if options["registrations"]:  # models and data registered by name in the launching process
+        registry.restore(options["registrations"])
     run_dir = Path(run_dir)
     cfg = RunConfig.from_dict(config)
     claim = lease.acquire(run_dir, options["launch"], options["claim_timeout"])
@@ -387,6 +392,10 @@ def run_sweep(sweep: Union[Sweep, str, os.PathLike, Sequence[RunConfig]], out: U
     root.mkdir(parents=True, exist_ok=True)
     report = SweepReport(total=len(configs))
     launch = lease.new_launch_id()
+    registrations = None
+    if workers > 1 or executor == "ray":  # other processes: send them this process's registered names
+        registrations = registry.snapshot()
+        registry.check_picklable(registrations)
     jobs = []
     for cfg in configs:
         state = run_state(root / cfg.run_id(), claim_timeout)
@@ -396,7 +405,8 @@ def run_sweep(sweep: Union[Sweep, str, os.PathLike, Sequence[RunConfig]], out: U
             report.claimed.append(cfg.run_id())
         else:
             options = {"launch": launch, "claim_timeout": claim_timeout, "checkpoint_every": checkpoint_every,
-                       "keep_checkpoint": keep_checkpoints, "retry_failed": state == "failed"}
+                       "keep_checkpoint": keep_checkpoints, "retry_failed": state == "failed",
+                       "registrations": registrations}
             jobs.append((train_fn, cfg.to_dict(), str(root / cfg.run_id()), progress, options))
     pbar = tqdm(total=len(jobs), desc="sweep", unit="run", disable=not bar or not jobs)
 

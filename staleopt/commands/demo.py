@@ -132,8 +132,8 @@ def provenance(seconds: float, report, run_dirs, workers: int, threads: int, tar
 
 
 def run(args) -> int:
-    from .. import claims, speedup, sweep
-    from ..plot import sweep as plots
+    from .. import claims, sweep
+    from ..compare import write_report
 
     path = Path(args.sweep) if args.sweep else DEFAULT_SWEEP
     if not path.is_file():
@@ -152,42 +152,29 @@ def run(args) -> int:
     summary = sweep.summarize(records, by=["method", "stages"])
     if summary.empty:
         raise ConfigError(f"no run of {path} finished; see the error.txt files under {out / 'runs'}")
-    records.to_csv(out / "records.csv", index=False)
-    summary.to_csv(out / "summary.csv", index=False)
+    target = claims.DEMO_TARGET if args.target is None else args.target
+    result = write_report(records, out, target=target)
     hw = records.groupby(["method", "stages"], sort=False)[["utilization", "memory_ratio_gpipe"]].first()
     largest = int(summary["stages"].max())
-    target = claims.DEMO_TARGET if args.target is None else args.target
 
     print(f"\n{spec.name or path.stem}: {report.total} runs ({len(report.skipped)} already done, "
           f"{len(report.finished)} run now, {len(report.failed)} failed) in {elapsed:.0f} s "
           f"with {args.workers} worker(s) x {args.worker_threads} thread(s)")
     print("\nbest test accuracy over epochs (mean ± 95% CI over seeds; 'div' = runs that diverged):")
-    table = pivot(summary)
+    table = result.table()
     print(table.to_string())
     print(f"\npipeline utilization and weight+optimizer memory (x GPipe) at P = {largest}:")
     at = hw.xs(largest, level="stages") if largest in hw.index.get_level_values("stages") else hw
     print(at.loc[[m for m in table.index if m in at.index]].to_string(float_format=lambda v: f"{v:.3f}"))
-    written = [out / "summary.csv", out / "records.csv"]
-    fast = speedup.speedup_table(records, target)
-    fast.to_csv(out / "speedup.csv", index=False)
-    written.append(out / "speedup.csv")
     print(f"\ntime to accuracy {target:.3f}: speedup over GPipe at the same P (pipeline time = steps to the "
           "target / utilization; (k/n): only k of n seeds reached it):")
-    print(speedup_pivot(fast).to_string())
-    verdicts = claims.evaluate(records, target=target)
-    verdicts.to_csv(out / "claims.csv", index=False)
-    written.append(out / "claims.csv")
+    print(result.speedup_table().to_string())
     print("\nclaims (evaluated from these runs):")
-    print(verdicts.to_string(index=False, max_colwidth=120))
+    print(result.claims.to_string(index=False, max_colwidth=120))
     info = provenance(elapsed, report, [out / 'runs' / r for r in sorted(set(records['run']))], args.workers,
                       args.worker_threads, target)
     (out / "run.json").write_text(json.dumps(info, indent=2) + "\n")
-    figures = [plots.save(plots.plot_accuracy_vs_stages(records, title=spec.description or None, target=target),
-                          out / "accuracy_vs_stages.png"),
-               plots.save(plots.plot_accuracy_vs_epoch(records, largest), out / f"accuracy_vs_epoch_P{largest}.png"),
-               plots.save(plots.plot_accuracy_vs_time(records, largest, target=target),
-                          out / f"accuracy_vs_time_P{largest}.png")]
-    print(f"\nwrote {', '.join(map(str, figures + written + [out / 'run.json']))}")
+    print(f"\nwrote {', '.join(map(str, result.figures + result.files + [out / 'run.json']))}")
     for run_id in report.failed:
         print(f"failed: {out / 'runs' / run_id / 'error.txt'}")
     return 0 if report.ok else 1
