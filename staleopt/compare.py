@@ -2,7 +2,7 @@
 
     result = staleopt.compare(my_cnn, my_data, methods=["gpipe", "pipedream", "pipemare"],
                               stages=[2, "max"], seeds=[0, 1, 2], out="runs/mine", epochs=5, lr=0.05)
-    result.table()          # methods x P: best test accuracy, mean ± CI over seeds, diverged runs counted
+    result.table()          # methods x P: best test accuracy, mean [interval] over seeds, diverged runs counted
     result.claims           # the demo's claims evaluated on these runs
 
 It is a resumable sweep (:func:`staleopt.sweep.run_sweep`) of ``methods x stages x
@@ -44,12 +44,13 @@ class Comparison:
     speedup: pd.DataFrame
     claims: pd.DataFrame
     target: Optional[float]
+    memory: Optional[pd.DataFrame] = None  # :func:`staleopt.hardware.run_memory`
     figures: List[Path] = field(default_factory=list)
     files: List[Path] = field(default_factory=list)
     report: Any = None  # the sweep's :class:`~staleopt.sweep.SweepReport`
 
     def table(self, value: str = "best_acc") -> pd.DataFrame:
-        """Methods x stages of ``value`` (``best_acc`` or ``final_acc``): mean ± CI over seeds, diverged runs
+        """Methods x stages of ``value`` (``best_acc`` or ``final_acc``): mean [interval] over seeds, diverged runs
         counted in each cell (:func:`staleopt.commands.demo.pivot`)."""
         from .commands.demo import pivot
         return pivot(self.summary, value)
@@ -120,22 +121,27 @@ def compare(model: Union[str, Callable], data: Union[str, Callable] = "mnist1d",
 
 
 def write_report(records: pd.DataFrame, out: Union[str, os.PathLike], target: Optional[float] = None,
-                 claims=None, level: float = 0.95) -> Comparison:
+                 claims=None, level: float = 0.95, figures: Union[str, os.PathLike, None] = None,
+                 write_records: bool = True) -> Comparison:
     """Write a sweep's report into ``out`` and return it: ``records.csv``, ``summary.csv`` (mean and CI over
     seeds per method and P), ``speedup.csv`` (time to ``target``, with a ``target`` column), ``claims.csv``,
+    ``memory.csv`` (weights-only and total memory per method and P, :func:`staleopt.hardware.run_memory`),
     ``report.json`` (the target and what was written) and the figures (accuracy against stages; accuracy
-    against epochs and, with a target, against pipeline time at the largest P)."""
+    against epochs and, with a target, against pipeline time at the largest P; into ``figures``, default
+    ``out``). ``write_records=False`` leaves ``records.csv`` as it is (a report rebuilt from it)."""
     from . import claims as claims_module
-    from . import speedup, sweep
+    from . import hardware, speedup, sweep
     from .plot import sweep as plots
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     summary = sweep.summarize(records, by=["method", "stages"], level=level)
     fast = speedup.speedup_table(records, target) if target is not None else pd.DataFrame()
+    memory = hardware.run_memory(records)  # weights only and in all, per method and P
     verdicts = claims_module.evaluate(records, claims, level=level,
-                                      target=target if target is not None else float("nan"))
+                                      target=target if target is not None else float("nan"), memory=memory)
     files = [out / "records.csv", out / "summary.csv", out / "claims.csv"]
-    records.to_csv(files[0], index=False)
+    if write_records:
+        records.to_csv(files[0], index=False)
     summary.to_csv(files[1], index=False)
     verdicts.to_csv(files[2], index=False)
     if target is not None:
@@ -143,17 +149,22 @@ def write_report(records: pd.DataFrame, out: Union[str, os.PathLike], target: Op
         fast.to_csv(files[-1], index=False)
     largest = int(summary["stages"].max())
     title = plots.describe(records)
-    figures = [Path(plots.save(plots.plot_accuracy_vs_stages(records, title=title, target=target, level=level),
-                               out / "accuracy_vs_stages.png")),
+    where = Path(figures) if figures is not None else out
+    files.append(out / "memory.csv")
+    memory.to_csv(files[-1], index=False)
+    figures = [Path(plots.save(plots.plot_accuracy_vs_stages(records, title=title, target=target, level=level,
+                                                             memory=memory),
+                               where / "accuracy_vs_stages.png")),
                Path(plots.save(plots.plot_accuracy_vs_epoch(records, largest, level=level,
                                                             title=f"{title}, P = {largest}"),
-                               out / f"accuracy_vs_epoch_P{largest}.png"))]
+                               where / f"accuracy_vs_epoch_P{largest}.png"))]
     if target is not None:
         figures.append(Path(plots.save(plots.plot_accuracy_vs_time(records, largest, target=target, level=level,
                                                                    title=f"{title}, P = {largest}"),
-                                       out / f"accuracy_vs_time_P{largest}.png")))
+                                       where / f"accuracy_vs_time_P{largest}.png")))
     files.append(out / "report.json")
     files[-1].write_text(json.dumps({"target": target, "level": level, "title": title,
                                      "runs": int(records["run"].nunique()),
-                                     "files": [p.name for p in files[:-1] + figures]}, indent=2) + "\n")
-    return Comparison(out, records, summary, fast, verdicts, target, figures, files)
+                                     "files": [p.name for p in files[:-1]],
+                                     "figures": [p.name for p in figures]}, indent=2) + "\n")
+    return Comparison(out, records, summary, fast, verdicts, target, memory, figures, files)

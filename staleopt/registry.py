@@ -91,11 +91,13 @@ def _portable(factory: Callable) -> Tuple[str, Any]:
     return "object", factory
 
 
-def snapshot() -> Dict[str, Dict[str, Tuple[str, Any]]]:
-    """The models and datasets registered in this process by name: ``{"model": {name: how}, "data": ...}``."""
+def snapshot(models_used=None, data_used=None) -> Dict[str, Dict[str, Tuple[str, Any]]]:
+    """The models and datasets registered in this process by name: ``{"model": {name: how}, "data": ...}``;
+    only the names in ``models_used`` / ``data_used`` when given (what a sweep's runs need)."""
     from . import data, models
-    return {"model": {n: _portable(f) for n, f in models.registered().items()},
-            "data": {n: _portable(f) for n, f in data.registered().items()}}
+    return {"model": {n: _portable(f) for n, f in models.registered().items() if models_used is None
+                      or n in models_used},
+            "data": {n: _portable(f) for n, f in data.registered().items() if data_used is None or n in data_used}}
 
 
 def restore(snap: Dict[str, Dict[str, Tuple[str, Any]]]) -> None:

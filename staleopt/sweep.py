@@ -55,7 +55,7 @@ import signal
 import threading
 import time
 import traceback
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -68,7 +68,7 @@ from .checkpoint import Checkpoint, atomic_write_text, check_every
 from .config import RunConfig, field_names, validate_field
 from .errors import ClaimLostError, ConfigError, SweepConfigError
 from .validate import check_int
-from .stats import check_level, divergence_count, per_run, status_text, t_interval
+from .stats import check_level, divergence_count, interval, per_run, status_text, t_interval
 
 __all__ = ["Sweep", "load_sweep", "expand", "shard", "parse_shard", "run_sweep", "SweepReport",
            "run_state", "runs", "collect", "summarize", "t_interval", "RECORD_COLUMNS", "DEFAULT_TRAIN_FN"]
@@ -297,10 +297,28 @@ def _interrupted(job, error: Exception) -> Tuple[str, str, float]:
 
 #: Seconds between a pool worker's checks that the launch that started it is still alive.
 PARENT_POLL_SECONDS = 1.0
+#: Seconds between the launch's looks at its runs in flight (the progress bar's per-worker line).
+POLL_SECONDS = 2.0
+
+
+def _in_flight(jobs) -> str:
+    """``"abc123 pipemare P=39 3/20 ep, ..."``: each run in flight and the epochs its records.csv holds so far."""
+    parts = []
+    for _, config, run_dir, _, _ in jobs:
+        records = Path(run_dir) / "records.csv"
+        try:
+            epochs = max(0, len(records.read_text().splitlines()) - 1) if records.is_file() else 0
+        except OSError:
+            epochs = 0
+        parts.append(f"{Path(run_dir).name[:6]} {config['method']} P={config['stages']} "
+                     f"{epochs}/{config['epochs']} ep")
+    return "; ".join(parts)
 
 
 def _init_worker(threads: Optional[int], parent: int) -> None:
-    """Set the worker's torch threads and make it exit when its launch dies (:func:`_exit_with_parent`)."""
+    """Set the worker's torch threads and make it exit when its launch dies (:func:`_exit_with_parent`).
+    Ctrl-C reaches the whole process group: the worker ignores it, and the launch stops the workers."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     if threads:
         import torch
         torch.set_num_threads(threads)
@@ -394,7 +412,7 @@ def run_sweep(sweep: Union[Sweep, str, os.PathLike, Sequence[RunConfig]], out: U
     launch = lease.new_launch_id()
     registrations = None
     if workers > 1 or executor == "ray":  # other processes: send them this process's registered names
-        registrations = registry.snapshot()
+        registrations = registry.snapshot({c.model for c in configs}, {c.data for c in configs})
         registry.check_picklable(registrations)
     jobs = []
     for cfg in configs:
@@ -446,13 +464,18 @@ def run_sweep(sweep: Union[Sweep, str, os.PathLike, Sequence[RunConfig]], out: U
                 with ProcessPoolExecutor(min(workers, len(jobs)), mp_context=ctx, initializer=_init_worker,
                                          initargs=(threads, os.getpid())) as pool:
                     futures = {pool.submit(_execute, *job): job for job in jobs}
+                    pending = set(futures)
                     try:
-                        for fut in as_completed(futures):
-                            try:
-                                result = fut.result()
-                            except BrokenProcessPool as e:  # a worker died; the pool runs nothing more
-                                result = _interrupted(futures[fut], e)
-                            record(result)
+                        while pending:
+                            done, pending = wait(pending, timeout=POLL_SECONDS, return_when=FIRST_COMPLETED)
+                            for fut in done:
+                                try:
+                                    result = fut.result()
+                                except BrokenProcessPool as e:  # a worker died; the pool runs nothing more
+                                    result = _interrupted(futures[fut], e)
+                                record(result)
+                            if bar:
+                                pbar.set_postfix_str(_in_flight(futures[f] for f in pending if f.running()))
                     except BaseException:
                         pool.shutdown(wait=False, cancel_futures=True)
                         _stop_workers(before)
@@ -522,9 +545,13 @@ def summarize(records: pd.DataFrame, by: Optional[Sequence[str]] = None, level: 
     last epoch, ``final_loss`` = its train_loss, status = the last record's.
     Groups: ``by``, default every config key except ``seed``; the output keeps
     the ``by`` columns that vary (and ``method``, ``stages``), then ``runs``,
-    ``best_acc``, ``best_acc_ci``, ``final_acc``, ``final_acc_ci``,
-    ``final_loss``, ``diverged`` (count) and ``status`` (``ok``,
-    ``diverged`` or ``k/n diverged``). ``*_ci`` are half-widths.
+    ``best_acc``, ``best_acc_lo``, ``best_acc_hi``, ``best_acc_ci``, the same
+    for ``final_acc``, ``interval`` (:func:`staleopt.stats.interval`'s kind:
+    ``t`` or ``range``), ``final_loss``, ``diverged`` (count) and ``status``
+    (``ok``, ``diverged`` or ``k/n diverged``). ``*_lo``, ``*_hi``: the interval
+    every table and figure shows (within [0, 1]; the seeds' range below
+    :data:`~staleopt.stats.MIN_SEEDS_FOR_T` seeds); ``*_ci``: the Student-t
+    half-width, unclipped (NaN for one seed).
     """
     check_level(level)
     unknown = [c for c in (by or []) if c not in field_names()]
@@ -540,11 +567,11 @@ def summarize(records: pd.DataFrame, by: Optional[Sequence[str]] = None, level: 
     rows = []
     for key, g in table.groupby(keep, sort=False, dropna=False):
         key = key if isinstance(key, tuple) else (key,)
-        best, best_ci, _ = t_interval(g["best_acc"], level)
-        final, final_ci, _ = t_interval(g["final_acc"], level)
         nd, n = divergence_count(g["diverged"])
-        rows.append({**dict(zip(keep, key)), "runs": n, "best_acc": best, "best_acc_ci": best_ci,
-                     "final_acc": final, "final_acc_ci": final_ci,
-                     "final_loss": t_interval(g["final_loss"], level)[0], "diverged": nd,
+        row = {**dict(zip(keep, key)), "runs": n}
+        for col in ("best_acc", "final_acc"):
+            mean, lo, hi, _, kind = interval(g[col], level)
+            row.update({col: mean, f"{col}_lo": lo, f"{col}_hi": hi, f"{col}_ci": t_interval(g[col], level)[1]})
+        rows.append({**row, "interval": kind, "final_loss": t_interval(g["final_loss"], level)[0], "diverged": nd,
                      "status": status_text(nd, n)})
     return pd.DataFrame(rows).sort_values(keep, kind="stable", ignore_index=True)

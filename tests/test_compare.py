@@ -43,9 +43,10 @@ def user_file(tmp_path, monkeypatch):
     path = tmp_path / "my_models.py"
     path.write_text(USER_FILE)
     monkeypatch.chdir(tmp_path)
+    before = {id(reg): set(reg) for reg in (models._USER, datasets._USER)}
     yield path
     for reg in (models._USER, datasets._USER):  # this test's registrations end with it
-        for name in [n for n in reg if n in ("tiny_net", "blobs") or "my_models.py" in n]:
+        for name in set(reg) - before[id(reg)]:
             del reg[name]
     datasets.shape.cache_clear()
 
@@ -135,9 +136,11 @@ def test_registered_name_in_config_and_errors(user_file):
 
 def test_a_lambda_cannot_go_to_worker_processes(user_file, tmp_path):
     staleopt.register_model("tiny_net", lambda num_classes, input_shape: nn.Linear(6, num_classes))
+    staleopt.register_model("unused", lambda num_classes, input_shape: nn.Linear(6, num_classes))
     cfgs = [RunConfig(model="tiny_net", data="my_models.py:blobs", stages=1, seed=s, **SMALL) for s in (0, 1)]
-    with pytest.raises(ConfigError, match="cannot be sent to worker processes.*top level"):
+    with pytest.raises(ConfigError, match="model 'tiny_net' .*cannot be sent to worker processes.*top level"):
         sweep.run_sweep(cfgs, tmp_path / "w", workers=2, bar=False)
+    assert set(registry.snapshot({"mlp"}, {"blobs"})["model"]) == set()  # only what the runs name is sent
 
 
 def test_factory_without_the_data_shape_and_data_read_off_the_samples():

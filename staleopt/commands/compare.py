@@ -76,7 +76,9 @@ def run(args) -> int:
     result = compare(args.model, args.data, methods=[m for m in args.methods.split(",") if m.strip()],
                      stages=stages, seeds=seeds, out=args.out, target=args.target, workers=args.workers,
                      threads=args.worker_threads, bar=not args.no_bar, **_settings(args.set))
-    print("best test accuracy over epochs (mean ± 95% CI over seeds; 'div' = runs that diverged):")
+    from ..stats import interval_caption
+    seeds = int(result.summary["runs"].max())
+    print(f"best test accuracy over epochs ({interval_caption(seeds)}; 'div' = runs that diverged):")
     print(result.table().to_string())
     if result.target is not None:
         print(f"\ntime to accuracy {result.target:.3f}: speedup over GPipe at the same P (pipeline time):")

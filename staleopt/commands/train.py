@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import sys
 import tomllib
 from pathlib import Path
 
@@ -26,9 +27,9 @@ examples:
                  --data-kwargs '{"num_samples": 500}' --method pipemare-t1 --stages 5
   staleopt train --data cifar10 --download --model resnet20 --method pipemare --stages max
 
-The records (one row per epoch: train loss, test accuracy, wall time, and the
-method's analytic utilization and memory) are printed and, with --out, written
-as CSV after every epoch. A run whose loss is non-finite or above
+The records (one row per epoch: train loss, test accuracy, wall time) are
+printed as each epoch ends and, with --out, written as CSV (with the method's
+analytic utilization and memory) after every epoch. A run whose loss is non-finite or above
 --divergence-loss stops with status "diverged".
 
 With --out, the run also saves a checkpoint OUT.ckpt at every epoch end (and
@@ -95,7 +96,8 @@ def register(subparsers) -> None:
     p.add_argument("--keep-checkpoint", action="store_true",
                    help="with --out: keep OUT.ckpt when the run is done (default: delete it)")
     p.add_argument("--download", action="store_true", help="download a missing dataset (CIFAR) first")
-    p.add_argument("--progress", action="store_true", help="show a progress bar over steps, with the ETA")
+    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                   help="a progress bar over steps with the loss and the ETA (default: on in a terminal)")
     p.set_defaults(func=run)
 
 
@@ -120,6 +122,27 @@ def checkpoint_of(out: Path, every=None, keep: bool = False):
     return Checkpoint(out.with_name(out.name + ".ckpt"), every=every, keep=keep, records=out)
 
 
+#: The columns ``staleopt train`` prints per epoch, with their widths.
+_SHOWN = (("epoch", 5), ("step", 7), ("train_loss", 11), ("test_loss", 10), ("test_acc", 9), ("lr_base", 9),
+          ("wall_time", 9), ("status", 8))
+
+
+def _printer():
+    """A function that prints one record per call as a row of a table (the header first), flushed at once."""
+    first = [True]
+
+    def show(record):
+        if first[0]:
+            print(" ".join(name.rjust(w) for name, w in _SHOWN), flush=True)
+            first[0] = False
+        cells = []
+        for name, w in _SHOWN:
+            v = record.get(name)
+            cells.append((f"{v:.4g}" if isinstance(v, float) else str(v)).rjust(w))
+        print(" ".join(cells), flush=True)
+    return show
+
+
 def run(args) -> int:
     config = config_from_args(args)
     if not args.out and (args.checkpoint_every is not None or args.keep_checkpoint):
@@ -127,12 +150,14 @@ def run(args) -> int:
     checkpoint = checkpoint_of(Path(args.out), args.checkpoint_every, args.keep_checkpoint) if args.out else None
     if args.download:
         data.load(config.data, download=True, **config.data_kwargs)
-    records = train.run(config, progress=args.progress, checkpoint=checkpoint)
-    resumed = records.attrs.get("resumed_at_step", 0)
     print(f"{config.method} P={config.stages} N={config.microbatches} on {config.model}/{config.data}, "
-          f"seed {config.seed} (run id {config.run_id()}"
-          + (f", resumed from its checkpoint at step {resumed}):" if resumed else "):"))
-    print(records.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+          f"seed {config.seed} (run id {config.run_id()}):", flush=True)
+    progress = sys.stderr.isatty() if args.progress is None else args.progress
+    records = train.run(config, progress=progress, checkpoint=checkpoint, on_epoch=_printer())
+    resumed = records.attrs.get("resumed_at_step", 0)
+    if resumed:
+        print(f"(resumed from its checkpoint at step {resumed}: the epochs before it were printed by the "
+              "launch that ran them; all are in the records file)")
     if args.out:
         print(f"wrote {args.out}")  # after every epoch, by the checkpoint
     return 0
