@@ -16,7 +16,9 @@ Kinds of claim:
 * :class:`NeverDiverges` — no run of ``methods`` diverges at any ``P``;
 * :class:`Degrades` — ``method``'s mean accuracy at ``high`` is below its accuracy at ``low`` by ``margin``;
 * :class:`LessMemory` — method ``a`` keeps less weight + optimizer memory than ``b`` at ``P``
-  (the analytic ``memory_ratio_gpipe`` of the records; PipeMare Table 1);
+  (the analytic ``memory_ratio_gpipe`` of the records; PipeMare Table 1), or, with ``total``,
+  less memory in all: weights, optimizer state, correction buffers and the activations in
+  flight at the runs' microbatch size (:func:`staleopt.hardware.run_memory`);
 * :class:`Faster` — every run of ``method`` reaches the target accuracy and its time to it
   (:mod:`staleopt.speedup`) is at least ``factor`` times shorter than ``baseline``'s at ``P``.
 
@@ -53,6 +55,7 @@ class _Context:
     level: float
     target: float
     speedups: pd.DataFrame
+    memory: Optional[pd.DataFrame] = None  # :func:`staleopt.hardware.run_memory`, when a claim needs it
 
     def p(self, stages: Stages) -> int:
         if stages == "max":
@@ -178,14 +181,30 @@ class LessMemory(Claim):
     a: str
     b: str
     stages: Stages = "max"
+    total: bool = False
 
     def text(self, ctx):
-        return f"{self.a} keeps less weight + optimizer memory than {self.b} at P = {ctx.p(self.stages)}"
+        what = ("less memory in all (weights, optimizer, corrections, activations in flight)" if self.total
+                else "less weight + optimizer memory")
+        return f"{self.a} keeps {what} than {self.b} at P = {ctx.p(self.stages)}"
 
     def check(self, ctx):
         p = ctx.p(self.stages)
-        ma, mb = (float(ctx.group(m, p)["memory_ratio_gpipe"].iloc[0]) for m in (self.a, self.b))
-        return f"{self.a} {ma:.2f}x GPipe vs {self.b} {mb:.2f}x GPipe (analytic)", ma < mb
+        if not self.total:
+            ma, mb = (float(ctx.group(m, p)["memory_ratio_gpipe"].iloc[0]) for m in (self.a, self.b))
+            return f"{self.a} {ma:.2f}x GPipe vs {self.b} {mb:.2f}x GPipe (analytic)", ma < mb
+        for m in (self.a, self.b):
+            ctx.group(m, p)
+        if ctx.memory is None:
+            raise ConfigError("the total memory needs the records' config columns (model, data, batch_size, ...): "
+                              "pass the records of staleopt.sweep.collect")
+        mem = ctx.memory.set_index(["method", "stages"])
+        (ma, ba), (mb, bb) = ((float(mem.loc[(m, p), "total_ratio_gpipe"]), float(mem.loc[(m, p), "total_bytes"]))
+                              for m in (self.a, self.b))
+        if math.isnan(ma) or math.isnan(mb):
+            raise ConfigError("the total memory needs the runs' model and data, which this process cannot build")
+        return (f"{self.a} {ma:.2f}x GPipe ({ba / 2 ** 20:.1f} MiB) vs {self.b} {mb:.2f}x GPipe "
+                f"({bb / 2 ** 20:.1f} MiB) (analytic, activations measured)"), ma < mb
 
 
 @dataclass(frozen=True)
@@ -201,6 +220,9 @@ class Faster(Claim):
 
     def check(self, ctx):
         p = ctx.p(self.stages)
+        if not math.isfinite(ctx.target):
+            raise ConfigError("no target accuracy to time: pass target= (the default is GPipe's mean best accuracy "
+                              "minus 0.01, when the sweep has GPipe runs)")
         rows = ctx.speedups[ctx.speedups["stages"] == p].set_index("method")
         for m in (self.method, self.baseline):
             if m not in rows.index:
@@ -230,17 +252,20 @@ DEMO_CLAIMS: Tuple[Claim, ...] = (
     Faster("pipemare", "gpipe", "max", 1.25),         # time to accuracy: full utilization pays (PipeMare Table 2)
     LessMemory("pipemare", "pipemare-stash"),         # no stashed versions (PipeMare Table 1)
     LessMemory("pipemare", "pipedream"),
+    # ... but activations dominate: dataflow delays keep ~2(P - i) microbatches in flight at stage i, 1F1B P - i
+    LessMemory("pipedream", "pipemare", total=True),
 )
 
 
 def evaluate(records: pd.DataFrame, claims: Sequence[Claim] = None, level: float = 0.95,
-             target: Optional[float] = None) -> pd.DataFrame:
+             target: Optional[float] = None, memory: Optional[pd.DataFrame] = None) -> pd.DataFrame:
     """Table of ``claim``, ``evidence`` and ``verdict`` (:data:`VERDICTS`) per claim (default :data:`DEMO_CLAIMS`).
 
     A claim that needs a method or ``P`` the records lack is ``"not evaluated"``, with the reason as evidence.
 
     ``target``: the accuracy of the time-to-target claims; default :data:`DEMO_TARGET` for the
     demo's claims, else :func:`staleopt.speedup.default_target` (GPipe's mean best accuracy minus 0.01).
+    ``memory``: :func:`staleopt.hardware.run_memory` of the records, computed here when a claim needs it.
     """
     claims = DEMO_CLAIMS if claims is None else claims
     stats.check_level(level)
@@ -250,8 +275,15 @@ def evaluate(records: pd.DataFrame, claims: Sequence[Claim] = None, level: float
     runs["stages"] = runs["stages"].astype(int)
     if target is None and any(isinstance(c, Faster) for c in claims):
         target = DEMO_TARGET if claims is DEMO_CLAIMS else speedup.default_target(records)
-    table = speedup.speedup_table(records, target) if target is not None else pd.DataFrame()
-    ctx = _Context(runs, sorted(set(runs["stages"])), level, math.nan if target is None else target, table)
+    timed = target is not None and math.isfinite(target)  # NaN: no target (then time claims are not evaluated)
+    table = speedup.speedup_table(records, target) if timed else pd.DataFrame()
+    if memory is None and any(getattr(c, "total", False) for c in claims):
+        from .hardware import run_memory
+        try:
+            memory = run_memory(records)
+        except ConfigError:  # records without the config columns: the total-memory claims are not evaluated
+            memory = None
+    ctx = _Context(runs, sorted(set(runs["stages"])), level, math.nan if target is None else target, table, memory)
     rows = []
     for claim in claims:
         try:

@@ -13,7 +13,7 @@ import sys
 from . import commands
 from .errors import StaleoptError
 
-__all__ = ["main", "build_parser"]
+__all__ = ["main", "build_parser", "resume_hint"]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -39,6 +39,21 @@ def main(argv=None) -> int:
     except StaleoptError as e:
         print(f"staleopt {args.command}: error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C: one line that says how to go on, no traceback
+        print(f"\nstaleopt {args.command}: interrupted. {resume_hint(args)}", file=sys.stderr, flush=True)
+        return 130
+
+
+def resume_hint(args) -> str:
+    """What to do after Ctrl-C: how the interrupted command resumes."""
+    if args.command in ("sweep", "demo", "compare", "reproduce"):
+        return ("Run the same command again to resume: finished runs are kept, the others continue from their "
+                "last checkpoint.")
+    if args.command == "train":
+        if getattr(args, "out", None):
+            return f"Run the same command again to resume from {args.out}.ckpt, its last checkpoint."
+        return "Nothing was saved: pass --out FILE to checkpoint a run and resume it."
+    return "Nothing to resume."
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -50,8 +50,11 @@ class RunConfig:
     """One training run. Field docs give the meaning and unit.
 
     * ``model``, ``model_kwargs``: :func:`staleopt.models.get` name and options
-      (``num_classes`` and ``input_shape`` come from the data).
-    * ``data``, ``data_kwargs``: :func:`staleopt.data.load` name and options.
+      (``num_classes`` and ``input_shape`` come from the data): a built-in model,
+      one registered with :func:`staleopt.register_model`, or a ``"module:function"`` /
+      ``"file.py:function"`` spec (:mod:`staleopt.registry`).
+    * ``data``, ``data_kwargs``: :func:`staleopt.data.load` name and options (built-in,
+      registered with :func:`staleopt.register_data`, or a spec).
     * ``method``: a method (:func:`staleopt.methods.names`) or schedule name;
       ``stages`` (``P``, an int or ``"max"`` = the model's unit count),
       ``microbatches`` (``N`` per minibatch, divides ``batch_size``),
@@ -115,7 +118,8 @@ class RunConfig:
                   f"them and only then (lr_schedule = {self.lr_schedule!r})")
         if isinstance(self.stages, int):
             self.pipeline()                         # the schedule's rules, e.g. 2BW's N >= P
-        _check_kwargs("model_kwargs", self.model_kwargs, _model_options(self.model))
+        if not models.info(self.model).takes_any():
+            _check_kwargs("model_kwargs", self.model_kwargs, _model_options(self.model))
         _check_kwargs("data_kwargs", self.data_kwargs, data.options(self.data))
 
     @classmethod
@@ -167,7 +171,8 @@ class RunConfig:
 
     def resolve(self) -> "RunConfig":
         """Replace ``stages="max"`` by the model's unit count and check ``stages`` against it."""
-        units = _units(self.model, json.dumps(self.model_kwargs, sort_keys=True))
+        units = _units(self.model, json.dumps(self.model_kwargs, sort_keys=True), self.data,
+                       json.dumps(self.data_kwargs, sort_keys=True))
         stages = units if self.stages == "max" else self.stages
         if stages > units:
             _fail("stages", stages, f"exceeds the {units} parametrized operators of model {self.model!r}")
@@ -204,6 +209,17 @@ def _choice(name, v, choices, optional=False):
     return v
 
 
+def _named(name, v, lookup):
+    """A built-in or registered name, or a loadable spec (``lookup`` raises a ConfigError saying which)."""
+    if not isinstance(v, str):
+        _fail(name, v, "must be a name (a string)")
+    try:
+        lookup(v)
+    except ConfigError as e:
+        raise ConfigError(f"{name} = {v!r} is not allowed: {e}") from None
+    return v
+
+
 def _kwargs(name, v):
     if not isinstance(v, dict) or not all(isinstance(k, str) for k in v):
         _fail(name, v, "must be a table/dict of option name -> value")
@@ -219,6 +235,8 @@ def _model_options(name):
 
 
 def _check_kwargs(name, given, allowed):
+    if allowed is None:  # a user's factory that takes **kwargs
+        return
     bad = [k for k in given if k not in allowed]
     if bad:
         _fail(name, given, f"has unknown option {bad[0]!r}; allowed: {', '.join(allowed) or '(none)'}")
@@ -246,9 +264,9 @@ def _milestones(name, v):
 
 
 _VALIDATORS = {
-    "model": lambda n, v: _choice(n, v, models.names()),
+    "model": lambda n, v: _named(n, v, models.info),
     "model_kwargs": _kwargs,
-    "data": lambda n, v: _choice(n, v, data.names()),
+    "data": lambda n, v: _named(n, v, data.options),
     "data_kwargs": _kwargs,
     "method": lambda n, v: methods.check_retired(v) or _choice(n, v, _method_names()),
     "stages": _stages,
@@ -283,6 +301,14 @@ def validate_field(name: str, value: Any) -> Any:
     return _VALIDATORS[name](name, value)
 
 
+def _units(model: str, model_kwargs_json: str, data_name: str, data_kwargs_json: str) -> int:
+    """The model's unit count; a user's model is built for the data's shape (it may have no defaults)."""
+    if not models.info(model).user:
+        return _builtin_units(model, model_kwargs_json)
+    num_classes, input_shape = data.shape(data_name, data_kwargs_json)
+    return models.num_units(model, num_classes=num_classes, input_shape=input_shape, **json.loads(model_kwargs_json))
+
+
 @functools.lru_cache(maxsize=None)
-def _units(model: str, model_kwargs_json: str) -> int:
+def _builtin_units(model: str, model_kwargs_json: str) -> int:
     return models.num_units(model, **json.loads(model_kwargs_json))

@@ -34,24 +34,28 @@ cannot run code, verified or not (it is refused with a
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import functools
 import hashlib
+import inspect
 import json
 import os
 import pickle
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, Iterator, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 import numpy as np
 import torch
 from torch.utils.data import Dataset, TensorDataset
 
+from . import registry
 from .errors import ConfigError, DataError
 from .validate import check_int
 
 __all__ = ["Data", "ImageTensors", "load", "names", "options", "batches", "cache_dir", "data_dir", "CIFAR_FOLDERS",
-           "read_cifar_batch"]
+           "read_cifar_batch", "register", "registered", "from_datasets", "shape"]
 
 #: torchvision's folder name for each CIFAR dataset, under ``root``.
 CIFAR_FOLDERS = {"cifar10": "cifar-10-batches-py", "cifar100": "cifar-100-python"}
@@ -414,16 +418,80 @@ _OPTIONS = {
 }
 
 
+#: Datasets registered by the user (:func:`register`) and specs loaded (:mod:`staleopt.registry`), by name.
+_USER: Dict[str, Callable[..., Any]] = {}
+
+
+def register(name: str, factory: Callable[..., Any], *, replace: bool = False) -> str:
+    """Make ``factory`` the dataset ``name`` everywhere a dataset name goes: ``RunConfig(data=name)``,
+    sweeps (their worker processes too: :mod:`staleopt.registry`), :func:`staleopt.compare`.
+
+    ``factory(**data_kwargs)`` returns a :class:`Data` or a pair ``(train, test)`` of datasets
+    of ``(x, y)`` samples (:func:`from_datasets` infers the rest); it gets ``root`` and ``download``
+    too when it has parameters of those names. It must return the same data every time it is
+    called with the same arguments (seed any randomness of its own). Registering the same
+    factory again is a no-op; another factory under a taken name needs ``replace=True``.
+    Built-in names cannot be replaced. Returns ``name``.
+    """
+    if not isinstance(name, str) or not name or ":" in name or name != name.strip():
+        raise ConfigError(f"a dataset name is a non-empty string without ':' or surrounding spaces, got {name!r} "
+                          "(':' marks a 'module:function' spec)")
+    if not callable(factory):
+        raise ConfigError(f"dataset {name!r}: the factory must be callable, got {type(factory).__name__}")
+    if name in _LOADERS:
+        raise ConfigError(f"dataset {name!r} is built in; register yours under another name")
+    old = _USER.get(name)
+    if old is not None and old is not factory and not replace:
+        raise ConfigError(f"dataset {name!r} is already registered with {old!r}; pass replace=True to register "
+                          "another factory under this name")
+    _USER[name] = factory
+    shape.cache_clear()
+    return name
+
+
+def registered() -> Dict[str, Callable[..., Any]]:
+    """The factories registered by name in this process (specs left out: they load anywhere)."""
+    return {n: f for n, f in _USER.items() if not registry.is_spec(n)}
+
+
 def names():
-    """The dataset names :func:`load` accepts."""
-    return list(_LOADERS)
+    """The dataset names :func:`load` accepts (built-in, then registered; any ``module:function`` spec too)."""
+    return list(_LOADERS) + list(registered())
 
 
-def options(name: str):
-    """The dataset's own keyword arguments (besides ``root`` and ``download``)."""
-    if name not in _LOADERS:
-        raise ConfigError(f"unknown dataset {name!r}; choose one of {names()}")
-    return _OPTIONS[name]()
+def _user(name: str):
+    """The user's factory of ``name``, or ``None`` for a built-in; raises for an unknown name."""
+    if name in _LOADERS:
+        return None
+    if name in _USER:
+        return _USER[name]
+    if registry.is_spec(name):
+        _USER[name] = registry.load_spec(name, "dataset")
+        return _USER[name]
+    close = difflib.get_close_matches(str(name), names(), n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    raise ConfigError(f"unknown dataset {name!r}{hint}; choose one of {names()}, a 'module:function' or "
+                      "'file.py:function' spec, or register your own with staleopt.register_data "
+                      "(docs/tutorial.md)")
+
+
+def _parameters(factory) -> Dict[str, inspect.Parameter]:
+    try:
+        return dict(inspect.signature(factory).parameters)
+    except (TypeError, ValueError):
+        return {}
+
+
+def options(name: str) -> Optional[List[str]]:
+    """The dataset's own keyword arguments (besides ``root`` and ``download``); ``None`` when a user's
+    factory takes ``**kwargs`` (any option is passed on)."""
+    factory = _user(name)
+    if factory is None:
+        return _OPTIONS[name]()
+    params = _parameters(factory)
+    if any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        return None
+    return [k for k, p in params.items() if k not in ("root", "download") and p.kind is not p.VAR_POSITIONAL]
 
 
 def load(name: str = "mnist1d", *, root=None, download: bool = False, **kwargs) -> Data:
@@ -432,10 +500,61 @@ def load(name: str = "mnist1d", *, root=None, download: bool = False, **kwargs) 
     ``root`` is where downloaded datasets live (CIFAR); ``download=True``
     fetches missing CIFAR files. Raises :class:`~staleopt.errors.DataError`
     when files are missing and :class:`~staleopt.errors.ConfigError` for bad
-    arguments.
+    arguments. A user's dataset (:func:`register`, or a spec) is its factory's result.
     """
-    _check_kwargs(name, kwargs, options(name))
-    return _LOADERS[name](root=root, download=download, **kwargs)
+    allowed = options(name)
+    if allowed is not None:
+        _check_kwargs(name, kwargs, allowed)
+    factory = _user(name)
+    if factory is None:
+        return _LOADERS[name](root=root, download=download, **kwargs)
+    params = _parameters(factory)
+    extra = {k: v for k, v in (("root", root), ("download", download)) if k in params}
+    out = factory(**extra, **kwargs)
+    if isinstance(out, Data):
+        return out
+    if isinstance(out, (tuple, list)) and len(out) == 2:
+        return from_datasets(*out, name=name)
+    raise ConfigError(f"dataset {name!r}: the factory returned a {type(out).__name__}; return a staleopt.data.Data "
+                      "or a pair (train, test) of datasets of (x, y) samples")
+
+
+def from_datasets(train: Dataset, test: Dataset, name: str = "custom", task: Optional[str] = None,
+                  num_classes: Optional[int] = None) -> Data:
+    """A :class:`Data` from two datasets of ``(x, y)`` samples, the rest read off the samples.
+
+    ``input_shape`` is the first sample's ``x.shape``. ``task``: ``"classification"`` when the
+    targets are integers (then ``num_classes`` = the largest label + 1 over both splits), else
+    ``"regression"`` (``num_classes`` = the number of target values per sample).
+    """
+    for split, ds in (("train", train), ("test", test)):
+        if not hasattr(ds, "__getitem__") or not hasattr(ds, "__len__") or len(ds) == 0:
+            raise DataError(f"dataset {name!r}: the {split} split must be a non-empty Dataset of (x, y) samples, "
+                            f"got {type(ds).__name__}")
+    x, y = train[0]
+    y = torch.as_tensor(y)
+    integer = not (y.is_floating_point() or y.is_complex())
+    task = task or ("classification" if integer else "regression")
+    if task not in ("classification", "regression"):
+        raise ConfigError(f"dataset {name!r}: task must be 'classification' or 'regression', got {task!r}")
+    if num_classes is None:
+        if task == "regression":
+            num_classes = int(y.numel())
+        else:
+            def labels(ds):
+                if isinstance(ds, TensorDataset):
+                    return ds.tensors[1]
+                return torch.as_tensor([int(ds[i][1]) for i in range(len(ds))])
+            num_classes = int(max(labels(train).max(), labels(test).max())) + 1
+    return Data(name, train, test, num_classes=int(num_classes), input_shape=tuple(torch.as_tensor(x).shape),
+                task=task)
+
+
+@functools.lru_cache(maxsize=None)
+def shape(name: str, kwargs_json: str = "{}") -> Tuple[int, Tuple[int, ...]]:
+    """``(num_classes, input_shape)`` of ``load(name, **json.loads(kwargs_json))`` (loaded once per process)."""
+    d = load(name, **json.loads(kwargs_json))
+    return d.num_classes, tuple(d.input_shape)
 
 
 def batches(dataset: Dataset, batch_size: int, *, shuffle: bool = False,

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import inspect
 import io
 import re
 import sys
@@ -30,8 +31,8 @@ from typing import Callable, Dict, Iterable, List, NamedTuple, Optional, Sequenc
 from . import cli, methods, models
 from .commands import demo
 
-__all__ = ["GENERATORS", "markdown_table", "methods_table", "models_table", "hardware_table", "demo_claims",
-           "ledger_pipemare", "fill",
+__all__ = ["GENERATORS", "API_MODULES", "markdown_table", "methods_table", "models_table", "hardware_table",
+           "demo_claims", "ledger_pipemare", "api_reference", "fill",
            "block_names", "doc_files",
            "CodeBlock", "code_blocks", "links", "anchors", "main"]
 
@@ -118,9 +119,56 @@ def ledger_pipemare(path: Path = ROOT / "docs" / "reproductions.csv") -> str:
 
 
 #: Block name -> function returning the block's Markdown.
+#: The modules :func:`api_reference` documents, in reading order (the optimizer first, then experiments).
+API_MODULES = ("staleopt", "staleopt.optimizer", "staleopt.partition", "staleopt.methods", "staleopt.schedules",
+               "staleopt.corrections", "staleopt.segments", "staleopt.config", "staleopt.models", "staleopt.data",
+               "staleopt.registry", "staleopt.train", "staleopt.checkpoint", "staleopt.sweep", "staleopt.compare",
+               "staleopt.stats", "staleopt.speedup", "staleopt.claims", "staleopt.hardware", "staleopt.timeline",
+               "staleopt.theory", "staleopt.advisor", "staleopt.plot.sweep", "staleopt.errors")
+
+
+def _first_line(obj) -> str:
+    doc = inspect.getdoc(obj) or ""
+    text = doc.strip().split("\n\n")[0].replace("\n", " ")
+    return re.sub(r":\w+:`~?([^`]+)`", r"`\1`", text).replace("``", "`")  # reST roles and literals as Markdown code
+
+
+def _signature(obj) -> str:
+    try:
+        text = str(inspect.signature(obj))
+    except (TypeError, ValueError):
+        return "(...)"
+    return re.sub(r" at 0x[0-9a-f]+", "", text)
+
+
+def api_reference() -> str:
+    """Every public class and function of :data:`API_MODULES` (their ``__all__``) with its signature and the
+    first paragraph of its docstring; other public names (constants, submodules) listed by name."""
+    import importlib
+    lines = []
+    for name in API_MODULES:
+        module = importlib.import_module(name)
+        lines += [f"### `{name}`", "", _first_line(module), ""]
+        others = []
+        for attr in getattr(module, "__all__", []):
+            obj = getattr(module, attr)
+            if inspect.isclass(obj) or inspect.isfunction(obj) or callable(obj) and hasattr(obj, "__wrapped__"):
+                kind = "class" if inspect.isclass(obj) else "def"
+                if inspect.isclass(obj) and issubclass(obj, BaseException):
+                    lines.append(f"* `class {attr}` — {_first_line(obj)}")
+                else:
+                    lines.append(f"* `{kind} {attr}{_signature(obj)}` — {_first_line(obj)}")
+            else:
+                others.append(f"`{attr}`")
+        if others:
+            lines.append(f"* also: {', '.join(others)}")
+        lines.append("")
+    return "\n".join(lines)
+
+
 GENERATORS: Dict[str, Callable[[], str]] = {"methods-table": methods_table, "models-table": models_table,
                                             "hardware-table": hardware_table, "demo-claims": demo_claims,
-                                            "ledger-pipemare": ledger_pipemare}
+                                            "ledger-pipemare": ledger_pipemare, "api-reference": api_reference}
 
 
 def fill(text: str, rendered: Dict[str, str]) -> str:

@@ -43,7 +43,7 @@ from .validate import check_int
 __all__ = ["OPTIMIZER_SLOTS", "MemoryReport", "pipeline_utilization", "amortized_utilization",
            "hybrid_speedup", "time_to_accuracy", "effective_delays", "in_flight_counts",
            "activation_sizes", "activation_memory", "recompute_activation_memory", "correction_bytes",
-           "memory_report"]
+           "memory_report", "run_memory"]
 
 #: Weight-sized state buffers per optimizer (SGD: none; SGD momentum: the velocity; Adam, AdamW, NAdamW: m and v).
 OPTIMIZER_SLOTS = {"sgd": 0, "sgd-momentum": 1, "adam": 2, "adamw": 2, "nadamw": 2}
@@ -249,7 +249,13 @@ class MemoryReport:
     input were given, else None: ``activation_bytes`` without recompute,
     ``activation_recompute_bytes`` with PipeMare Recompute in segments of
     ``recompute_segment`` stages. ``total_bytes`` = weights+optimizer + activations
-    without recompute (when known).
+    without recompute (when known): the memory the method needs, and
+    ``total_ratio_to_gpipe`` divides it by GPipe's total at the same stages,
+    microbatches and microbatch size (``gpipe_total_bytes``; GPipe holds all ``N``
+    microbatches of a minibatch at every stage). The weights-only
+    ``ratio_to_gpipe`` leaves the activations out, which can reverse an order:
+    PipeMare keeps fewer weight copies than PipeDream but twice its activations in
+    flight (``tau_fwd_i + 1`` microbatches at stage ``i`` against ``P - i``).
     """
 
     method: str
@@ -274,6 +280,15 @@ class MemoryReport:
     activation_bytes: Optional[int] = None
     activation_recompute_bytes: Optional[int] = None
     recompute_segment: Optional[int] = None
+    gpipe_total_bytes: Optional[int] = None
+
+    @property
+    def total_ratio_to_gpipe(self) -> Optional[float]:
+        """Total memory (weights, optimizer state, correction buffers, activations in flight) relative to
+        GPipe's; ``None`` without activations."""
+        if self.activation_bytes is None or not self.gpipe_total_bytes:
+            return None
+        return self.total_bytes / self.gpipe_total_bytes
 
     @property
     def ratio_to_gpipe(self) -> float:
@@ -286,14 +301,16 @@ class MemoryReport:
 
     def as_dict(self) -> Dict:
         d = asdict(self)
-        d.update(ratio_to_gpipe=self.ratio_to_gpipe, total_bytes=self.total_bytes)
+        d.update(ratio_to_gpipe=self.ratio_to_gpipe, total_bytes=self.total_bytes,
+                 total_ratio_to_gpipe=self.total_ratio_to_gpipe)
         return d
 
     def rows(self) -> List[Tuple[str, object]]:
         """``(field, value)`` rows for tables: the scalar fields plus ratio and total."""
         skip = {"stage_weight_bytes", "tau_fwd", "tau_bkwd", "in_flight"}
         out = [(f.name, getattr(self, f.name)) for f in fields(self) if f.name not in skip]
-        return out + [("total_bytes", self.total_bytes), ("ratio_to_gpipe", self.ratio_to_gpipe)]
+        return out + [("total_bytes", self.total_bytes), ("ratio_to_gpipe", self.ratio_to_gpipe),
+                      ("total_ratio_to_gpipe", self.total_ratio_to_gpipe)]
 
 
 def memory_report(model: nn.Module, method, stages: int, microbatches: int = 1, optimizer: str = "sgd-momentum",
@@ -328,7 +345,7 @@ def memory_report(model: nn.Module, method, stages: int, microbatches: int = 1, 
                   weight_optimizer_bytes=gpipe + copies["stash_bytes"] + copies["second_version_bytes"]
                   + copies["prediction_bytes"] + copies["t2_bytes"] + since,
                   gpipe_weight_optimizer_bytes=gpipe)
-    if (microbatch_size is None) != (example_input is None):
+    if (microbatch_size is None) != (example_input is None and sizes is None):
         raise ConfigError("activation memory needs both microbatch_size and example_input (a batch tensor)")
     if microbatch_size is not None:
         counts = pipeline.in_flight()
@@ -346,6 +363,67 @@ def memory_report(model: nn.Module, method, stages: int, microbatches: int = 1, 
             S = segments[0][1] - segments[0][0] + 1
         else:
             plain, recompute, S = activation_memory(sizes, counts, recompute_segment)
+        gpipe_counts = methods.build("gpipe", pipeline.stages, pipeline.microbatches).in_flight()
         report.update(in_flight=tuple(counts), microbatch_size=microbatch_size, activation_bytes=plain,
-                      activation_recompute_bytes=recompute, recompute_segment=S)
+                      activation_recompute_bytes=recompute, recompute_segment=S,
+                      gpipe_total_bytes=gpipe + activation_memory(sizes, gpipe_counts, 1)[0])
     return MemoryReport(**report)
+
+
+def run_memory(records) -> "pandas.DataFrame":
+    """Per method and ``P`` of a sweep's records: the weights-only and the total memory of its runs.
+
+    Columns ``method``, ``stages``, ``memory_ratio_gpipe`` (weights + optimizer state +
+    correction buffers, x GPipe), ``weight_optimizer_bytes``, ``activation_bytes`` (in
+    flight at the run's microbatch size ``batch_size / microbatches``, measured on one
+    forward pass of the run's model on its data), ``total_bytes`` and
+    ``total_ratio_gpipe``. A run whose model or data this process cannot build (a model
+    registered in another process: :mod:`staleopt.registry`) has NaN activations.
+    """
+    import json
+    import math
+
+    import pandas as pd
+
+    from . import data as datasets
+    from . import models
+    from .errors import StaleoptError
+
+    keys = ["method", "stages", "microbatches", "batch_size", "optimizer", "partition", "model", "model_kwargs",
+            "data", "data_kwargs"]
+    missing = [k for k in keys if k not in records.columns]
+    if missing:
+        raise ConfigError(f"records lack the config columns {missing} that memory needs; pass the records of "
+                          "staleopt.sweep.collect")
+
+    def loads(v):
+        return json.loads(v) if isinstance(v, str) else (v if isinstance(v, dict) else {})
+
+    runs = records.groupby("run", sort=False)[keys].first().drop_duplicates(subset=["method", "stages"])
+    built, rows = {}, []
+    for r in runs.itertuples(index=False):
+        P, N, optimizer = int(r.stages), int(r.microbatches), str(r.optimizer)
+        what = (r.model, json.dumps(loads(r.model_kwargs), sort_keys=True), r.data,
+                json.dumps(loads(r.data_kwargs), sort_keys=True), P, r.partition, int(r.batch_size) // N)
+        if what not in built:
+            try:
+                d = datasets.load(r.data, **loads(r.data_kwargs))
+                model = models.get(r.model, seed=0, num_classes=d.num_classes, input_shape=d.input_shape,
+                                   **loads(r.model_kwargs))
+                partition = partition_model(model, P, r.partition)
+                example = torch.stack([d.train[i][0] for i in range(2)])
+                built[what] = (model, partition, activation_sizes(model, partition, example, what[-1]))
+            except (StaleoptError, ImportError, OSError):
+                built[what] = None
+        entry = built[what]
+        if entry is None:
+            rows.append({"method": r.method, "stages": P, "activation_bytes": math.nan, "total_bytes": math.nan,
+                         "total_ratio_gpipe": math.nan})
+            continue
+        model, partition, sizes = entry
+        rep = memory_report(model, r.method, P, N, optimizer=optimizer, partition=partition,
+                            microbatch_size=what[-1], sizes=sizes)
+        rows.append({"method": r.method, "stages": P, "memory_ratio_gpipe": rep.ratio_to_gpipe,
+                     "weight_optimizer_bytes": rep.weight_optimizer_bytes, "activation_bytes": rep.activation_bytes,
+                     "total_bytes": rep.total_bytes, "total_ratio_gpipe": rep.total_ratio_to_gpipe})
+    return pd.DataFrame(rows)

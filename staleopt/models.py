@@ -31,6 +31,7 @@ schedule's segments checkpointed (PipeMare App. A.3).
 """
 from __future__ import annotations
 
+import difflib
 import inspect
 import math
 import sys
@@ -41,12 +42,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from . import registry
 from .errors import ConfigError
 from .partition import units_of
 from .segments import Step
 from .validate import check_int
 
-__all__ = ["get", "names", "info", "num_units", "table", "steps", "ModelInfo",
+__all__ = ["get", "names", "info", "num_units", "table", "steps", "ModelInfo", "register", "registered",
            "ResNet1d", "CNN1d", "MLP", "TransformerClassifier", "LeNet5", "CifarResNet", "resnet50_cifar"]
 
 
@@ -391,11 +393,23 @@ class ModelInfo:
     input_shape: Tuple[int, ...]
     description: str
     fixed: Tuple[Tuple[str, object], ...] = ()  # keyword arguments the name fixes (e.g. depth)
+    user: bool = False                          # registered by the user (:func:`register`) or a spec
 
     def kwargs(self) -> List[str]:
-        """Keyword arguments :func:`get` accepts for this model."""
-        params = inspect.signature(self.factory).parameters
-        return [p for p in params if p not in dict(self.fixed)]
+        """Keyword arguments :func:`get` accepts for this model (``**kwargs`` left out)."""
+        params = _parameters(self.factory)
+        return [p for p, v in params.items() if p not in dict(self.fixed) and v.kind is not v.VAR_KEYWORD]
+
+    def takes_any(self) -> bool:
+        """Whether the factory takes ``**kwargs`` (then any option is passed on to it)."""
+        return any(v.kind is v.VAR_KEYWORD for v in _parameters(self.factory).values())
+
+
+def _parameters(factory):
+    try:
+        return dict(inspect.signature(factory).parameters)
+    except (TypeError, ValueError):  # a builtin without a signature
+        return {}
 
 
 def _resnet(depth):
@@ -416,17 +430,64 @@ _REGISTRY: Dict[str, ModelInfo] = {m.name: m for m in [
 ]}
 
 
+#: Models registered by the user (:func:`register`) and specs loaded (:mod:`staleopt.registry`), by name.
+_USER: Dict[str, ModelInfo] = {}
+
+
+def register(name: str, factory: Callable[..., nn.Module], *, description: str = "",
+             replace: bool = False) -> str:
+    """Make ``factory`` the model ``name`` everywhere a model name goes: ``RunConfig(model=name)``,
+    sweeps (their worker processes too: :mod:`staleopt.registry`), :func:`staleopt.compare`.
+
+    ``factory(num_classes=..., input_shape=..., **model_kwargs) -> nn.Module``: it gets the
+    data's number of classes (outputs) and sample shape when it has parameters of those names,
+    and the config's ``model_kwargs``. It must be deterministic given the RNG (the trainer seeds it).
+    Registering the same factory again is a no-op; another factory under a taken name needs
+    ``replace=True``. Built-in names cannot be replaced. Returns ``name``.
+    """
+    if not isinstance(name, str) or not name or ":" in name or name != name.strip():
+        raise ConfigError(f"a model name is a non-empty string without ':' or surrounding spaces, got {name!r} "
+                          "(':' marks a 'module:function' spec)")
+    if not callable(factory):
+        raise ConfigError(f"model {name!r}: the factory must be callable (a function or nn.Module class), "
+                          f"got {type(factory).__name__}")
+    if name in _REGISTRY:
+        raise ConfigError(f"model {name!r} is built in; register yours under another name")
+    old = _USER.get(name)
+    if old is not None and old.factory is not factory and not replace:
+        raise ConfigError(f"model {name!r} is already registered with {old.factory!r}; pass replace=True "
+                          "to register another factory under this name")
+    _USER[name] = ModelInfo(name, factory, (), description or (factory.__doc__ or "").strip().split("\n")[0],
+                            user=True)
+    return name
+
+
+def registered() -> Dict[str, Callable[..., nn.Module]]:
+    """The factories registered by name in this process (specs left out: they load anywhere)."""
+    return {n: e.factory for n, e in _USER.items() if not registry.is_spec(n)}
+
+
 def names() -> List[str]:
-    """The model names :func:`get` accepts."""
-    return list(_REGISTRY)
+    """The model names :func:`get` accepts (built-in, then registered; any ``module:function`` spec too)."""
+    return list(_REGISTRY) + list(registered())
 
 
 def info(name: str) -> ModelInfo:
-    """The registry entry of ``name``."""
-    try:
+    """The registry entry of ``name``: a built-in or registered model, or a ``module:function`` /
+    ``file.py:function`` spec (loaded on first use, :mod:`staleopt.registry`)."""
+    if name in _REGISTRY:
         return _REGISTRY[name]
-    except KeyError:
-        raise ConfigError(f"unknown model {name!r}; choose one of {names()}") from None
+    if name in _USER:
+        return _USER[name]
+    if registry.is_spec(name):
+        factory = registry.load_spec(name, "model")
+        _USER[name] = ModelInfo(name, factory, (), (factory.__doc__ or "").strip().split("\n")[0], user=True)
+        return _USER[name]
+    close = difflib.get_close_matches(str(name), names(), n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    raise ConfigError(f"unknown model {name!r}{hint}; choose one of {names()}, a 'module:function' or "
+                      "'file.py:function' spec, or register your own with staleopt.register_model "
+                      "(docs/tutorial.md)")
 
 
 def get(name: str, *, seed: Optional[int] = None, **kwargs) -> nn.Module:
@@ -437,24 +498,36 @@ def get(name: str, *, seed: Optional[int] = None, **kwargs) -> nn.Module:
     """
     entry = info(name)
     allowed = entry.kwargs()
+    if entry.user and not entry.takes_any():  # a user's factory may not want the data's shape
+        kwargs = {k: v for k, v in kwargs.items() if k in allowed or k not in ("num_classes", "input_shape")}
     bad = sorted(set(kwargs) - set(allowed))
-    if bad:
+    if bad and not entry.takes_any():
         raise ConfigError(f"model {name!r} got unknown argument(s) {bad}; allowed: {allowed}")
     kwargs = {**dict(entry.fixed), **kwargs}
     if seed is None:
-        return entry.factory(**kwargs)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        return entry.factory(**kwargs)
+        model = entry.factory(**kwargs)
+    else:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            model = entry.factory(**kwargs)
+    if not isinstance(model, nn.Module):
+        raise ConfigError(f"model {name!r}: the factory returned a {type(model).__name__}, not a torch.nn.Module")
+    return model
 
 
 def num_units(name: str, **kwargs) -> int:
     """Number of parametrized operators of ``get(name, **kwargs)``: the largest stage count.
 
-    Built on the meta device, so it costs no memory or initialization time.
+    Built on the meta device, so it costs no memory or initialization time (on the CPU
+    for a user's factory that cannot run on the meta device).
     """
-    with torch.device("meta"):
-        return len(units_of(get(name, **kwargs)))
+    try:
+        with torch.device("meta"):
+            return len(units_of(get(name, **kwargs)))
+    except (RuntimeError, NotImplementedError, TypeError):
+        if not info(name).user:
+            raise
+        return len(units_of(get(name, seed=0, **kwargs)))
 
 
 def table() -> List[Dict[str, object]]:

@@ -19,12 +19,15 @@ simulator does not time the pipeline, it prices the steps it ran.
 * :func:`time_to_target`: per run, ``steps_to_target`` and ``time_to_target``;
 * :func:`speedup_table`: per method and ``P``, the runs that reached the
   target, their mean steps and time, and the speedup
-  ``T_baseline / T_method`` against GPipe at the same ``P`` (same target).
+  ``T_baseline / T_method`` against GPipe at the same ``P`` (same target, in its ``target`` column);
+* :func:`shared_target`: the one target of a sweep directory (its report's, else GPipe's mean best
+  accuracy minus 0.01), which the demo, ``staleopt results``, ``staleopt plot`` and the notebooks share.
 """
 from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 from typing import Dict, Optional, Sequence
 
 import pandas as pd
@@ -36,8 +39,8 @@ from .errors import ConfigError
 from .hardware import time_to_accuracy
 from .train import method_args
 
-__all__ = ["DEFAULT_MARGIN", "pipeline_time", "with_pipeline_time", "default_target", "time_to_target",
-           "speedup_table"]
+__all__ = ["DEFAULT_MARGIN", "pipeline_time", "with_pipeline_time", "default_target", "shared_target",
+           "time_to_target", "speedup_table"]
 
 #: Default target: the baseline's mean best accuracy minus this (PipeMare Table 2: 94.0 against GPipe's 95.0).
 DEFAULT_MARGIN = 0.01
@@ -54,10 +57,18 @@ def _check(records: pd.DataFrame) -> None:
                           "staleopt.sweep.collect (config keys and per-epoch records)")
 
 
+#: Config fields that the phase lengths do not depend on and that may name a user's model or data, which
+#: this process need not know (:mod:`staleopt.registry`): left at their defaults in :func:`_config`.
+_NOT_NEEDED = ("model", "model_kwargs", "data", "data_kwargs")
+
+
 def _config(row) -> RunConfig:
-    """The run's :class:`~staleopt.config.RunConfig` from a record row (JSON cells back to dicts, NaN to None)."""
+    """The run's :class:`~staleopt.config.RunConfig` from a record row (JSON cells back to dicts, NaN to None),
+    its model and data left at the defaults (:func:`staleopt.train.method_args` does not read them)."""
     values = {}
     for k in field_names():
+        if k in _NOT_NEEDED:
+            continue
         v = row.get(k)
         if isinstance(v, str) and v[:1] in "[{":
             v = json.loads(v)
@@ -125,6 +136,23 @@ def default_target(records: pd.DataFrame, baseline: str = "gpipe", margin: float
     return float(base.groupby("run")["test_acc"].max().mean()) - margin
 
 
+def shared_target(sweep_dir=None, records: Optional[pd.DataFrame] = None) -> Optional[float]:
+    """The one target accuracy of a sweep directory, for every command, figure and notebook that reads it:
+    the one its report was written with (``report.json`` of ``staleopt demo`` / :func:`staleopt.compare`,
+    else a demo's ``run.json``), else :func:`default_target` of ``records`` when they have GPipe runs,
+    else ``None``."""
+    if sweep_dir is not None:
+        for name in ("report.json", "run.json"):
+            path = Path(sweep_dir) / name
+            if path.is_file():
+                target = json.loads(path.read_text()).get("target")
+                if target is not None:
+                    return float(target)
+    if records is not None and len(records) and "gpipe" in set(records["method"]):
+        return default_target(records)
+    return None
+
+
 def time_to_target(records: pd.DataFrame, target: float, keys: Sequence[str] = ("method", "stages")) -> pd.DataFrame:
     """Per run: ``keys``, ``seed``, ``best_acc``, ``diverged``, ``steps_to_target`` and ``time_to_target``
     (``T(steps_to_target)``; NaN where the run never reached ``target``)."""
@@ -162,5 +190,6 @@ def speedup_table(records: pd.DataFrame, target: float, baseline: str = "gpipe",
     base = {tuple(r[same]): r["time_to_target"] for _, r in out[out["method"] == baseline].iterrows()}
     out["speedup"] = [base.get(tuple(r[same]), math.nan) / r["time_to_target"] if r["time_to_target"] > 0
                       else math.nan for _, r in out.iterrows()]
+    out["target"] = target  # every file that depends on the target says which
     out.attrs["target"] = target
     return out

@@ -11,7 +11,17 @@ Records are the per-epoch rows of :func:`staleopt.sweep.collect` (one row per
   whose ``test_acc`` reaches a target (NaN when no epoch does), the measured
   half of PipeMare's time-to-accuracy (§4, Table 2; :mod:`staleopt.speedup`).
 
-Across seeds: the mean and the Student-t interval ``t_{(1+level)/2, n-1} s / sqrt(n)``.
+Across seeds: the mean and an interval that cannot leave the values' range of
+definition (:func:`interval`, the one rule every table, figure and claim uses):
+
+* with at least :data:`MIN_SEEDS_FOR_T` values, the Student-t interval
+  ``mean ± t_{(1+level)/2, n-1} s / sqrt(n)`` intersected with ``bounds`` ([0, 1]
+  for an accuracy: the true mean lies there, so the intersection covers it as often);
+* with fewer, the range ``[min, max]`` of the values: at ``n = 3`` the t factor is
+  4.3 (12.7 at ``n = 2``), and an interval of ±1.2 on an accuracy says nothing that
+  the three values themselves do not say better.
+
+A diverged run counts with the accuracy it had, in every mean, interval and count.
 """
 from __future__ import annotations
 
@@ -22,7 +32,8 @@ import pandas as pd
 
 from .errors import ConfigError
 
-__all__ = ["HARDWARE_COLUMNS", "t_interval", "check_level", "mean_ci_text", "per_run", "steps_to_target",
+__all__ = ["HARDWARE_COLUMNS", "MIN_SEEDS_FOR_T", "ACCURACY", "t_interval", "interval", "interval_text", "interval_caption",
+           "check_level", "mean_ci_text", "per_run", "steps_to_target",
            "divergence_count", "status_text"]
 
 #: Per-run hardware columns of :mod:`staleopt.train` records, constant within a run.
@@ -53,6 +64,45 @@ def t_interval(values: Iterable[float], level: float = 0.95) -> Tuple[float, flo
         return mean, math.nan, n
     s = math.sqrt(sum((x - mean) ** 2 for x in xs) / (n - 1))
     return mean, float(stats.t.ppf((1 + level) / 2, n - 1)) * s / math.sqrt(n), n
+
+
+#: Fewer values than this are summarized by their range, not a Student-t interval (module docstring).
+MIN_SEEDS_FOR_T = 4
+#: The bounds of an accuracy.
+ACCURACY = (0.0, 1.0)
+
+
+def interval(values: Iterable[float], level: float = 0.95,
+             bounds: Optional[Tuple[float, float]] = ACCURACY) -> Tuple[float, float, float, int, str]:
+    """``(mean, lo, hi, n, kind)`` of the finite ``values``: ``kind`` ``"t"`` (the ``level`` Student-t interval
+    within ``bounds``; ``None``: unbounded) when ``n >= MIN_SEEDS_FOR_T``, else ``"range"`` (``[min, max]``).
+    ``n = 0`` gives NaNs."""
+    mean, half, n = t_interval(values, level)
+    xs = [float(v) for v in values if v is not None and math.isfinite(float(v))]
+    if n == 0:
+        return math.nan, math.nan, math.nan, 0, "range"
+    if n < MIN_SEEDS_FOR_T:
+        return mean, min(xs), max(xs), n, "range"
+    lo, hi = mean - half, mean + half
+    if bounds is not None:
+        lo, hi = max(lo, bounds[0]), min(hi, bounds[1])
+    return mean, lo, hi, n, "t"
+
+
+def interval_text(mean: float, lo: float, hi: float, digits: int = 3) -> str:
+    """``"0.947 [0.931, 0.960]"``; ``"0.947"`` when ``lo == hi``; ``"-"`` for a NaN mean."""
+    if isinstance(mean, float) and math.isnan(mean):
+        return "-"
+    if not (math.isfinite(lo) and math.isfinite(hi)) or lo == hi:
+        return f"{mean:.{digits}f}"
+    return f"{mean:.{digits}f} [{lo:.{digits}f}, {hi:.{digits}f}]"
+
+
+def interval_caption(seeds: int, level: float = 0.95) -> str:
+    """What :func:`interval` gives for groups of ``seeds`` values, in words for a table or axis label."""
+    if seeds < MIN_SEEDS_FOR_T:
+        return f"mean [min, max] over {seeds} seed{'s' if seeds != 1 else ''}"
+    return f"mean [{level:.0%} t-interval within [0, 1]] over {seeds} seeds"
 
 
 def steps_to_target(run_records: pd.DataFrame, target: float) -> float:
@@ -103,10 +153,9 @@ def status_text(diverged: int, runs: int) -> str:
     return "ok" if diverged == 0 else "diverged" if diverged == runs else f"{diverged}/{runs} diverged"
 
 
-def mean_ci_text(values: Iterable[float], level: float = 0.95, digits: int = 3) -> str:
-    """``"0.947±0.012"`` (mean ± half-width), ``"0.947"`` from one value, ``"-"`` from none."""
-    mean, half, n = t_interval(values, level)
-    if n == 0:
-        return "-"
-    return f"{mean:.{digits}f}" if math.isnan(half) else f"{mean:.{digits}f}±{half:.{digits}f}"
+def mean_ci_text(values: Iterable[float], level: float = 0.95, digits: int = 3,
+                 bounds: Optional[Tuple[float, float]] = ACCURACY) -> str:
+    """:func:`interval` as text: ``"0.947 [0.931, 0.960]"``, ``"0.947"`` from one value, ``"-"`` from none."""
+    mean, lo, hi, _, _ = interval(list(values), level, bounds)
+    return interval_text(mean, lo, hi, digits)
 

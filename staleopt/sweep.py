@@ -44,6 +44,9 @@ killer) fails only its own run: ``error.txt`` says so, its checkpoint is kept
 for the next launch, and the launch goes on with the other runs.
 ``shard=(k, n)`` runs the ``k``-th of ``n`` disjoint, deterministic slices
 (1-based), so a cluster scheduler can spread one sweep over machines.
+Models and datasets registered by name in the launching process
+(:func:`staleopt.register_model`) are registered in every worker process and
+Ray task before its run starts (:mod:`staleopt.registry`).
 
 The runner knows nothing about training: it calls
 ``train_fn(config, progress=...) -> pandas.DataFrame`` (default
@@ -72,13 +75,13 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import pandas as pd
 
-from . import lease
+from . import lease, registry
 from .checkpoint import (EXACT_FLOATS, Checkpoint, atomic_write_text, check_every, check_writable, read_done,
                          read_records)
 from .config import RunConfig, field_names, validate_field
 from .errors import ClaimLostError, ConfigError, OutputError, RunFileError, SweepConfigError
 from .validate import check_int
-from .stats import check_level, divergence_count, per_run, status_text, t_interval
+from .stats import check_level, divergence_count, interval, per_run, status_text, t_interval
 
 __all__ = ["Sweep", "load_sweep", "expand", "shard", "parse_shard", "run_sweep", "SweepReport",
            "run_state", "damage", "read_done", "runs", "collect", "summarize", "t_interval", "RECORD_COLUMNS",
@@ -278,7 +281,7 @@ def _takes_checkpoint(fn: Callable) -> bool:
 
 #: Options of one run's execution (:func:`run_sweep`'s arguments of the same names).
 _OPTIONS = {"launch": "", "claim_timeout": lease.DEFAULT_TIMEOUT, "checkpoint_every": None,
-            "keep_checkpoint": False, "retry_failed": True}
+            "keep_checkpoint": False, "retry_failed": True, "registrations": None}
 
 
 def _write_error(run_dir: Path, text: str) -> None:
@@ -299,6 +302,8 @@ def _execute(train_fn, config: Dict[str, Any], run_dir: str, progress: bool,
     it while ``retry_failed`` is false): this launch left it alone.
     """
     options = {**_OPTIONS, **(options or {})}
+    if options["registrations"]:  # models and data registered by name in the launching process
+        registry.restore(options["registrations"])
     run_dir = Path(run_dir)
     cfg = RunConfig.from_dict(config)
     claim = lease.acquire(run_dir, options["launch"], options["claim_timeout"])
@@ -369,6 +374,22 @@ def _exit_reason(exitcode: Optional[int]) -> str:
 
 #: Seconds between a pool worker's checks that the launch that started it is still alive.
 PARENT_POLL_SECONDS = 1.0
+#: Seconds between the launch's looks at its runs in flight (the progress bar's per-worker line).
+POLL_SECONDS = 2.0
+
+
+def _in_flight(jobs) -> str:
+    """``"abc123 pipemare P=39 3/20 ep, ..."``: each run in flight and the epochs its records.csv holds so far."""
+    parts = []
+    for _, config, run_dir, _, _ in jobs:
+        records = Path(run_dir) / "records.csv"
+        try:
+            epochs = max(0, len(records.read_text().splitlines()) - 1) if records.is_file() else 0
+        except OSError:
+            epochs = 0
+        parts.append(f"{Path(run_dir).name[:6]} {config['method']} P={config['stages']} "
+                     f"{epochs}/{config['epochs']} ep")
+    return "; ".join(parts)
 
 
 def _set_threads(threads: Optional[int]) -> None:
@@ -389,6 +410,7 @@ def _exit_with_parent(parent: int) -> None:
 def _worker(conn, threads: Optional[int], parent: int) -> None:
     """A pool worker: run the jobs it receives on ``conn`` until ``None`` (or the launch dies), sending back
     each result."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the process group: the launch stops the workers
     threading.Thread(target=_exit_with_parent, args=(parent,), daemon=True, name="staleopt-parent-watch").start()
     _set_threads(threads)
     while True:
@@ -405,8 +427,10 @@ def _sigterm_as_exit(signum, frame):
     raise SystemExit(128 + signum)
 
 
-def _run_pool(jobs: List[tuple], workers: int, context: str, threads: Optional[int], record) -> None:
-    """Run ``jobs`` on ``workers`` processes of their own, one job at a time each, calling ``record(result)``.
+def _run_pool(jobs: List[tuple], workers: int, context: str, threads: Optional[int], record,
+              poll: Optional[Callable[[List[tuple]], None]] = None) -> None:
+    """Run ``jobs`` on ``workers`` processes of their own, one job at a time each, calling ``record(result)``
+    and, every :data:`POLL_SECONDS` and after each result, ``poll(the jobs in flight)``.
 
     A worker that dies fails only its job (:func:`_worker_died`) and is replaced while jobs remain; the other
     workers go on. (``concurrent.futures.ProcessPoolExecutor`` cannot do that: one dead worker breaks the pool
@@ -437,7 +461,10 @@ def _run_pool(jobs: List[tuple], workers: int, context: str, threads: Optional[i
                     conn.close()
                     proc.join()
                     start()
-            ready = multiprocessing.connection.wait([c for c, _ in busy.values()] + [p.sentinel for p in busy])
+            ready = multiprocessing.connection.wait([c for c, _ in busy.values()] + [p.sentinel for p in busy],
+                                                    timeout=POLL_SECONDS if poll else None)
+            if poll:
+                poll([job for _, job in busy.values()])
             for proc, (conn, job) in list(busy.items()):
                 if conn not in ready and proc.sentinel not in ready:
                     continue
@@ -534,6 +561,10 @@ def run_sweep(sweep: Union[Sweep, str, os.PathLike, Sequence[RunConfig]], out: U
     check_writable(root)  # a read-only or full disk stops the launch before any training
     report = SweepReport(total=len(configs))
     launch = lease.new_launch_id()
+    registrations = None
+    if workers > 1 or executor == "ray":  # other processes: send them this process's registered names
+        registrations = registry.snapshot({c.model for c in configs}, {c.data for c in configs})
+        registry.check_picklable(registrations)
     jobs = []
     for cfg in configs:
         state = run_state(root / cfg.run_id(), claim_timeout)
@@ -545,7 +576,8 @@ def run_sweep(sweep: Union[Sweep, str, os.PathLike, Sequence[RunConfig]], out: U
             report.claimed.append(cfg.run_id())
         else:
             options = {"launch": launch, "claim_timeout": claim_timeout, "checkpoint_every": checkpoint_every,
-                       "keep_checkpoint": keep_checkpoints, "retry_failed": state == "failed"}
+                       "keep_checkpoint": keep_checkpoints, "retry_failed": state == "failed",
+                       "registrations": registrations}
             jobs.append((train_fn, cfg.to_dict(), str(root / cfg.run_id()), progress, options))
     pbar = tqdm(total=len(jobs), desc="sweep", unit="run", disable=not bar or not jobs)
 
@@ -579,7 +611,8 @@ def run_sweep(sweep: Union[Sweep, str, os.PathLike, Sequence[RunConfig]], out: U
             main = threading.current_thread() is threading.main_thread()
             old_handler = signal.signal(signal.SIGTERM, _sigterm_as_exit) if main else None
             try:
-                _run_pool(jobs, workers, context, threads, record)
+                _run_pool(jobs, workers, context, threads, record,
+                          poll=(lambda running: pbar.set_postfix_str(_in_flight(running))) if bar else None)
             finally:
                 if main:
                     signal.signal(signal.SIGTERM, old_handler)
@@ -664,9 +697,13 @@ def summarize(records: pd.DataFrame, by: Optional[Sequence[str]] = None, level: 
     last epoch, ``final_loss`` = its train_loss, status = the last record's.
     Groups: ``by``, default every config key except ``seed``; the output keeps
     the ``by`` columns that vary (and ``method``, ``stages``), then ``runs``,
-    ``best_acc``, ``best_acc_ci``, ``final_acc``, ``final_acc_ci``,
-    ``final_loss``, ``diverged`` (count) and ``status`` (``ok``,
-    ``diverged`` or ``k/n diverged``). ``*_ci`` are half-widths.
+    ``best_acc``, ``best_acc_lo``, ``best_acc_hi``, ``best_acc_ci``, the same
+    for ``final_acc``, ``interval`` (:func:`staleopt.stats.interval`'s kind:
+    ``t`` or ``range``), ``final_loss``, ``diverged`` (count) and ``status``
+    (``ok``, ``diverged`` or ``k/n diverged``). ``*_lo``, ``*_hi``: the interval
+    every table and figure shows (within [0, 1]; the seeds' range below
+    :data:`~staleopt.stats.MIN_SEEDS_FOR_T` seeds); ``*_ci``: the Student-t
+    half-width, unclipped (NaN for one seed).
     """
     check_level(level)
     unknown = [c for c in (by or []) if c not in field_names()]
@@ -682,11 +719,11 @@ def summarize(records: pd.DataFrame, by: Optional[Sequence[str]] = None, level: 
     rows = []
     for key, g in table.groupby(keep, sort=False, dropna=False):
         key = key if isinstance(key, tuple) else (key,)
-        best, best_ci, _ = t_interval(g["best_acc"], level)
-        final, final_ci, _ = t_interval(g["final_acc"], level)
         nd, n = divergence_count(g["diverged"])
-        rows.append({**dict(zip(keep, key)), "runs": n, "best_acc": best, "best_acc_ci": best_ci,
-                     "final_acc": final, "final_acc_ci": final_ci,
-                     "final_loss": t_interval(g["final_loss"], level)[0], "diverged": nd,
+        row = {**dict(zip(keep, key)), "runs": n}
+        for col in ("best_acc", "final_acc"):
+            mean, lo, hi, _, kind = interval(g[col], level)
+            row.update({col: mean, f"{col}_lo": lo, f"{col}_hi": hi, f"{col}_ci": t_interval(g[col], level)[1]})
+        rows.append({**row, "interval": kind, "final_loss": t_interval(g["final_loss"], level)[0], "diverged": nd,
                      "status": status_text(nd, n)})
     return pd.DataFrame(rows).sort_values(keep, kind="stable", ignore_index=True)

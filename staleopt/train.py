@@ -77,7 +77,7 @@ from __future__ import annotations
 import functools
 import math
 import time
-from typing import Any, Dict, Mapping, Optional, Union
+from typing import Any, Callable, Dict, Mapping, Optional, Union
 
 import pandas as pd
 import torch
@@ -209,7 +209,8 @@ def _rng_devices(device: torch.device):
 
 
 def run(config: Union[RunConfig, Mapping[str, Any]], progress: bool = False,
-        checkpoint: Optional[ckpt.Checkpoint] = None) -> pd.DataFrame:
+        checkpoint: Optional[ckpt.Checkpoint] = None,
+        on_epoch: Optional[Callable[[Dict[str, Any]], None]] = None) -> pd.DataFrame:
     """Train ``config`` and return one record per epoch (columns :data:`RECORD_COLUMNS`).
 
     With a :class:`~staleopt.checkpoint.Checkpoint` the run saves itself at every
@@ -220,17 +221,19 @@ def run(config: Union[RunConfig, Mapping[str, Any]], progress: bool = False,
     equal an uninterrupted run's except
     ``wall_time``, which adds up the training seconds of every launch.
     ``records.attrs["resumed_at_step"]`` is the step it continued from (0: from scratch).
-    ``progress`` shows a bar over the run's optimizer steps with its ETA.
+    ``progress`` shows a bar over the run's optimizer steps with its ETA and the running loss.
+    ``on_epoch(record)`` is called with each epoch's record as the epoch ends (``staleopt train``
+    prints it then).
     """
     config = config if isinstance(config, RunConfig) else RunConfig.from_dict(dict(config))
     config = config.resolve()
     device = torch.device(config.device)
     with torch.random.fork_rng(devices=_rng_devices(device)):
         torch.manual_seed(config.seed)
-        return _train(config, device, progress, checkpoint)
+        return _train(config, device, progress, checkpoint, on_epoch)
 
 
-def _train(config: RunConfig, device: torch.device, progress: bool, checkpoint) -> pd.DataFrame:
+def _train(config: RunConfig, device: torch.device, progress: bool, checkpoint, on_epoch=None) -> pd.DataFrame:
     data = datasets.load(config.data, **config.data_kwargs).to(device)
     model = models.get(config.model, seed=config.seed, num_classes=data.num_classes,
                        input_shape=data.input_shape, **config.model_kwargs).to(device)
@@ -296,6 +299,8 @@ def _train(config: RunConfig, device: torch.device, progress: bool, checkpoint) 
                     break
                 scheduler.step()
                 bar.update(1)
+                if progress and opt.step_count % 10 == 0:
+                    bar.set_postfix(epoch=f"{epoch}/{config.epochs}", loss=f"{value:.3g}", refresh=False)
                 done_batches += 1
                 if checkpoint is not None and checkpoint.due(opt.step_count):
                     save(epoch, done_batches, losses, epoch_order)
@@ -308,6 +313,8 @@ def _train(config: RunConfig, device: torch.device, progress: bool, checkpoint) 
                             "lr_base": opt.param_groups[0]["lr"], "wall_time": time.perf_counter() - start,
                             "status": status, **analytic})
             losses, done_batches = [], 0
+            if on_epoch is not None:
+                on_epoch(dict(records[-1]))
             bar.set_postfix(epoch=f"{epoch}/{config.epochs}", loss=f"{records[-1]['train_loss']:.3g}",
                             acc=f"{records[-1]['test_acc']:.3f}")
             finished = status == "diverged" or opt.step_count >= total or epoch == config.epochs

@@ -50,7 +50,10 @@ def test_per_run_counts_divergence_and_keeps_diverged_runs():
     assert stats.status_text(0, 3) == "ok" and stats.status_text(3, 3) == "diverged"
     assert stats.status_text(1, 3) == "1/3 diverged"
     # mean 0.93 of 0.92, 0.94, 0.93; s = 0.01; t_{0.975, 2} = 4.302653
-    assert stats.mean_ci_text([0.92, 0.94, 0.93]) == f"0.930±{4.302653 * 0.01 / 3 ** 0.5:.3f}"
+    assert stats.mean_ci_text([0.92, 0.94, 0.93]) == "0.930 [0.920, 0.940]"  # 3 seeds: their range
+    four = [0.92, 0.94, 0.93, 0.95]
+    half = 3.182446 * (sum((v - 0.935) ** 2 for v in four) / 3) ** 0.5 / 2
+    assert stats.mean_ci_text(four) == f"0.935 [{0.935 - half:.3f}, {0.935 + half:.3f}]"
     assert stats.mean_ci_text([0.5]) == "0.500" and stats.mean_ci_text([]) == "-"
     with pytest.raises(ConfigError, match="columns"):
         stats.per_run(hand_records().drop(columns="status"), ["method"])
@@ -127,9 +130,9 @@ def test_claims_are_decided_from_the_records():
                                          "holds", "does not hold"]
     assert table["evidence"][11] == "gpipe 1.00x GPipe vs pipemare 1.33x GPipe (analytic)"
     assert table["claim"][0] == "gpipe beats pipemare at P = 8 by >= 0.01"
-    assert "gpipe 0.930±0.025" in table["evidence"][0] and "+0.007" in table["evidence"][0]
+    assert "gpipe 0.930 [0.920, 0.940]" in table["evidence"][0] and "+0.007" in table["evidence"][0]
     assert table["evidence"][3] == "3/3 runs diverged"
-    assert "dataflow 0.300±" in table["evidence"][7] and "(3/3 div)" in table["evidence"][7]
+    assert "dataflow 0.300 [0.100, 0.500]" in table["evidence"][7] and "(3/3 div)" in table["evidence"][7]
     assert "-0.600" in table["evidence"][7]
     assert "speedup 3.93x" in table["evidence"][8] and "0/3 reached" in table["evidence"][10]
     assert "reaches 0.900" in table["claim"][8]

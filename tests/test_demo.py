@@ -11,7 +11,7 @@ import pytest
 
 from staleopt import claims, speedup, sweep
 from staleopt.cli import main
-from staleopt.commands.demo import DEFAULT_SWEEP, markdown, speedup_pivot
+from staleopt.commands.demo import DEFAULT_SWEEP, complete, markdown, speedup_pivot
 from staleopt.errors import ConfigError
 from staleopt.plot import sweep as plots
 from matplotlib.collections import PolyCollection
@@ -131,7 +131,7 @@ def test_committed_demo_output_comes_from_the_demo_sweep_file():
 
 def test_committed_claims_are_what_the_committed_records_give():
     records, committed, info = _committed()
-    table = claims.evaluate(records, target=info["target"])
+    table = claims.evaluate(complete(records), target=info["target"])
     pd.testing.assert_frame_equal(table, committed)
     assert set(committed["verdict"]) == {"holds"}  # the demo states only claims that hold
     summary = sweep.summarize(records, by=["method", "stages"])
@@ -180,42 +180,38 @@ def test_per_run_table_by_hand():
 def test_accuracy_vs_stages_figure_numbers():
     fig = plots.plot_accuracy_vs_stages(_hand_records())
     util_ax, mem_ax, acc_ax = fig.axes[:3]
-    lines = {ln.get_label(): ln for ln in acc_ax.get_lines()}
-    assert list(lines) == ["gpipe", "pipemare"]  # METHOD_ORDER
-    np.testing.assert_allclose(lines["gpipe"].get_ydata(), [0.75, 0.75])
+    bars = {c.get_label(): c for c in acc_ax.containers}
+    assert list(bars) == ["gpipe", "pipemare"]  # METHOD_ORDER
+    line, _, (segments,) = bars["pipemare"].lines
     # the diverged run stays in the mean at P=8: (0.5 + 0.45) / 2
-    np.testing.assert_allclose(lines["pipemare"].get_ydata(), [0.625, 0.475])
-    np.testing.assert_allclose(lines["pipemare"].get_xdata(), [2, 8])
+    np.testing.assert_allclose(line.get_ydata(), [0.625, 0.475])
+    # two stage counts are two categories, not a trend: not joined, each method beside the other
+    assert line.get_linestyle() == "None"
+    np.testing.assert_allclose(np.asarray(line.get_xdata(), float), [0.075, 1.075])
+    np.testing.assert_allclose(np.asarray(bars["gpipe"].lines[0].get_xdata(), float), [-0.075, 0.925])
+    assert [t.get_text() for t in acc_ax.get_xticklabels()] == ["2", "8"]
+    # 2 seeds: the interval is their range (never past [0, 1]); pipemare at P=2 has 0.6 and 0.65
+    np.testing.assert_allclose(np.array([seg[:, 1] for seg in segments.get_segments()], float),
+                               [[0.6, 0.65], [0.45, 0.5]])
     util = {ln.get_label(): ln.get_ydata() for ln in util_ax.get_lines()}
     np.testing.assert_allclose(util["gpipe"], [0.5, 0.125])
     mem = {ln.get_label(): ln.get_ydata() for ln in mem_ax.get_lines()}
     np.testing.assert_allclose(mem["pipemare"], [4 / 3, 4 / 3])
     crosses = [c for c in acc_ax.collections if c.get_label() == "_diverged"]
     assert len(crosses) == 1
-    np.testing.assert_allclose(crosses[0].get_offsets(), [[8, 0.45]])
+    np.testing.assert_allclose(crosses[0].get_offsets(), [[1.075, 0.45]])
+    seeds = [c for c in acc_ax.collections if c.get_label() == "_seed"]
+    assert sum(len(c.get_offsets()) for c in seeds) == 7  # every seed a dot, the diverged one an x
     assert [t.get_text() for t in fig.legends[0].get_texts()] == ["gpipe", "pipemare", "diverged run"]
-    # 95% band of gpipe at P=2: mean 0.75, t_{0.975,1} * s / sqrt(2) with s = 0.0707
-    band = [c for c in acc_ax.collections if isinstance(c, PolyCollection)][0]
-    lo, hi = band.get_paths()[0].vertices[:, 1].min(), band.get_paths()[0].vertices[:, 1].max()
-    half = 12.706204736174698 * (0.1 / math.sqrt(2)) / math.sqrt(2)
-    assert (lo, hi) == pytest.approx((0.75 - half, 0.75 + half))
-    # pipemare at P=8 has a diverged run: no band there (the polygon closes on the mean 0.475)
-    band = [c for c in acc_ax.collections if isinstance(c, PolyCollection)][1]
-    at8 = band.get_paths()[0].vertices
-    np.testing.assert_allclose(at8[at8[:, 0] == 8][:, 1], 0.475)
+    assert fig._suptitle.get_text() == "2 seeds"  # read off the records (these have no model, data or epochs)
 
 
-def test_accuracy_vs_epoch_figure_marks_the_diverged_run():
-    fig = plots.plot_accuracy_vs_epoch(_hand_records(), 8)
-    ax = fig.axes[0]
-    lines = {ln.get_label(): ln for ln in ax.get_lines()}
-    np.testing.assert_allclose(lines["pipemare"].get_ydata(), [(0.3 + 0.45) / 2, 0.5])
-    crosses = [c for c in ax.collections if c.get_label() == "_diverged"]
-    np.testing.assert_allclose(crosses[0].get_offsets(), [[1, 0.45]])
-    with pytest.raises(ConfigError, match="stages"):
-        plots.plot_accuracy_vs_epoch(_hand_records(), 4)
-    with pytest.raises(ConfigError, match="not in the sweep"):
-        plots.plot_accuracy_vs_stages(_hand_records(), methods=["xpipe"])
+def test_many_stage_counts_are_a_log_axis_with_lines():
+    records = pd.concat([_hand_records().assign(stages=lambda r, p=p: r["stages"].map({2: p, 8: 2 * p}),
+                                                run=lambda r, p=p: r["run"] + f"-{p}") for p in (2, 16)])
+    acc_ax = plots.plot_accuracy_vs_stages(records).axes[2]
+    line = {c.get_label(): c for c in acc_ax.containers}["gpipe"].lines[0]
+    assert acc_ax.get_xscale() == "log" and line.get_linestyle() == "-"
 
 
 def test_time_to_accuracy_panel_and_figure_numbers():
@@ -224,7 +220,7 @@ def test_time_to_accuracy_panel_and_figure_numbers():
     fig = plots.plot_accuracy_vs_stages(_hand_records(), target=0.6)
     speed = {ln.get_label(): ln for ln in fig.axes[3].get_lines()}
     np.testing.assert_allclose(speed["gpipe"].get_ydata(), [1.0, 1.0])
-    np.testing.assert_allclose(speed["pipemare"].get_xdata(), [2])
+    np.testing.assert_allclose(speed["pipemare"].get_xdata(), [0])  # the category of P = 2
     np.testing.assert_allclose(speed["pipemare"].get_ydata(), [15 * 5 / 4 / 20])
     assert "0.600" in fig.axes[3].get_ylabel()
     fig = plots.plot_accuracy_vs_time(_hand_records(), 8, target=0.6)
@@ -233,7 +229,7 @@ def test_time_to_accuracy_panel_and_figure_numbers():
     np.testing.assert_allclose(lines["gpipe"].get_xdata(), [10 * 11 / 4, 20 * 11 / 4])
     np.testing.assert_allclose(lines["gpipe"].get_ydata(), [0.55, 0.75])
     np.testing.assert_allclose(lines["pipemare"].get_xdata(), [10, 20])
-    np.testing.assert_allclose(lines["pipemare"].get_ydata(), [(0.3 + 0.45) / 2, 0.5])
+    np.testing.assert_allclose(lines["pipemare"].get_ydata(), [(0.3 + 0.45) / 2, (0.5 + 0.45) / 2])
     np.testing.assert_allclose(lines["target 0.600"].get_ydata(), [0.6, 0.6])
     crosses = [c for c in ax.collections if c.get_label() == "_diverged"]
     np.testing.assert_allclose(crosses[0].get_offsets(), [[10, 0.45]])
@@ -242,6 +238,11 @@ def test_time_to_accuracy_panel_and_figure_numbers():
     assert table.loc["gpipe", "P=8"] == "1.00x"
     # target 0.5 at P = 8: GPipe after 10 steps (time 27.5), PipeMare's seed 0 after 20, seed 1 never
     assert speedup_pivot(speedup.speedup_table(_hand_records(), 0.5)).loc["pipemare", "P=8"] == "1.38x (1/2)"
+    # ... and the figure draws that point, saying 1/2, instead of dropping the method at P = 8
+    ax = plots.plot_accuracy_vs_stages(_hand_records(), target=0.5).axes[3]
+    speed = {ln.get_label(): ln for ln in ax.get_lines()}
+    np.testing.assert_allclose(speed["pipemare"].get_ydata()[-1], 27.5 / 20)
+    assert [t.get_text() for t in ax.texts] == ["1/2"]
 
 
 @pytest.mark.parametrize("path", sorted((REPO / "experiments").glob("*.toml")), ids=lambda p: p.name)

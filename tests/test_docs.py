@@ -131,3 +131,14 @@ def test_design_citations_in_the_code_have_a_section():
     assert {"1", "2", "3", "4", "5"} <= set(cited), "the code's design citations were not found"
     missing = {n: where for n, where in cited.items() if n not in sections}
     assert not missing, f"docs/design.md has no section for these citations: {missing}"
+
+
+def test_api_reference_has_every_public_function_with_its_signature():
+    import inspect
+    import staleopt
+    text = (REPO / "docs" / "api.md").read_text()
+    for name in staleopt.__all__:
+        obj = getattr(staleopt, name)
+        if inspect.isfunction(obj):
+            assert f"`def {name}{docgen._signature(obj)}`" in text, name
+    assert "`def compare(" in text and "`def register_model(" in text and "### `staleopt.registry`" in text

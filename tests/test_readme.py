@@ -102,6 +102,7 @@ TOML = [(p, b) for p, b in BLOCKS if b.lang == "toml"]
 
 
 @pytest.mark.parametrize("page, block", TOML, ids=[_id(p, b) for p, b in TOML])
-def test_toml_blocks_are_sweeps(page, block):
+def test_toml_blocks_are_sweeps(page, block, monkeypatch):
+    monkeypatch.chdir(REPO)  # a file spec ("experiments/tutorial_models.py:small_cnn") is relative to the checkout
     spec = sweep.from_spec(tomllib.loads(block.code), source=_id(page, block))
     assert spec.configs

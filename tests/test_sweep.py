@@ -320,6 +320,18 @@ def test_t_interval_matches_a_hand_computation():
     assert sweep.t_interval([float("nan"), 0.7, 0.9])[2] == 2
 
 
+def test_accuracy_interval_stays_in_the_unit_interval():
+    """A diverged seed (0.0) among good ones: the t-interval over 4 seeds reaches past 1; the summary's does not."""
+    from staleopt import stats
+    values = [0.0, 0.97, 0.98, 0.99]
+    mean, half, _ = sweep.t_interval(values)
+    assert mean + half > 1 and mean - half < 0
+    assert stats.interval(values) == (mean, 0.0, 1.0, 4, "t")
+    assert stats.interval(values, bounds=None)[1:3] == (mean - half, mean + half)
+    assert stats.interval([0.1, 0.97, 0.98]) == (pytest.approx(2.05 / 3), 0.1, 0.98, 3, "range")
+    assert stats.interval([0.5])[1:] == (0.5, 0.5, 1, "range")
+
+
 def _hand_records():
     rows = []
     for method, accs in (("gpipe", [(0.5, 0.8), (0.6, 0.9), (0.7, 0.85)]), ("pb", [(0.4, 0.3), (0.2, 0.5), (0.1, 0.1)])):
@@ -339,6 +351,7 @@ def test_summary_over_seeds_by_hand():
     assert g.runs == 3 and g.status == "ok" and g.diverged == 0
     assert g.best_acc == pytest.approx(0.85) and g.best_acc_ci == pytest.approx(4.302653 * 0.05 / 3 ** 0.5, rel=1e-6)
     assert g.final_acc == pytest.approx(0.85) and g.final_loss == pytest.approx(0.5)
+    assert (g.interval, g.best_acc_lo, g.best_acc_hi) == ("range", 0.8, 0.9)  # 3 seeds: their range
     p = s[s.method == "pb"].iloc[0]
     assert p.status == "1/3 diverged" and p.diverged == 1
     assert p.best_acc == pytest.approx((0.4 + 0.5 + 0.1) / 3) and p.final_acc == pytest.approx((0.3 + 0.5 + 0.1) / 3)
@@ -351,18 +364,23 @@ def test_results_command_prints_and_writes_csv(tmp_path, capsys):
     sweep.run_sweep(path, tmp_path / "s", train_fn=fake_train, bar=False)
     assert main(["results", str(tmp_path / "s")]) == 0
     out = capsys.readouterr().out
-    assert "best_acc (±95% CI)" in out and "diverged" in out and "8 runs: 8 done" in out
-    summary = pd.read_csv(tmp_path / "s" / "summary.csv")
+    assert "mean [min, max] over 2 seeds" in out and "diverged" in out and "8 runs: 8 done" in out
+    summary = pd.read_csv(tmp_path / "s" / "results" / "summary.csv")
+    assert not (tmp_path / "s" / "summary.csv").exists()  # the demo's own file is not results'
     assert len(summary) == 4 and set(summary.runs) == {2}
     assert set(summary[summary.method == "pb"].status) == {"diverged"}
-    assert len(pd.read_csv(tmp_path / "s" / "records.csv")) == 2 * 2 * 3 + 2 * 2 * 2  # pb stops at epoch 2
+    assert len(pd.read_csv(tmp_path / "s" / "results" / "records.csv")) == 2 * 2 * 3 + 2 * 2 * 2  # pb stops at epoch 2
     assert main(["results", str(tmp_path / "nothing")]) == 2
     # time to accuracy: the gpipe runs set the default target; pb's runs never reach 0.99 of anything here
-    fast = pd.read_csv(tmp_path / "s" / "speedup.csv")
+    fast = pd.read_csv(tmp_path / "s" / "results" / "speedup.csv")
     assert "time to accuracy" in out and set(fast.method) == {"gpipe", "pb"} and (fast.runs == 2).all()
     assert (fast[fast.method == "gpipe"].speedup.dropna() == 1.0).all()
     assert main(["results", str(tmp_path / "s"), "--target", "2.0"]) == 0  # reached by no run
-    assert (pd.read_csv(tmp_path / "s" / "speedup.csv").reached == 0).all()
+    assert (pd.read_csv(tmp_path / "s" / "results" / "speedup.csv").reached == 0).all()
+    assert set(pd.read_csv(tmp_path / "s" / "results" / "speedup.csv").target) == {2.0}
+    (tmp_path / "s" / "report.json").write_text('{"target": 0.5}')  # the sweep's own target, as the demo writes it
+    assert main(["results", str(tmp_path / "s")]) == 0
+    assert set(pd.read_csv(tmp_path / "s" / "results" / "speedup.csv").target) == {0.5}
 
 
 def test_sweep_dry_run_lists_states(tmp_path, capsys):

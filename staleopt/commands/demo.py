@@ -12,10 +12,12 @@ from pathlib import Path
 from ..errors import ConfigError
 from ..validate import check_int
 
-__all__ = ["register", "run", "DEFAULT_SWEEP", "pivot", "speedup_pivot", "provenance", "markdown"]
+__all__ = ["register", "run", "DEFAULT_SWEEP", "QUICK_SWEEP", "complete", "pivot", "speedup_pivot", "provenance", "markdown"]
 
 #: The demo's sweep file, in the repository next to the package.
 DEFAULT_SWEEP = Path(__file__).resolve().parents[2] / "experiments" / "demo.toml"
+#: ``staleopt demo --quick``'s: the same recipe, 4 methods, 1 seed, 2 epochs (about 2 minutes on 2 cores).
+QUICK_SWEEP = DEFAULT_SWEEP.with_name("demo-quick.toml")
 
 EXAMPLES = """\
 Runs experiments/demo.toml: gpipe, pipedream, pipemare-stash (PipeMare Fig. 2's
@@ -27,7 +29,7 @@ the demo's claims evaluated from the runs, and writes into OUT:
   accuracy_vs_stages.png        utilization, memory (x GPipe), accuracy, speedup to the target vs P (PipeMare Fig. 2)
   accuracy_vs_epoch_P<max>.png  accuracy curves at the largest P (PipeMare Fig. 7/8)
   accuracy_vs_time_P<max>.png   accuracy against pipeline time at the largest P (PipeMare Fig. 11)
-  summary.csv, records.csv      per-group summary (mean, 95% CI over seeds) and every record
+  summary.csv, records.csv      per-group summary (mean and interval over seeds) and every record
   speedup.csv, claims.csv       time to accuracy per method and P; each claim, its evidence and verdict
   run.json                      date, CPU, torch version, workers, threads, times
 
@@ -36,9 +38,11 @@ are kept.
 
 examples:
   staleopt demo                          # runs/demo, 2 workers
+  staleopt demo --quick                  # a 2-minute preview: 4 methods, 1 seed, 2 epochs -> runs/demo-quick
   staleopt demo --out /tmp/demo --workers 4
   staleopt demo --out /tmp/demo-2t --worker-threads 2   # other float rounding: do the claims still hold?
   staleopt demo --sweep experiments/my_sweep.toml --out runs/mine
+  staleopt demo --out docs/demo --figures docs/img --from-records   # the committed run's files, rebuilt
 """
 
 
@@ -46,7 +50,10 @@ def register(subparsers) -> None:
     p = subparsers.add_parser("demo", help="run the MNIST-1D stages sweep and draw accuracy vs stages",
                               description="The main demo: a resumable sweep, its table and figures.\n\n" + EXAMPLES,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", default="runs/demo", help="sweep directory (default runs/demo)")
+    p.add_argument("--out", default=None, help="sweep directory (default runs/demo, runs/demo-quick with --quick)")
+    p.add_argument("--quick", action="store_true",
+                   help=f"the same story in about 2 minutes on 2 cores: {QUICK_SWEEP.name} (4 methods, 1 seed, "
+                        "2 epochs); a preview, its claims are not the demo's")
     p.add_argument("--sweep", default=None, metavar="FILE", help=f"sweep file (default {DEFAULT_SWEEP.name} "
                                                                   "in the repository's experiments/)")
     p.add_argument("--workers", type=int, default=2, help="parallel runs (default 2)")
@@ -55,14 +62,17 @@ def register(subparsers) -> None:
                    help="accuracy of the time-to-accuracy table, figure and claims (default 0.85, "
                         "staleopt.claims.DEMO_TARGET)")
     p.add_argument("--no-bar", action="store_true", help="no progress bar")
+    p.add_argument("--from-records", action="store_true",
+                   help="train nothing: rebuild OUT's tables, claims and figures from OUT/records.csv and the "
+                        "target of OUT/run.json (the committed run: --out docs/demo --figures docs/img)")
+    p.add_argument("--figures", default=None, metavar="DIR", help="where the figures go (default OUT)")
     p.set_defaults(func=run)
 
 
-def _cell(mean, ci, diverged, runs):
-    if isinstance(mean, float) and math.isnan(mean):
-        return "-"
-    text = f"{mean:.3f}" if math.isnan(ci) else f"{mean:.3f}±{ci:.3f}"
-    return text + (f" ({diverged}/{runs} div)" if diverged else "")
+def _cell(mean, lo, hi, diverged, runs):
+    from ..stats import interval_text
+    text = interval_text(mean, lo, hi)
+    return text + (f" ({diverged}/{runs} div)" if diverged and text != "-" else "")
 
 
 def _in_order(methods):
@@ -73,12 +83,14 @@ def _in_order(methods):
 
 
 def pivot(summary, value: str = "best_acc"):
-    """Methods x stages table of ``value`` (mean ± CI over seeds), diverged runs counted in each cell.
+    """Methods x stages table of ``value``: ``mean [lo, hi]`` over seeds (:func:`staleopt.stats.interval`:
+    the seeds' range below 4 seeds, else the 95% t-interval within [0, 1]), diverged runs counted in each cell.
 
     ``summary`` is :func:`staleopt.sweep.summarize` grouped by method and stages; rows follow
     :data:`staleopt.plot.sweep.METHOD_ORDER`.
     """
-    return _pivot({(r.method, int(r.stages)): _cell(getattr(r, value), getattr(r, value + "_ci"), r.diverged, r.runs)
+    return _pivot({(r.method, int(r.stages)): _cell(getattr(r, value), getattr(r, value + "_lo"),
+                                                    getattr(r, value + "_hi"), r.diverged, r.runs)
                    for r in summary.itertuples()}, summary["method"])
 
 
@@ -133,11 +145,68 @@ def provenance(seconds: float, report, run_dirs, workers: int, threads: int, tar
             "seconds": round(seconds), "run_seconds": round(run_seconds)}
 
 
+def _show(result) -> None:
+    """Print a demo's tables and claims (:class:`staleopt.compare.Comparison`)."""
+    from ..stats import interval_caption
+    summary, records = result.summary, result.records
+    hw = records.groupby(["method", "stages"], sort=False)[["utilization", "memory_ratio_gpipe"]].first()
+    if result.memory is not None and "total_ratio_gpipe" in result.memory:
+        hw = hw.join(result.memory.set_index(["method", "stages"])[["total_ratio_gpipe"]])
+    largest = int(summary["stages"].max())
+    print(f"\nbest test accuracy over epochs ({interval_caption(int(summary['runs'].max()))}; "
+          "'div' = runs that diverged):")
+    table = result.table()
+    print(table.to_string())
+    print(f"\npipeline utilization, weight+optimizer memory and total memory with the activations in flight "
+          f"(x GPipe) at P = {largest}:")
+    at = hw.xs(largest, level="stages") if largest in hw.index.get_level_values("stages") else hw
+    print(at.loc[[m for m in table.index if m in at.index]].to_string(float_format=lambda v: f"{v:.3f}"))
+    print(f"\ntime to accuracy {result.target:.3f}: speedup over GPipe at the same P (pipeline time = steps to the "
+          "target / utilization; (k/n): only k of n seeds reached it):")
+    print(result.speedup_table().to_string())
+    print("\nclaims (evaluated from these runs):")
+    print(result.claims.to_string(index=False, max_colwidth=120))
+
+
+def complete(records, sweep_file=DEFAULT_SWEEP):
+    """``records`` with the config columns a slimmed ``records.csv`` left out (the committed one keeps those that
+    vary) filled in from ``sweep_file``'s ``[base]``, then :class:`~staleopt.config.RunConfig`'s defaults."""
+    from .. import sweep
+    from ..config import RunConfig
+    fixed = sweep._flat({**RunConfig().to_dict(), **sweep.load_sweep(sweep_file).base})
+    return records.assign(**{k: v for k, v in fixed.items() if k not in records.columns})
+
+
+def _from_records(args) -> int:
+    """``--from-records``: the report of OUT/records.csv, trained by an earlier demo."""
+    import pandas as pd
+    from .. import claims
+    from ..compare import write_report
+    from ..sweep import _EXACT_FLOATS
+    out = Path(args.out)
+    if not (out / "records.csv").is_file():
+        raise ConfigError(f"--from-records reads {out / 'records.csv'}, which does not exist: run the demo first")
+    info = json.loads((out / "run.json").read_text()) if (out / "run.json").is_file() else {}
+    target = args.target if args.target is not None else info.get("target", claims.DEMO_TARGET)
+    records = complete(pd.read_csv(out / "records.csv", **_EXACT_FLOATS),
+                       Path(args.sweep) if args.sweep else QUICK_SWEEP if args.quick else DEFAULT_SWEEP)
+    result = write_report(records, out, target=target, figures=args.figures, write_records=False)
+    _show(result)
+    print(f"\nwrote {', '.join(map(str, result.figures + result.files[1:]))}")
+    return 0
+
+
 def run(args) -> int:
     from .. import claims, speedup, sweep
-    from ..plot import sweep as plots
+    from ..compare import write_report
 
-    path = Path(args.sweep) if args.sweep else DEFAULT_SWEEP
+    if args.quick and args.sweep:
+        raise ConfigError("--quick runs its own sweep file; pass --quick or --sweep FILE, not both")
+    if args.out is None:
+        args.out = "runs/demo-quick" if args.quick else "runs/demo"
+    if args.from_records:
+        return _from_records(args)
+    path = Path(args.sweep) if args.sweep else QUICK_SWEEP if args.quick else DEFAULT_SWEEP
     if not path.is_file():
         raise ConfigError(f"demo sweep file {path} not found: run from a checkout of the repository "
                           "(experiments/demo.toml) or pass --sweep FILE")
@@ -154,42 +223,19 @@ def run(args) -> int:
     summary = sweep.summarize(records, by=["method", "stages"])
     if summary.empty:
         raise ConfigError(f"no run of {path} finished; see the error.txt files under {out / 'runs'}")
-    records.to_csv(out / "records.csv", index=False)
-    summary.to_csv(out / "summary.csv", index=False)
-    hw = records.groupby(["method", "stages"], sort=False)[["utilization", "memory_ratio_gpipe"]].first()
-    largest = int(summary["stages"].max())
-    target = claims.DEMO_TARGET if args.target is None else args.target
-
+    if args.target is not None:
+        target = args.target
+    else:  # the demo's own target; a 2-epoch preview's is GPipe's mean best accuracy minus 0.01
+        target = speedup.default_target(records) if args.quick else claims.DEMO_TARGET
+    result = write_report(records, out, target=target, figures=args.figures)
     print(f"\n{spec.name or path.stem}: {report.total} runs ({len(report.skipped)} already done, "
           f"{len(report.finished)} run now, {len(report.failed)} failed) in {elapsed:.0f} s "
           f"with {args.workers} worker(s) x {args.worker_threads} thread(s)")
-    print("\nbest test accuracy over epochs (mean ± 95% CI over seeds; 'div' = runs that diverged):")
-    table = pivot(summary)
-    print(table.to_string())
-    print(f"\npipeline utilization and weight+optimizer memory (x GPipe) at P = {largest}:")
-    at = hw.xs(largest, level="stages") if largest in hw.index.get_level_values("stages") else hw
-    print(at.loc[[m for m in table.index if m in at.index]].to_string(float_format=lambda v: f"{v:.3f}"))
-    written = [out / "summary.csv", out / "records.csv"]
-    fast = speedup.speedup_table(records, target)
-    fast.to_csv(out / "speedup.csv", index=False)
-    written.append(out / "speedup.csv")
-    print(f"\ntime to accuracy {target:.3f}: speedup over GPipe at the same P (pipeline time = steps to the "
-          "target / utilization; (k/n): only k of n seeds reached it):")
-    print(speedup_pivot(fast).to_string())
-    verdicts = claims.evaluate(records, target=target)
-    verdicts.to_csv(out / "claims.csv", index=False)
-    written.append(out / "claims.csv")
-    print("\nclaims (evaluated from these runs):")
-    print(verdicts.to_string(index=False, max_colwidth=120))
+    _show(result)
     info = provenance(elapsed, report, [out / 'runs' / r for r in sorted(set(records['run']))], args.workers,
                       args.worker_threads, target)
     (out / "run.json").write_text(json.dumps(info, indent=2) + "\n")
-    figures = [plots.save(plots.plot_accuracy_vs_stages(records, title=spec.description or None, target=target),
-                          out / "accuracy_vs_stages.png"),
-               plots.save(plots.plot_accuracy_vs_epoch(records, largest), out / f"accuracy_vs_epoch_P{largest}.png"),
-               plots.save(plots.plot_accuracy_vs_time(records, largest, target=target),
-                          out / f"accuracy_vs_time_P{largest}.png")]
-    print(f"\nwrote {', '.join(map(str, figures + written + [out / 'run.json']))}")
+    print(f"\nwrote {', '.join(map(str, result.figures + result.files + [out / 'run.json']))}")
     for run_id in report.failed:
         print(f"failed: {out / 'runs' / run_id / 'error.txt'}")
     return 0 if report.ok else 1
@@ -200,6 +246,7 @@ def markdown(directory) -> str:
     ``run.json``; the committed copies are in docs/demo/): accuracy table, time to accuracy, claims."""
     import pandas as pd
     from .. import claims
+    from ..stats import interval_caption
     directory = Path(directory)
     summary = pd.read_csv(directory / "summary.csv")
     info = json.loads((directory / "run.json").read_text())
@@ -208,7 +255,7 @@ def markdown(directory) -> str:
     seeds = int(summary["runs"].max())
     took = (f"{info['seconds'] / 60:.1f} minutes" if info["runs_trained_now"] == info["runs"] else
             f"{info['runs']} runs trained over several launches")
-    lines = [f"Best test accuracy over epochs, mean ± 95% CI over {seeds} seeds (`div`: runs that diverged); "
+    lines = [f"Best test accuracy over epochs, {interval_caption(seeds)} (`div`: runs that diverged); "
              f"`staleopt demo` on {info['date']}, {info['cores']} cores ({info['cpu']}), torch {info['torch']}, "
              f"{info['workers']} workers x {info['worker_threads']} thread, {took}. The last digits "
              "depend on the CPU (float rounding); docs/demo.md says how long the demo takes and which claims "

@@ -92,12 +92,15 @@ def rows_for(model, methods, stages_list, args, example_input=None):
 
 
 def format_sweep(rows, model_name: str = "model") -> str:
-    """One line per (method, P): utilization, weight+optimizer memory and its ratio, activations if known."""
+    """One line per (method, P): utilization, then (with activations) the total memory and its ratio to GPipe's,
+    then the weight+optimizer memory and its ratio, the activations without and with recompute."""
     act = any(r["activation_bytes"] is not None for r in rows)
-    head = ["method", "P", "utilization", "weight+opt (MiB)", "ratio to GPipe"] + (
-        ["activations (MiB)", "with recompute (MiB)"] if act else [])
-    body = [[r["method"], str(r["stages"]), f"{100 * r['utilization']:.1f}%",
-             f"{r['weight_optimizer_bytes'] / _MIB:,.1f}", f"{r['ratio_to_gpipe']:.3f}x"]
+    head = (["method", "P", "utilization"] + (["total (MiB)", "total x GPipe"] if act else [])
+            + ["weight+opt (MiB)", "weight+opt x GPipe"]
+            + (["activations (MiB)", "with recompute (MiB)"] if act else []))
+    body = [[r["method"], str(r["stages"]), f"{100 * r['utilization']:.1f}%"]
+            + ([f"{r['total_bytes'] / _MIB:,.1f}", f"{r['total_ratio_to_gpipe']:.3f}x"] if act else [])
+            + [f"{r['weight_optimizer_bytes'] / _MIB:,.1f}", f"{r['ratio_to_gpipe']:.3f}x"]
             + ([f"{r['activation_bytes'] / _MIB:,.1f}", f"{r['activation_recompute_bytes'] / _MIB:,.1f}"]
                if act else []) for r in rows]
     widths = [max(len(h), *(len(b[j]) for b in body)) for j, h in enumerate(head)]
@@ -116,6 +119,9 @@ def format_table(rows, model_name: str = "model") -> str:
     """Fields down, methods across; bytes shown in MiB."""
     keys = [k for k in rows[0] if k not in ("method", "stages", "microbatches", "optimizer")]
     keys = [k for k in keys if any(r[k] is not None for r in rows)]
+    if any(r.get("total_ratio_to_gpipe") is not None for r in rows):  # the headline: memory in all, first
+        head = [k for k in ("utilization", "total_bytes", "total_ratio_to_gpipe") if k in keys]
+        keys = head + [k for k in keys if k not in head]
     heads = [r["method"] for r in rows]
 
     def cell(k, v):
@@ -126,7 +132,7 @@ def format_table(rows, model_name: str = "model") -> str:
         if k == "utilization":
             return f"{100 * v:.1f}%"
         if isinstance(v, float):
-            return f"{v:.3f}x" if k.startswith("ratio") else f"{v:.3f}"
+            return f"{v:.3f}x" if "ratio" in k else f"{v:.3f}"
         return str(v)
 
     label = {k: (k[:-6] + " (MiB)" if k.endswith("_bytes") else k) for k in keys}
@@ -155,6 +161,9 @@ def run(args) -> int:
         example = torch.zeros(1, *models.info(args.model).input_shape)
     rows = rows_for(model, methods, stages_list, args, example)
     print(format_table(rows, args.model) if len(stages_list) == 1 else format_sweep(rows, args.model))
+    if example is None:
+        print("(weights, gradients, optimizer state and correction buffers only: --microbatch-size B adds the "
+              "activations in flight, which often decide the order of the methods)")
     if args.out:
         os.makedirs(args.out, exist_ok=True)
         path = os.path.join(args.out, "hardware.csv")

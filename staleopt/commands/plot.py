@@ -9,7 +9,7 @@ __all__ = ["register", "run"]
 
 EXAMPLES = """\
 examples:
-  staleopt plot runs/demo --out runs/demo/accuracy_vs_stages.png
+  staleopt plot runs/demo                  # runs/demo/plots/accuracy_vs_stages.png
   staleopt plot runs/demo --out fig.pdf --metric final_acc --methods gpipe,pipemare
   staleopt plot runs/demo --curves --stages 16 --out runs/demo/curves_P16.png
   staleopt plot runs/demo --time --stages 39 --target 0.95   # accuracy against pipeline time
@@ -32,20 +32,21 @@ def register(subparsers) -> None:
                               formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("sweep_dir", metavar="SWEEP_DIR", help="the --out directory of `staleopt sweep`")
     p.add_argument("--out", default=None,
-                   help="image path, format from the suffix (default SWEEP_DIR/accuracy_vs_stages.png, "
-                        "SWEEP_DIR/accuracy_vs_epoch_P<stages>.png with --curves, "
-                        "SWEEP_DIR/accuracy_vs_time_P<stages>.png with --time)")
+                   help="image path, format from the suffix (default SWEEP_DIR/plots/accuracy_vs_stages.png, "
+                        "SWEEP_DIR/plots/accuracy_vs_epoch_P<stages>.png with --curves, "
+                        "SWEEP_DIR/plots/accuracy_vs_time_P<stages>.png with --time: never the demo's own "
+                        "figures)")
     p.add_argument("--curves", action="store_true", help="test accuracy against epochs at --stages")
     p.add_argument("--time", action="store_true", help="test accuracy against pipeline time at --stages")
     p.add_argument("--target", type=float, default=None,
-                   help="target accuracy of the time-to-accuracy panel and line (default: GPipe's mean best "
-                        "accuracy minus 0.01)")
+                   help="target accuracy of the time-to-accuracy panel and line (default: the sweep's own, "
+                        "from SWEEP_DIR/report.json; else GPipe's mean best accuracy minus 0.01)")
     p.add_argument("--stages", type=int, default=None, help="stage count P of the --curves or --time plot")
     p.add_argument("--metric", choices=("best_acc", "final_acc"), default="best_acc",
                    help="accuracy shown against stages (default best_acc: the best over epochs)")
     p.add_argument("--methods", default=None, help="comma-separated methods to draw (default: all in the sweep)")
     p.add_argument("--level", type=float, default=0.95, help="confidence level of the bands (default 0.95)")
-    p.add_argument("--title", default=None, help="figure title")
+    p.add_argument("--title", default=None, help="figure title (default: read off the runs' configs)")
     p.add_argument("--dpi", type=int, default=150)
     p.set_defaults(func=run)
 
@@ -58,7 +59,15 @@ def run(args) -> int:
     if not (sweep_dir / "runs").is_dir():
         raise ConfigError(f"{sweep_dir} is not a sweep directory (no runs/ inside); pass the --out directory "
                           "of `staleopt sweep` or `staleopt demo`")
+    from .. import speedup
+    from ..sweep import collect
     methods = args.methods.split(",") if args.methods else None
+    records = collect(sweep_dir)
+    if records.empty:
+        raise ConfigError(f"{sweep_dir} holds no finished runs: run the sweep first")
+    target = args.target if args.target is not None else speedup.shared_target(sweep_dir, records)
+    title = args.title or plots.describe(records)
+    mine = sweep_dir / "plots"
     if args.curves and args.time:
         raise ConfigError("--curves and --time are two different figures; pass one of them")
     if args.curves or args.time:
@@ -66,19 +75,19 @@ def run(args) -> int:
             raise ConfigError(f"--{'curves' if args.curves else 'time'} needs --stages P (one of the sweep's "
                               "stage counts)")
         if args.curves:
-            fig = plots.plot_accuracy_vs_epoch(sweep_dir, args.stages, level=args.level, methods=methods,
-                                               title=args.title)
-            out = args.out or sweep_dir / f"accuracy_vs_epoch_P{args.stages}.png"
+            fig = plots.plot_accuracy_vs_epoch(records, args.stages, level=args.level, methods=methods,
+                                               title=f"{title}, P = {args.stages}")
+            out = args.out or mine / f"accuracy_vs_epoch_P{args.stages}.png"
         else:
-            fig = plots.plot_accuracy_vs_time(sweep_dir, args.stages, target=args.target, level=args.level,
-                                              methods=methods, title=args.title)
-            out = args.out or sweep_dir / f"accuracy_vs_time_P{args.stages}.png"
+            fig = plots.plot_accuracy_vs_time(records, args.stages, target=target, level=args.level,
+                                              methods=methods, title=f"{title}, P = {args.stages}")
+            out = args.out or mine / f"accuracy_vs_time_P{args.stages}.png"
     else:
         if args.stages is not None:
             raise ConfigError("--stages selects the stage count of --curves or --time; the default figure shows "
                               "all stages")
-        fig = plots.plot_accuracy_vs_stages(sweep_dir, metric=args.metric, level=args.level, methods=methods,
-                                            title=args.title, target=args.target)
-        out = args.out or sweep_dir / "accuracy_vs_stages.png"
+        fig = plots.plot_accuracy_vs_stages(records, metric=args.metric, level=args.level, methods=methods,
+                                            title=title, target=target)
+        out = args.out or mine / "accuracy_vs_stages.png"
     print(f"wrote {plots.save(fig, out, dpi=args.dpi)}")
     return 0

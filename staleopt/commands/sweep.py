@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 from pathlib import Path
 
@@ -44,7 +43,7 @@ next launch (--dry-run shows the owners).
 
 RESULTS_EXAMPLES = """\
 examples:
-  staleopt results runs/demo                      # table + runs/demo/summary.csv, records.csv
+  staleopt results runs/demo                      # table + runs/demo/results/summary.csv, records.csv
   staleopt results runs/demo --by method,stages   # group by these keys only (others pooled)
   staleopt results runs/demo --level 0.9          # 90% confidence intervals
   staleopt results runs/demo --partial            # also the runs in flight, up to their last epoch
@@ -53,7 +52,11 @@ examples:
 When the sweep has GPipe runs (or --target is given) it also prints the time to
 a target accuracy: the steps each run needed to reach it (first epoch at the
 target) divided by the method's pipeline utilization, and the speedup over
-GPipe at the same stage count (PipeMare Table 2); written to SWEEP_DIR/speedup.csv.
+GPipe at the same stage count (PipeMare Table 2); written to SWEEP_DIR/results/speedup.csv
+with its target. The target is the sweep's own (the one `staleopt demo` or
+`staleopt compare` wrote into SWEEP_DIR/report.json), else GPipe's mean best
+accuracy minus 0.01. The files go to SWEEP_DIR/results/, so the demo's own
+summary.csv and speedup.csv are never overwritten.
 """
 
 
@@ -99,11 +102,11 @@ def register(subparsers) -> None:
     r.add_argument("sweep_dir", metavar="SWEEP_DIR")
     r.add_argument("--by", default=None, help="comma-separated config keys to group by (default: all but seed)")
     r.add_argument("--level", type=float, default=0.95, help="confidence level (default 0.95)")
-    r.add_argument("--csv", default=None, help="summary CSV path (default SWEEP_DIR/summary.csv)")
-    r.add_argument("--records", default=None, help="all records CSV path (default SWEEP_DIR/records.csv)")
+    r.add_argument("--csv", default=None, help="summary CSV path (default SWEEP_DIR/results/summary.csv)")
+    r.add_argument("--records", default=None, help="all records CSV path (default SWEEP_DIR/results/records.csv)")
     r.add_argument("--target", type=float, default=None,
-                   help="target accuracy of the time-to-accuracy table (default: GPipe's mean best accuracy "
-                        "minus 0.01, when the sweep has GPipe runs)")
+                   help="target accuracy of the time-to-accuracy table (default: the sweep's own, from "
+                        "SWEEP_DIR/report.json; else GPipe's mean best accuracy minus 0.01)")
     r.add_argument("--partial", action="store_true",
                    help="include runs in flight or interrupted, up to their last recorded epoch")
     r.set_defaults(func=run_results_command)
@@ -172,15 +175,12 @@ def run_sweep_command(args) -> int:
     return 0 if report.ok else 1
 
 
-def _fmt(mean, ci):
-    if isinstance(mean, float) and math.isnan(mean):
-        return "-"
-    return f"{mean:.4f}" if isinstance(ci, float) and math.isnan(ci) else f"{mean:.4f} ± {ci:.4f}"
 
 
 def run_results_command(args) -> int:
     from .. import speedup, sweep
     from ..config import field_names
+    from ..stats import interval_caption, interval_text
 
     sweep_dir = Path(args.sweep_dir)
     if not (sweep_dir / "runs").is_dir():
@@ -193,29 +193,31 @@ def run_results_command(args) -> int:
         print(f"skipped a damaged run: {why}", file=sys.stderr)
     by = args.by.split(",") if args.by else None
     summary = sweep.summarize(records, by=by, level=args.level)
-    records.to_csv(args.records or sweep_dir / "records.csv", index=False)
-    summary.to_csv(args.csv or sweep_dir / "summary.csv", index=False)
+    mine = sweep_dir / "results"  # never the demo's or compare's own files
+    mine.mkdir(exist_ok=True)
+    records.to_csv(args.records or mine / "records.csv", index=False)
+    summary.to_csv(args.csv or mine / "summary.csv", index=False)
     if summary.empty:
         print(f"{sweep_dir}: no {'recorded' if args.partial else 'finished'} runs yet ({states})")
         return 1 if damaged else 0
     shown = summary.copy()
-    pct = int(round(args.level * 100))
-    shown[f"best_acc (±{pct}% CI)"] = [_fmt(m, c) for m, c in zip(summary.best_acc, summary.best_acc_ci)]
-    shown[f"final_acc (±{pct}% CI)"] = [_fmt(m, c) for m, c in zip(summary.final_acc, summary.final_acc_ci)]
-    shown = shown.drop(columns=["best_acc", "best_acc_ci", "final_acc", "final_acc_ci", "diverged"])
+    for col in ("best_acc", "final_acc"):
+        shown[col] = [interval_text(m, lo, hi, 4) for m, lo, hi in
+                      zip(summary[col], summary[f"{col}_lo"], summary[f"{col}_hi"])]
+    shown = shown.drop(columns=[f"{c}_{s}" for c in ("best_acc", "final_acc") for s in ("lo", "hi", "ci")]
+                       + ["diverged", "interval"])
     print(shown.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+    print(f"(accuracies: {interval_caption(int(summary['runs'].max()), args.level)})")
     print(f"\n{sum(states.values())} runs: " + ", ".join(f"{n} {s}" for s, n in sorted(states.items())))
     if args.partial and set(states) - {"done"}:
         print("--partial: runs not done count with their last recorded epoch as the final one")
-    written = [args.csv or sweep_dir / "summary.csv", args.records or sweep_dir / "records.csv"]
-    target = args.target
-    if target is None and "gpipe" in set(records["method"]):
-        target = speedup.default_target(records)
+    written = [args.csv or mine / "summary.csv", args.records or mine / "records.csv"]
+    target = args.target if args.target is not None else speedup.shared_target(sweep_dir, records)
     if target is not None:
         keys = [k for k in summary.columns if k in field_names() and k != "method"]
         fast = speedup.speedup_table(records, target, keys=["method", *keys])
-        fast.to_csv(sweep_dir / "speedup.csv", index=False)
-        written.append(sweep_dir / "speedup.csv")
+        fast.to_csv(mine / "speedup.csv", index=False)
+        written.append(mine / "speedup.csv")
         print(f"\ntime to accuracy {target:.4g} (pipeline time = steps to the target / utilization; speedup over "
               "gpipe at the same configuration; mean over the runs that reached it):")
         print(fast.to_string(index=False, float_format=lambda v: f"{v:.4g}"))

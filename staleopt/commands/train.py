@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import sys
 import time
 import tomllib
 from pathlib import Path
@@ -27,9 +28,9 @@ examples:
                  --data-kwargs '{"num_samples": 500}' --method pipemare-t1 --stages 5
   staleopt train --data cifar10 --download --model resnet20 --method pipemare --stages max
 
-The records (one row per epoch: train loss, test accuracy, wall time, and the
-method's analytic utilization and memory) are printed and, with --out, written
-as CSV after every epoch. A run whose loss is non-finite or above
+The records (one row per epoch: train loss, test accuracy, wall time) are
+printed as each epoch ends and, with --out, written as CSV (with the method's
+analytic utilization and memory) after every epoch. A run whose loss is non-finite or above
 --divergence-loss stops with status "diverged".
 
 With --out, the run also saves a checkpoint OUT.ckpt at every epoch end (and
@@ -103,7 +104,8 @@ def register(subparsers) -> None:
                    help="with --out: train from step 0 even if OUT is a finished run (OUT.done) or has a "
                         "checkpoint, overwriting OUT")
     p.add_argument("--download", action="store_true", help="download a missing dataset (CIFAR) first")
-    p.add_argument("--progress", action="store_true", help="show a progress bar over steps, with the ETA")
+    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                   help="a progress bar over steps with the loss and the ETA (default: on in a terminal)")
     p.set_defaults(func=run)
 
 
@@ -160,6 +162,27 @@ def _header(config: RunConfig, how: str) -> str:
             f"seed {config.seed} (run id {config.run_id()}{how}):")
 
 
+#: The columns ``staleopt train`` prints per epoch, with their widths.
+_SHOWN = (("epoch", 5), ("step", 7), ("train_loss", 11), ("test_loss", 10), ("test_acc", 9), ("lr_base", 9),
+          ("wall_time", 9), ("status", 8))
+
+
+def _printer():
+    """A function that prints one record per call as a row of a table (the header first), flushed at once."""
+    first = [True]
+
+    def show(record):
+        if first[0]:
+            print(" ".join(name.rjust(w) for name, w in _SHOWN), flush=True)
+            first[0] = False
+        cells = []
+        for name, w in _SHOWN:
+            v = record.get(name)
+            cells.append((f"{v:.4g}" if isinstance(v, float) else str(v)).rjust(w))
+        print(" ".join(cells), flush=True)
+    return show
+
+
 def run(args) -> int:
     config = config_from_args(args)
     if not args.out and (args.checkpoint_every is not None or args.keep_checkpoint or args.rerun):
@@ -179,15 +202,18 @@ def run(args) -> int:
                 return 0
     if args.download:
         data.load(config.data, download=True, **config.data_kwargs)
+    print(_header(config, ""), flush=True)
+    progress = sys.stderr.isatty() if args.progress is None else args.progress
     t0 = time.perf_counter()
-    records = train.run(config, progress=args.progress, checkpoint=checkpoint)
+    records = train.run(config, progress=progress, checkpoint=checkpoint, on_epoch=_printer())
     resumed = records.attrs.get("resumed_at_step", 0)
     if checkpoint is not None:  # the records, then OUT.done, then the checkpoint goes
         checkpoint.complete(records, {"run_id": config.run_id(), "status": str(records["status"].iloc[-1]),
                                       "seconds": time.perf_counter() - t0, "resumed_at_step": int(resumed),
                                       "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
-    print(_header(config, f", resumed from its checkpoint at step {resumed}" if resumed else ""))
-    print(records.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+    if resumed:
+        print(f"(resumed from its checkpoint at step {resumed}: the epochs before it were printed by the "
+              "launch that ran them; all are in the records file)")
     if args.out:
         print(f"wrote {args.out}")  # after every epoch, by the checkpoint
     return 0

@@ -8,20 +8,25 @@ varies, seeds pooled); each method keeps its color across panels and figures.
 * :func:`plot_accuracy_vs_stages`: three panels against the number of stages
   ``P`` (PipeMare Fig. 2, 3): pipeline utilization, weight + optimizer memory
   relative to GPipe, and test accuracy (by default the best over epochs, as
-  PipeMare App. C reports it) as the mean over seeds with a Student-t
-  confidence band (:func:`staleopt.stats.t_interval`). Diverged runs stay in
-  the mean and are also drawn as ``x`` markers at their own value; a point
-  with a diverged run has no band (its interval would span the plot).
-  A fourth panel gives the time-to-accuracy view (PipeMare §4, Table 2):
+  PipeMare App. C reports it): the mean over seeds with the interval every
+  table uses (:func:`staleopt.stats.interval`, within [0, 1]) and each seed as
+  a dot. A fourth panel gives the time-to-accuracy view (PipeMare §4, Table 2):
   each method's speedup to a target accuracy over GPipe at the same ``P``
-  (:func:`staleopt.speedup.speedup_table`), drawn where every seed reached it.
+  (:func:`staleopt.speedup.speedup_table`), labelled ``k/n`` where only ``k`` of
+  ``n`` seeds reached it.
 * :func:`plot_accuracy_vs_epoch`: test accuracy against epochs at one ``P``
-  (PipeMare Fig. 7, 8), mean over seeds with its band; a diverged run's last
-  epoch is marked ``x``.
+  (PipeMare Fig. 7, 8), the mean over seeds and each seed's own curve.
 * :func:`plot_accuracy_vs_time`: test accuracy against simulated pipeline time
   at one ``P`` (PipeMare Fig. 11, "normalized time"): each epoch at
   ``T(step) = step / utilization`` (:func:`staleopt.speedup.with_pipeline_time`),
   with the target accuracy as a dashed line.
+
+One rule for divergence, the tables' and claims' (:mod:`staleopt.stats`): a
+diverged run is drawn (``x`` at its last record) and counted in every mean; a
+curve carries it at its last accuracy after it stopped (:func:`carried`), so a
+curve ends at the table's mean final accuracy. Titles are read off the records'
+configs (:func:`describe`), never typed in. Fewer than :data:`CATEGORICAL_BELOW`
+stage counts are drawn as categories, not joined as a trend.
 """
 from __future__ import annotations
 
@@ -34,7 +39,7 @@ import pandas as pd
 from .. import speedup, stats
 from ..errors import ConfigError
 
-__all__ = ["METHOD_ORDER", "per_run", "line_keys", "plot_accuracy_vs_stages", "plot_accuracy_vs_epoch",
+__all__ = ["METHOD_ORDER", "CATEGORICAL_BELOW", "per_run", "line_keys", "describe", "carried", "plot_accuracy_vs_stages", "plot_accuracy_vs_epoch",
            "plot_accuracy_vs_time", "save"]
 
 #: Legend order of the papers' methods (others follow alphabetically).
@@ -70,6 +75,28 @@ def line_keys(records: pd.DataFrame) -> List[str]:
     varying = [k for k in field_names() if k in records.columns and k not in ("method", "stages", "seed")
                and varies(records[k])]
     return ["method"] + varying
+
+
+def describe(source) -> str:
+    """A title read off the records' configs, never typed in: ``"resnet1d on mnist1d, 20 epochs, 3 seeds"``
+    (a key the runs disagree on lists its values: ``"5-20 epochs"``; a ``max_steps`` cap is said)."""
+    records = _records(source)
+    runs = records.groupby("run", sort=False).first()
+
+    def values(key):
+        return [str(v) for v in dict.fromkeys(runs[key])] if key in runs.columns else []
+    model, data = "/".join(values("model")), "/".join(values("data"))
+    parts = [f"{model} on {data}" if model and data else model or data]
+    if "epochs" in runs.columns:
+        lo, hi = int(runs["epochs"].min()), int(runs["epochs"].max())
+        parts.append(f"{lo} epoch{'s' if hi > 1 else ''}" if lo == hi else f"{lo}-{hi} epochs")
+    if "max_steps" in runs.columns and runs["max_steps"].notna().any():
+        parts.append(f"at most {int(runs['max_steps'].max())} steps")
+    if "seed" in runs.columns:
+        seeds = runs.groupby([k for k in line_keys(records) + ["stages"] if k in runs.columns])["seed"].nunique()
+        lo, hi = int(seeds.min()), int(seeds.max())
+        parts.append(f"{lo} seed{'s' if hi > 1 else ''}" if lo == hi else f"{lo}-{hi} seeds")
+    return ", ".join(p for p in parts if p)
 
 
 def per_run(source, target: Optional[float] = None) -> pd.DataFrame:
@@ -108,16 +135,15 @@ def _lines(table: pd.DataFrame, keys: Sequence[str], methods: Optional[Sequence[
     return out
 
 
-def _band(ax, x, values_by_x, style, label, level, markersize=4, banded=None):
-    """Mean line of each ``x``'s values with its Student-t band (none where fewer than 2 values, or where
-    ``banded`` is false: a group with a diverged run, whose interval would only say that runs differ)."""
-    intervals = [stats.t_interval(v, level) for v in values_by_x]
-    mean = np.array([s[0] for s in intervals])
-    half = np.array([0.0 if np.isnan(s[1]) or (banded is not None and not banded[i]) else s[1]
-                     for i, s in enumerate(intervals)])
-    ax.plot(x, mean, ms=markersize, lw=1.5, label=label, **style)
-    if np.any(half > 0):
-        ax.fill_between(x, mean - half, mean + half, color=style["color"], alpha=0.1, lw=0)
+#: Fewer stage counts than this get a categorical axis (evenly spaced, points not joined: two or three
+#: stage counts are not a trend); more get a log2 axis with lines.
+CATEGORICAL_BELOW = 4
+
+
+def _summary(values, level):
+    """``(mean, lo, hi)`` of :func:`staleopt.stats.interval` (the rule of every table and claim)."""
+    mean, lo, hi, _, _ = stats.interval(list(values), level)
+    return mean, lo, hi
 
 
 def _legend(ax, diverged: bool):
@@ -134,9 +160,25 @@ def _mark_diverged(ax, x, y, color):
     ax.scatter(x, y, marker="x", s=60, color=color, zorder=5, label="_diverged")
 
 
-def _stage_axis(ax, stages):
-    ax.set_xscale("log", base=2)
-    ax.set_xticks(stages)
+def _positions(stages) -> Tuple[dict, bool]:
+    """x position of each stage count, and whether the axis is categorical (:data:`CATEGORICAL_BELOW`)."""
+    categorical = len(stages) < CATEGORICAL_BELOW
+    return ({p: float(i) for i, p in enumerate(stages)} if categorical else {p: float(p) for p in stages}), categorical
+
+
+def _dodge(x: float, j: int, n: int, categorical: bool) -> float:
+    """Line ``j`` of ``n``'s x beside the others at one stage count (a fraction of a category, or of an octave)."""
+    shift = (j - (n - 1) / 2) * min(0.6 / max(n, 1), 0.15)
+    return x + shift if categorical else x * 2 ** (shift / 2)
+
+
+def _stage_axis(ax, stages, categorical: bool):
+    if categorical:
+        ax.set_xticks(range(len(stages)))
+        ax.set_xlim(-0.5, len(stages) - 0.5)
+    else:
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(stages)
     ax.set_xticklabels([str(s) for s in stages])
     ax.minorticks_off()
     ax.set_xlabel("pipeline stages P")
@@ -145,16 +187,27 @@ def _stage_axis(ax, stages):
 
 def plot_accuracy_vs_stages(source, metric: str = "best_acc", level: float = 0.95,
                             methods: Optional[Sequence[str]] = None, title: Optional[str] = None,
-                            target: Optional[float] = None, figsize: Optional[Tuple[float, float]] = None):
+                            target: Optional[float] = None, figsize: Optional[Tuple[float, float]] = None,
+                            memory: Optional[pd.DataFrame] = None):
     """PipeMare Fig. 2 layout: utilization, memory (x GPipe) and ``metric`` against ``P``, one line per method,
     and, when the sweep has GPipe runs, the speedup to ``target`` accuracy over GPipe.
 
+    Memory is two panels when the runs' models can be built here: weights + optimizer
+    state + correction buffers (the records' ``memory_ratio_gpipe``), and beside it the
+    total with the activations in flight (``memory``: default
+    :func:`staleopt.hardware.run_memory` of the records), each relative to GPipe's.
+
     ``metric``: ``"best_acc"`` (max over epochs) or ``"final_acc"`` (last
-    epoch); the band is the ``level`` Student-t interval over seeds. Each
-    diverged run is also an ``x`` at its own value; nothing is dropped.
+    epoch), drawn as the mean over seeds with the interval of every table
+    (:func:`staleopt.stats.interval`: the seeds' range below 4 seeds, else the
+    ``level`` t-interval within [0, 1]) and each seed's own value as a dot
+    (an ``x`` for a diverged run, which stays in the mean); nothing is dropped.
     ``target``: default :func:`staleopt.speedup.default_target` (GPipe's mean
-    best accuracy minus 0.01); a point of the speedup panel is drawn only where
-    every seed of the method and of GPipe reached it.
+    best accuracy minus 0.01); the speedup panel draws every method and ``P``
+    where a seed reached it, labelled ``k/n`` where only ``k`` of ``n`` did (the
+    mean over those). Fewer than :data:`CATEGORICAL_BELOW` stage counts are
+    categories, not joined by lines. ``title``: default read off the records
+    (:func:`describe`).
     """
     from matplotlib.figure import Figure
     if metric not in _METRICS:
@@ -162,85 +215,138 @@ def plot_accuracy_vs_stages(source, metric: str = "best_acc", level: float = 0.9
     records = _records(source)
     table, keys = per_run(records), line_keys(records)
     stages = sorted(table["stages"].unique())
+    pos, categorical = _positions(stages)
     timed = "gpipe" in set(records["method"]) and "microbatches" in records.columns
     if timed:
         target = speedup.default_target(records) if target is None else target
         fast = speedup.speedup_table(records, target, keys=[*keys, "stages"])
-        fast = fast[(fast["reached"] == fast["runs"]) & fast["speedup"].notna()]
-    fig = Figure(figsize=figsize or ((17.0 if timed else 13.0), 3.8), layout="constrained")
-    axes = fig.subplots(1, 4 if timed else 3)
+        fast = fast[(fast["reached"] > 0) & fast["speedup"].notna()]
+    if memory is None:
+        from ..hardware import run_memory
+        try:
+            memory = run_memory(records)
+        except ConfigError:  # records without the config columns: weights only
+            memory = None
+    total = memory is not None and "total_ratio_gpipe" in memory and memory["total_ratio_gpipe"].notna().any()
+    panels = 3 + int(timed) + int(total)
+    fig = Figure(figsize=figsize or (4.3 * panels, 3.8), layout="constrained")
+    axes = list(fig.subplots(1, panels))
+    if total:  # the total memory panel sits beside the weights-only one
+        total_ax = axes.pop(2)
+        totals = memory.set_index(["method", "stages"])["total_ratio_gpipe"]
     diverged = False
-    for label, style, rows in _lines(table, keys, methods):
-        by_p = [rows[rows["stages"] == p] for p in stages]
-        xs = [p for p, r in zip(stages, by_p) if len(r)]
-        by_p = [r for r in by_p if len(r)]
-        axes[0].plot(xs, [r["utilization"].mean() for r in by_p], ms=4, label=label, **style)
-        axes[1].plot(xs, [r["memory_ratio_gpipe"].mean() for r in by_p], ms=4, label=label, **style)
-        _band(axes[2], xs, [r[metric] for r in by_p], style, label, level,
-              banded=[not r["diverged"].any() for r in by_p])
-        ok = rows[~rows["diverged"]]
-        axes[2].scatter(ok["stages"], ok[metric], s=8, color=style["color"], alpha=0.5, lw=0, label="_seed")
-        bad = rows[rows["diverged"]]
-        if len(bad):
-            _mark_diverged(axes[2], bad["stages"], bad[metric], style["color"])
-            diverged = True
+    lines = _lines(table, keys, methods)
+    for j, (label, style, rows) in enumerate(lines):
+        look = {**style, "linestyle": "none"} if categorical else style
+        by_p = [(p, rows[rows["stages"] == p]) for p in stages]
+        by_p = [(p, r) for p, r in by_p if len(r)]
+        xs = [pos[p] for p, _ in by_p]
+        axes[0].plot(xs, [r["utilization"].mean() for _, r in by_p], ms=4, label=label, **look)
+        axes[1].plot(xs, [r["memory_ratio_gpipe"].mean() for _, r in by_p], ms=4, label=label, **look)
+        if total:
+            method = rows["method"].iloc[0]
+            total_ax.plot(xs, [totals.get((method, p), np.nan) for p, _ in by_p], ms=4, label=label, **look)
+        dodged = [_dodge(pos[p], j, len(lines), categorical) for p, _ in by_p]
+        mean, lo, hi = (np.array(v) for v in zip(*[_summary(r[metric], level) for _, r in by_p]))
+        axes[2].errorbar(dodged, mean, yerr=[mean - lo, hi - mean], ms=4, lw=1.2, capsize=2, label=label, **look)
+        for x, (_, r) in zip(dodged, by_p):
+            ok, bad = r[~r["diverged"]], r[r["diverged"]]
+            axes[2].scatter([x] * len(ok), ok[metric], s=9, color=style["color"], alpha=0.45, lw=0, label="_seed")
+            if len(bad):
+                _mark_diverged(axes[2], [x] * len(bad), bad[metric], style["color"])
+                diverged = True
         if timed:
             mine = fast.merge(rows[keys].drop_duplicates(), on=keys).sort_values("stages")
-            axes[3].plot(mine["stages"], mine["speedup"], ms=4, label=label, **style)
+            sx = [pos[int(p)] for p in mine["stages"]]
+            axes[3].plot(sx, mine["speedup"], ms=4, label=label, **look)
+            for x, r in zip(sx, mine.itertuples()):
+                if r.reached < r.runs:  # the mean over the seeds that reached it: say how many
+                    axes[3].annotate(f"{r.reached}/{r.runs}", (x, r.speedup), textcoords="offset points",
+                                     xytext=(4, 3), fontsize=7, color=style["color"])
     if timed:
         axes[3].set_yscale("log", base=2)
         axes[3].set_ylabel(f"speedup to accuracy {target:.3f} (x GPipe)")
-        axes[3].set_title("time to accuracy (pipeline time)", fontsize=10)
-    for ax in axes:
-        _stage_axis(ax, stages)
+        axes[3].set_title("time to accuracy (pipeline time; k/n: seeds that reached it)", fontsize=9)
+    for ax in axes + ([total_ax] if total else []):
+        _stage_axis(ax, stages, categorical)
+    if total:
+        total_ax.set_ylabel("total memory (x GPipe)")
+        total_ax.set_title("memory with activations in flight", fontsize=10)
+    seeds = int(table.groupby([*keys, "stages"]).size().max())
     axes[0].set_ylabel("pipeline utilization")
     axes[0].set_ylim(0, 1.05)
     axes[1].set_ylabel("weight + optimizer memory (x GPipe)")
-    axes[2].set_ylabel(f"{_METRICS[metric]} (mean, {level:.0%} CI; dots: runs)")
-    axes[2].set_ylim(0.0, 1.0)  # accuracy; a t-interval over few seeds can reach past [0, 1]
+    axes[2].set_ylabel(f"{_METRICS[metric]}\n({stats.interval_caption(seeds, level)}; dots: seeds)", fontsize=8)
+    axes[2].set_ylim(0.0, 1.0)
     axes[0].set_title("throughput", fontsize=10)
-    axes[1].set_title("memory", fontsize=10)
+    axes[1].set_title("memory: weights, optimizer, corrections", fontsize=10)
     axes[2].set_title("model quality", fontsize=10)
     fig.legend(*_legend(axes[2], diverged), loc="outside right center", fontsize=8, frameon=False)
-    if title:
-        fig.suptitle(title, fontsize=11)
+    fig.suptitle(title or describe(records), fontsize=11)
     return fig
 
 
 def plot_accuracy_vs_epoch(source, stages: int, level: float = 0.95, methods: Optional[Sequence[str]] = None,
                            title: Optional[str] = None, figsize: Tuple[float, float] = (6.5, 4.0)):
-    """Test accuracy against epochs at ``P = stages`` (PipeMare Fig. 7/8), mean over seeds with a band.
+    """Test accuracy against epochs at ``P = stages`` (PipeMare Fig. 7/8): the mean over every seed, each
+    seed's own curve thin beside it.
 
-    The mean at each epoch is over the runs that reached it; a run that
-    diverged is marked ``x`` at its last recorded epoch.
+    A run that diverged stopped: it counts at every later epoch with the accuracy
+    of its last record (marked ``x``), so the last point of a line is the mean
+    final accuracy of the summary table, over the same runs.
     """
     from matplotlib.figure import Figure
     records = _records(source)
     at = _at_stages(records, stages)
     fig = Figure(figsize=figsize, layout="constrained")
     ax = fig.add_subplot()
-    diverged = _accuracy_curves(ax, at, line_keys(records), methods, "epoch", level)
+    diverged = _accuracy_curves(ax, at, line_keys(records), methods, "epoch")
     ax.set_xlabel("epoch")
-    ax.set_ylabel(f"test accuracy (mean, {level:.0%} CI)")
-    ax.set_title(title or f"P = {stages}", fontsize=10)
+    ax.set_ylabel("test accuracy (mean over seeds; thin: each seed)")
+    ax.set_title(title or f"{describe(records)}, P = {stages}", fontsize=10)
     ax.grid(alpha=0.3)
     ax.set_ylim(0.0, 1.0)
     ax.legend(*_legend(ax, diverged), fontsize=8, frameon=False)
     return fig
 
 
-def _accuracy_curves(ax, at: pd.DataFrame, keys: List[str], methods, x: str, level: float) -> bool:
-    """One band per line: test accuracy per epoch against the seeds' mean of column ``x`` at that epoch
-    (``"epoch"`` or ``"pipeline_time"``); a diverged run's last epoch is marked ``x``. True if any diverged."""
+def carried(at: pd.DataFrame, epochs: Optional[Sequence[int]] = None) -> pd.DataFrame:
+    """Every run's records on every epoch (``epochs``, default those of ``at``): a run that stopped early
+    (diverged) repeats its last record's ``test_acc`` at the later epochs (``carried`` true there; no
+    ``step`` or time). The rule that makes a curve's mean count the runs the tables count."""
+    epochs = sorted(at["epoch"].unique()) if epochs is None else sorted(epochs)
+    rows = []
+    for run, r in at.sort_values("epoch").groupby("run", sort=False):
+        last = r.iloc[-1]
+        rows.append(r.assign(carried=False))
+        later = [e for e in epochs if e > last["epoch"]]
+        if later:
+            pad = pd.DataFrame([last] * len(later)).assign(epoch=later, carried=True)
+            for col in ("step", "pipeline_time"):
+                if col in pad.columns:
+                    pad[col] = np.nan
+            rows.append(pad)
+    return pd.concat(rows, ignore_index=True)
+
+
+def _accuracy_curves(ax, at: pd.DataFrame, keys: List[str], methods, x: str) -> bool:
+    """One line per method: the mean test accuracy of all its runs per epoch (:func:`carried`), at the
+    epoch or at the mean ``x`` of the runs that recorded that epoch (``"pipeline_time"``); each run's own
+    curve thin; a diverged run's last record marked ``x``. True if any run diverged."""
     diverged = False
     runs_table = at.groupby("run", sort=False).first().reset_index()
     for label, style, rows in _lines(runs_table, keys, methods):
-        mine = at[at["run"].isin(rows["run"])]
+        mine = carried(at[at["run"].isin(rows["run"])], at["epoch"].unique())
         epochs = sorted(mine["epoch"].unique())
-        xs = epochs if x == "epoch" else [mine.loc[mine["epoch"] == e, x].mean() for e in epochs]
-        _band(ax, xs, [mine.loc[mine["epoch"] == e, "test_acc"] for e in epochs], style, label, level,
-              markersize=3)
-        ends = mine.sort_values("epoch").groupby("run").tail(1)
+        if x != "epoch":  # a time axis: only the epochs some run of the line recorded have a time
+            epochs = sorted(mine.loc[~mine["carried"], "epoch"].unique())
+        xs = epochs if x == "epoch" else [mine.loc[(mine["epoch"] == e) & ~mine["carried"], x].mean()
+                                           for e in epochs]
+        ax.plot(xs, [mine.loc[mine["epoch"] == e, "test_acc"].mean() for e in epochs], ms=3, lw=1.6,
+                label=label, **style)
+        for _, r in mine[~mine["carried"]].groupby("run", sort=False):
+            ax.plot(r[x], r["test_acc"], color=style["color"], lw=0.6, alpha=0.35, label="_seed")
+        ends = mine[~mine["carried"]].sort_values("epoch").groupby("run").tail(1)
         bad = ends[ends["status"] == "diverged"]
         if len(bad):
             _mark_diverged(ax, bad[x], bad["test_acc"], style["color"])
@@ -266,13 +372,13 @@ def plot_accuracy_vs_time(source, stages: int, target: Optional[float] = None, l
         target = speedup.default_target(records)
     fig = Figure(figsize=figsize, layout="constrained")
     ax = fig.add_subplot()
-    diverged = _accuracy_curves(ax, at, line_keys(records), methods, "pipeline_time", level)
+    diverged = _accuracy_curves(ax, at, line_keys(records), methods, "pipeline_time")
     if target is not None:
         ax.axhline(target, color="0.4", lw=1, ls="--", label=f"target {target:.3f}")
     ax.set_xscale("log")
     ax.set_xlabel("pipeline time (minibatches of a fully utilized pipeline)")
-    ax.set_ylabel(f"test accuracy (mean, {level:.0%} CI)")
-    ax.set_title(title or f"time to accuracy, P = {stages}", fontsize=10)
+    ax.set_ylabel("test accuracy (mean over seeds; thin: each seed)")
+    ax.set_title(title or f"{describe(records)}, P = {stages}", fontsize=10)
     ax.grid(alpha=0.3)
     ax.set_ylim(0.0, 1.0)
     ax.legend(*_legend(ax, diverged), fontsize=8, frameon=False)

@@ -1,0 +1,170 @@
+"""``staleopt.compare``: one's own model and data through the demo's sweep, tables, claims and figures in one call.
+
+    result = staleopt.compare(my_cnn, my_data, methods=["gpipe", "pipedream", "pipemare"],
+                              stages=[2, "max"], seeds=[0, 1, 2], out="runs/mine", epochs=5, lr=0.05)
+    result.table()          # methods x P: best test accuracy, mean [interval] over seeds, diverged runs counted
+    result.claims           # the demo's claims evaluated on these runs
+
+It is a resumable sweep (:func:`staleopt.sweep.run_sweep`) of ``methods x stages x
+seeds`` over one base config (the keyword arguments: any :class:`~staleopt.config.RunConfig`
+field), so calling it again after an interruption trains only what is missing. A run's
+directory is named by the hash of its config, which holds the model's *name*, not its
+code: give a changed model a new name (or another ``out``). :func:`write_report` writes
+the same files as ``staleopt demo`` (``records.csv``, ``summary.csv``, ``speedup.csv``,
+``claims.csv``, ``report.json`` and the figures), the target accuracy in each file that
+depends on it.
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, List, Optional, Sequence, Union
+
+import pandas as pd
+
+from . import data as datasets
+from . import models
+from .errors import ConfigError
+
+__all__ = ["compare", "Comparison", "write_report", "DEFAULT_METHODS"]
+
+#: The methods :func:`compare` runs by default: synchronous, weight stashing, PipeMare (T1 + T2).
+DEFAULT_METHODS = ("gpipe", "pipedream", "pipemare")
+
+
+@dataclass
+class Comparison:
+    """What :func:`compare` (and ``staleopt demo``) produced: the records, the tables, the claims, the files."""
+
+    out: Path
+    records: pd.DataFrame
+    summary: pd.DataFrame
+    speedup: pd.DataFrame
+    claims: pd.DataFrame
+    target: Optional[float]
+    memory: Optional[pd.DataFrame] = None  # :func:`staleopt.hardware.run_memory`
+    figures: List[Path] = field(default_factory=list)
+    files: List[Path] = field(default_factory=list)
+    report: Any = None  # the sweep's :class:`~staleopt.sweep.SweepReport`
+
+    def table(self, value: str = "best_acc") -> pd.DataFrame:
+        """Methods x stages of ``value`` (``best_acc`` or ``final_acc``): mean [interval] over seeds, diverged runs
+        counted in each cell (:func:`staleopt.commands.demo.pivot`)."""
+        from .commands.demo import pivot
+        return pivot(self.summary, value)
+
+    def speedup_table(self) -> pd.DataFrame:
+        """Methods x stages of the speedup over GPipe to :attr:`target` (empty without a target)."""
+        from .commands.demo import speedup_pivot
+        return speedup_pivot(self.speedup) if len(self.speedup) else pd.DataFrame()
+
+
+def _name(what: str, value, register) -> str:
+    """A model or dataset given as a name/spec, or as a factory registered here under its ``__name__``."""
+    if isinstance(value, str):
+        return value
+    if callable(value):
+        name = getattr(value, "__name__", "")
+        if not name.isidentifier():
+            raise ConfigError(f"the {what} factory {value!r} has no usable name ({name!r}); define it with def, or "
+                              f"register it yourself (staleopt.register_{what}('name', factory)) and pass the name")
+        return register(name, value, replace=True)
+    raise ConfigError(f"{what} must be a name, a 'module:function' spec or a factory function, got "
+                      f"{type(value).__name__}")
+
+
+def compare(model: Union[str, Callable], data: Union[str, Callable] = "mnist1d", *,
+            methods: Sequence[str] = DEFAULT_METHODS, stages: Sequence[Union[int, str]] = (1, "max"),
+            seeds: Sequence[int] = (0, 1, 2), out: Union[str, os.PathLike] = "runs/compare",
+            target: Optional[float] = None, claims=None, workers: int = 1, threads: int = 1, bar: bool = True,
+            **config) -> Comparison:
+    """Train ``methods x stages x seeds`` of ``model`` on ``data`` into ``out`` (resumably) and report on them.
+
+    ``model``, ``data``: a built-in or registered name, a ``"module:function"`` /
+    ``"file.py:function"`` spec, or a factory (registered under its ``__name__``:
+    :func:`staleopt.register_model`, :func:`staleopt.register_data`). ``config``: the
+    other :class:`~staleopt.config.RunConfig` fields, shared by every run (``epochs``,
+    ``lr``, ``batch_size``, ``model_kwargs``, ...). ``target``: the accuracy of the time
+    to accuracy table and claims (default: GPipe's mean best accuracy minus 0.01, when
+    ``methods`` has ``gpipe``; none otherwise). ``claims``: default the demo's
+    (:data:`staleopt.claims.DEMO_CLAIMS`; a claim on a method not run is ``"not
+    evaluated"``). ``workers``, ``threads``, ``bar``: as :func:`staleopt.sweep.run_sweep`.
+    Returns a :class:`Comparison`; the files are written into ``out``.
+    """
+    from . import sweep
+    taken = sorted({"model", "data", "method", "stages", "seed"} & set(config))
+    if taken:
+        raise ConfigError(f"{taken} are compare's own arguments (methods=, stages=, seeds=, model, data); "
+                          "pass them there")
+    for key, values in (("methods", methods), ("stages", stages), ("seeds", seeds)):
+        if isinstance(values, (str, int)) or not len(values):
+            raise ConfigError(f"{key} must be a non-empty list, got {values!r}")
+    base = {"model": _name("model", model, models.register), "data": _name("data", data, datasets.register),
+            **config}
+    grid = {"method": list(methods), "stages": list(stages), "seed": list(seeds)}
+    spec = sweep.from_spec({"name": Path(out).name, "base": base, "grid": grid}, source="compare()")
+    out = Path(out)
+    report = sweep.run_sweep(spec, out, workers=workers, threads=threads, bar=bar)
+    ids = {c.run_id() for c in spec.configs}
+    records = sweep.collect(out)
+    records = records[records["run"].isin(ids)].reset_index(drop=True)
+    if records.empty:
+        raise ConfigError(f"no run finished; see the error.txt files under {out / 'runs'}")
+    if target is None and "gpipe" in set(records["method"]):
+        from .speedup import default_target
+        target = default_target(records)
+    result = write_report(records, out, target=target, claims=claims)
+    result.report = report
+    return result
+
+
+def write_report(records: pd.DataFrame, out: Union[str, os.PathLike], target: Optional[float] = None,
+                 claims=None, level: float = 0.95, figures: Union[str, os.PathLike, None] = None,
+                 write_records: bool = True) -> Comparison:
+    """Write a sweep's report into ``out`` and return it: ``records.csv``, ``summary.csv`` (mean and CI over
+    seeds per method and P), ``speedup.csv`` (time to ``target``, with a ``target`` column), ``claims.csv``,
+    ``memory.csv`` (weights-only and total memory per method and P, :func:`staleopt.hardware.run_memory`),
+    ``report.json`` (the target and what was written) and the figures (accuracy against stages; accuracy
+    against epochs and, with a target, against pipeline time at the largest P; into ``figures``, default
+    ``out``). ``write_records=False`` leaves ``records.csv`` as it is (a report rebuilt from it)."""
+    from . import claims as claims_module
+    from . import hardware, speedup, sweep
+    from .plot import sweep as plots
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    summary = sweep.summarize(records, by=["method", "stages"], level=level)
+    fast = speedup.speedup_table(records, target) if target is not None else pd.DataFrame()
+    memory = hardware.run_memory(records)  # weights only and in all, per method and P
+    verdicts = claims_module.evaluate(records, claims, level=level,
+                                      target=target if target is not None else float("nan"), memory=memory)
+    files = [out / "records.csv", out / "summary.csv", out / "claims.csv"]
+    if write_records:
+        records.to_csv(files[0], index=False)
+    summary.to_csv(files[1], index=False)
+    verdicts.to_csv(files[2], index=False)
+    if target is not None:
+        files.append(out / "speedup.csv")
+        fast.to_csv(files[-1], index=False)
+    largest = int(summary["stages"].max())
+    title = plots.describe(records)
+    where = Path(figures) if figures is not None else out
+    files.append(out / "memory.csv")
+    memory.to_csv(files[-1], index=False)
+    figures = [Path(plots.save(plots.plot_accuracy_vs_stages(records, title=title, target=target, level=level,
+                                                             memory=memory),
+                               where / "accuracy_vs_stages.png")),
+               Path(plots.save(plots.plot_accuracy_vs_epoch(records, largest, level=level,
+                                                            title=f"{title}, P = {largest}"),
+                               where / f"accuracy_vs_epoch_P{largest}.png"))]
+    if target is not None:
+        figures.append(Path(plots.save(plots.plot_accuracy_vs_time(records, largest, target=target, level=level,
+                                                                   title=f"{title}, P = {largest}"),
+                                       where / f"accuracy_vs_time_P{largest}.png")))
+    files.append(out / "report.json")
+    files[-1].write_text(json.dumps({"target": target, "level": level, "title": title,
+                                     "runs": int(records["run"].nunique()),
+                                     "files": [p.name for p in files[:-1]],
+                                     "figures": [p.name for p in figures]}, indent=2) + "\n")
+    return Comparison(out, records, summary, fast, verdicts, target, memory, figures, files)

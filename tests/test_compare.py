@@ -1,0 +1,184 @@
+"""One's own model and data (defined in a file the test writes) through a resumable comparison, sweeps from TOML,
+records, claims and time to accuracy, with no change to the package: staleopt.compare and staleopt.registry."""
+import json
+import math
+import textwrap
+
+import pandas as pd
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import TensorDataset
+
+import staleopt
+from staleopt import data as datasets
+from staleopt import models, registry, speedup, sweep
+from staleopt.cli import main
+from staleopt.config import RunConfig
+from staleopt.errors import ConfigError
+
+USER_FILE = textwrap.dedent('''\
+    """A user's own model and data, nothing from staleopt."""
+    import torch
+    from torch import nn
+    from torch.utils.data import TensorDataset
+
+
+    def tiny_net(num_classes, input_shape, hidden=16):
+        return nn.Sequential(nn.Flatten(), nn.Linear(int(torch.tensor(input_shape).prod()), hidden), nn.ReLU(),
+                             nn.Linear(hidden, hidden), nn.ReLU(), nn.Linear(hidden, num_classes))
+
+
+    def blobs(n=300, seed=0):
+        g = torch.Generator().manual_seed(seed)
+        y = torch.randint(3, (n,), generator=g)
+        x = 2 * torch.randn(3, 6, generator=g)[y] + torch.randn(n, 6, generator=g)
+        return TensorDataset(x[:200], y[:200]), TensorDataset(x[200:], y[200:])
+    ''')
+SMALL = {"epochs": 2, "batch_size": 20, "lr": 0.05}
+
+
+@pytest.fixture
+def user_file(tmp_path, monkeypatch):
+    path = tmp_path / "my_models.py"
+    path.write_text(USER_FILE)
+    monkeypatch.chdir(tmp_path)
+    before = {id(reg): set(reg) for reg in (models._USER, datasets._USER)}
+    yield path
+    for reg in (models._USER, datasets._USER):  # this test's registrations end with it
+        for name in set(reg) - before[id(reg)]:
+            del reg[name]
+    datasets.shape.cache_clear()
+
+
+def test_compare_with_factories_from_a_user_file_in_worker_processes_then_resumes(user_file):
+    tiny_net = registry.load_spec(f"{user_file}:tiny_net")
+    blobs = registry.load_spec(f"{user_file}:blobs")
+    out = user_file.parent / "cmp"
+    result = staleopt.compare(tiny_net, blobs, methods=["gpipe", "pipemare"], stages=[2, "max"], seeds=[0, 1],
+                              out=out, workers=2, bar=False, **SMALL)
+    assert result.report.ok and len(result.report.finished) == 8
+    runs = sweep.runs(out)
+    assert set(runs["model"]) == {"tiny_net"} and set(runs["data"]) == {"blobs"}
+    assert sorted(set(runs["stages"])) == [2, 3]  # "max" = the model's 3 Linear layers
+    assert result.records["run"].nunique() == 8 and set(result.summary["method"]) == {"gpipe", "pipemare"}
+    for name in ("records.csv", "summary.csv", "speedup.csv", "claims.csv", "report.json",
+                 "accuracy_vs_stages.png", "accuracy_vs_epoch_P3.png", "accuracy_vs_time_P3.png"):
+        assert (out / name).stat().st_size > 0, name
+    gpipe_best = result.records[result.records["method"] == "gpipe"].groupby("run")["test_acc"].max().mean()
+    assert result.target == pytest.approx(gpipe_best - 0.01)
+    assert json.loads((out / "report.json").read_text())["target"] == result.target
+    assert set(result.claims["verdict"]) <= {"holds", "does not hold", "not evaluated"}
+    assert "P=2" in result.table().columns
+    # the same call again trains nothing: every run is done
+    again = staleopt.compare(tiny_net, blobs, methods=["gpipe", "pipemare"], stages=[2, "max"], seeds=[0, 1],
+                             out=out, workers=1, bar=False, **SMALL)
+    assert len(again.report.skipped) == 8 and not again.report.finished
+    pd.testing.assert_frame_equal(again.summary, result.summary)
+
+
+def test_toml_sweep_and_cli_take_file_specs(user_file, capsys):
+    spec = user_file.parent / "mine.toml"
+    spec.write_text(textwrap.dedent(f'''\
+        name = "mine"
+        [base]
+        model = "my_models.py:tiny_net"
+        model_kwargs = {{hidden = 8}}
+        data = "my_models.py:blobs"
+        data_kwargs = {{n = 250}}
+        epochs = 1
+        batch_size = 20
+        [grid]
+        method = ["gpipe", "pipedream"]
+        stages = [3]
+        '''))
+    assert main(["sweep", str(spec), "--out", "out", "--no-bar"]) == 0
+    records = sweep.collect(user_file.parent / "out")
+    assert records["run"].nunique() == 2 and set(records["model"]) == {"my_models.py:tiny_net"}
+    assert main(["results", "out"]) == 0
+    assert main(["train", "--model", "my_models.py:tiny_net", "--data", "my_models.py:blobs", "--stages", "2",
+                 "--epochs", "1", "--batch-size", "20", "--method", "pipemare"]) == 0
+    assert "pipemare P=2" in capsys.readouterr().out
+    assert main(["compare", "--model", "my_models.py:tiny_net", "--data", "my_models.py:blobs", "--methods",
+                 "gpipe,pipemare", "--stages", "3", "--seeds", "0", "--set", "epochs=1", "--set", "batch_size=20",
+                 "--set", 'model_kwargs={"hidden": 8}', "--out", "c", "--no-bar"]) == 0
+    out = capsys.readouterr().out
+    assert "P=3" in out and "claims" in out and (user_file.parent / "c" / "claims.csv").is_file()
+    assert set(sweep.runs(user_file.parent / "c")["model_kwargs"]) == {'{"hidden":8}'}
+    assert main(["compare", "--model", "my_models.py:tiny_net", "--set", "epochs"]) == 2
+
+
+def test_registered_name_in_config_and_errors(user_file):
+    fn = registry.load_spec("my_models.py:tiny_net")
+    assert staleopt.register_model("tiny_net", fn) == "tiny_net"
+    assert staleopt.register_model("tiny_net", fn) == "tiny_net"  # the same factory again: a no-op
+    staleopt.register_data("blobs", registry.load_spec("my_models.py:blobs"))
+    cfg = RunConfig(model="tiny_net", data="blobs", model_kwargs={"hidden": 4}, stages="max").resolve()
+    assert cfg.stages == 3
+    with pytest.raises(ConfigError, match="unknown option 'width'"):
+        RunConfig(model="tiny_net", data="blobs", model_kwargs={"width": 4})
+    with pytest.raises(ConfigError, match="already registered.*replace=True"):
+        staleopt.register_model("tiny_net", lambda num_classes, input_shape: nn.Linear(1, 1))
+    with pytest.raises(ConfigError, match="built in"):
+        staleopt.register_model("mlp", fn)
+    with pytest.raises(ConfigError, match="without ':'"):
+        staleopt.register_model("a:b", fn)
+    with pytest.raises(ConfigError, match="model = 'my_cnn' is not allowed.*register_model"):
+        RunConfig(model="my_cnn")
+    with pytest.raises(ConfigError, match="cannot load model 'my_models.py:nothing'"):
+        RunConfig(model="my_models.py:nothing")
+    with pytest.raises(ConfigError, match="not a file"):
+        RunConfig(model="elsewhere.py:tiny_net")
+    with pytest.raises(ConfigError, match="not a torch.nn.Module"):
+        staleopt.register_model("not_a_model", lambda: 3)
+        models.get("not_a_model")
+
+
+def test_a_lambda_cannot_go_to_worker_processes(user_file, tmp_path):
+    staleopt.register_model("tiny_net", lambda num_classes, input_shape: nn.Linear(6, num_classes))
+    staleopt.register_model("unused", lambda num_classes, input_shape: nn.Linear(6, num_classes))
+    cfgs = [RunConfig(model="tiny_net", data="my_models.py:blobs", stages=1, seed=s, **SMALL) for s in (0, 1)]
+    with pytest.raises(ConfigError, match="model 'tiny_net' .*cannot be sent to worker processes.*top level"):
+        sweep.run_sweep(cfgs, tmp_path / "w", workers=2, bar=False)
+    assert set(registry.snapshot({"mlp"}, {"blobs"})["model"]) == set()  # only what the runs name is sent
+
+
+def test_factory_without_the_data_shape_and_data_read_off_the_samples():
+    x = torch.randn(10, 2, 5)
+    d = datasets.from_datasets(TensorDataset(x[:8], torch.tensor([0, 1, 4, 0, 1, 1, 0, 0])),
+                               TensorDataset(x[8:], torch.tensor([2, 0])), name="mine")
+    assert (d.num_classes, d.input_shape, d.task) == (5, (2, 5), "classification")
+    r = datasets.from_datasets(TensorDataset(x[:8], torch.randn(8, 3)), TensorDataset(x[8:], torch.randn(2, 3)))
+    assert (r.num_classes, r.task) == (3, "regression")
+    staleopt.register_model("fixed_shape", _fixed)
+    try:
+        assert isinstance(models.get("fixed_shape", num_classes=3, input_shape=(6,)), nn.Linear)
+    finally:
+        del models._USER["fixed_shape"]
+
+
+def _fixed():
+    return nn.Linear(6, 3)
+
+
+def test_time_to_accuracy_needs_no_registration_of_the_model():
+    """Records of a registered model, read by a process that never registered it (staleopt results)."""
+    rows = []
+    for method in ("gpipe", "pipemare-w"):
+        for epoch in (1, 2):
+            rows.append({"run": method, "model": "nobody_registered_this", "data": "nor_this", "method": method,
+                         "stages": 4, "microbatches": 4, "batch_size": 8, "epochs": 2, "lr": 0.1, "seed": 0,
+                         "epoch": epoch, "step": 10 * epoch, "test_acc": 0.5 * epoch, "status": "ok"})
+    table = speedup.speedup_table(pd.DataFrame(rows), 0.9).set_index("method")
+    assert table.loc["pipemare-w", "reached"] == 1 and math.isfinite(table.loc["pipemare-w", "time_to_target"])
+
+
+def test_tutorial_shows_the_code_of_its_file():
+    """docs/tutorial.md's model and data are experiments/tutorial_models.py's, which its sweep file and commands name."""
+    from pathlib import Path
+    from staleopt import docgen
+    repo = Path(__file__).resolve().parents[1]
+    code = (repo / "experiments" / "tutorial_models.py").read_text()
+    body = code[code.index('"""', 3) + 4:]  # after the module docstring
+    page = docgen.code_blocks((repo / "docs" / "tutorial.md").read_text())
+    assert body.strip() in page[0].code
