@@ -114,7 +114,7 @@ def ledger_pipemare(path: Path = ROOT / "docs" / "reproductions.csv") -> str:
     steps = rows[rows["id"] == "pipemare-matches-sync"].set_index("horizon")["steps"]
     head = ["claim"] + [f"{h}x" + (f" ({int(steps[h]):,} steps)" if h in steps.index else "") for h in horizons]
     return ("Gap per claim (final test accuracy, the rule's per-seed difference: mean ± 95% interval over 5 seeds, "
-            "and the verdict) at each run length, from [docs/reproductions.md](docs/reproductions.md):\n\n"
+            "and the verdict) at each run length, from the ledger's rows file docs/reproductions.csv:\n\n"
             + markdown_table(head + ["trend"], table))
 
 

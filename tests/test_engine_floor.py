@@ -233,11 +233,10 @@ def test_opt_checkpoint_in_a_compiled_model_compiles_once():
     from torch._dynamo.testing import CompileCounterWithBackend
     from test_engine_recompute import WIDTHS, Net, data
 
-    class Unrolled(Net):
+    class Unrolled(Net):   # the schedule's segments at P = 3, stages (0, 1) and (2, 2), between compiled code
         def forward(self, x):
-            x = self.opt.checkpoint(self.run, 0, 0, x)
-            x = self.opt.checkpoint(self.run, 1, 1, x)
-            return self.run(2, 2, x)
+            x = self.opt.checkpoint(self.run, 0, 1, torch.sin(x))
+            return 2 * self.opt.checkpoint(self.run, 2, 2, x)
 
     runs, frames = [], []
     for compiled in (False, True):

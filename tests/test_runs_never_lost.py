@@ -242,7 +242,8 @@ def test_results_reports_a_damaged_run_and_summarizes_the_others(tmp_path, capsy
     assert main(["results", str(out)]) == 1
     captured = capsys.readouterr()
     assert f"skipped a damaged run: {bad}" in captured.err and "Traceback" not in captured.err
-    assert sorted(pd.read_csv(out / "records.csv")["run"].unique()) == sorted(d.name for d in run_dirs if d != bad)
+    assert sorted(pd.read_csv(out / "results" / "records.csv")["run"].unique()) == \
+        sorted(d.name for d in run_dirs if d != bad)
     assert main(["sweep", str(tmp_path / "sweep.toml"), "--out", str(out), "--dry-run"]) == 0
     assert "damaged" in capsys.readouterr().out
     report = sweep.run_sweep(tmp_path / "sweep.toml", out, train_fn=fake_train, bar=False)  # left alone
