@@ -9,7 +9,7 @@ TESTSTAMP := $(VENV)/.installed-test
 TORCH   := torch==2.14.1 torchvision==0.29.1
 THREADS ?= 2
 
-.PHONY: install test demo bench reproduce reproduce-ladder clean
+.PHONY: install test demo bench reproduce reproduce-ladder notebooks clean
 
 install: $(STAMP)
 
@@ -42,6 +42,10 @@ reproduce: install
 
 reproduce-ladder: install
 	$(BIN)/staleopt reproduce --tier ladder --out runs/reproduce --doc docs/reproductions.md
+
+# The notebooks executed in place, so that they are committed with their outputs (needs the test extra).
+notebooks: $(TESTSTAMP)
+	OMP_NUM_THREADS=$(THREADS) $(BIN)/python experiments/run_notebooks.py
 
 clean:
 	rm -rf $(VENV) runs *.egg-info

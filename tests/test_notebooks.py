@@ -31,3 +31,18 @@ def test_notebook_runs_and_draws_its_figures(path, monkeypatch, tmp_path):
     assert not [o for o in outputs if o.output_type == "error"]
     figures = sum("image/png" in o.get("data", {}) for o in outputs)
     assert figures >= FIGURES.get(path.name, 1), f"{path.name} drew {figures} figure(s)"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
+def test_committed_notebooks_carry_their_outputs(path):
+    """``make notebooks`` (experiments/run_notebooks.py) executed them: every code cell ran, no cell failed, the
+    figures are there, and no output names a path outside the repository."""
+    nb = nbformat.read(path, as_version=4)
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    assert all(c.get("execution_count") for c in code), f"{path.name}: run `make notebooks`"
+    outputs = [o for c in code for o in c.get("outputs", [])]
+    assert not [o for o in outputs if o.output_type == "error"]
+    assert sum("image/png" in o.get("data", {}) for o in outputs) >= FIGURES.get(path.name, 1)
+    text = nbformat.writes(nb)
+    for outside in ("/work/", "/tmp/", "/home/", "/root/"):
+        assert outside not in text, f"{path.name} names a path outside the repository ({outside})"
