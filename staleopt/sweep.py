@@ -411,6 +411,8 @@ def _worker(conn, threads: Optional[int], parent: int) -> None:
     """A pool worker: run the jobs it receives on ``conn`` until ``None`` (or the launch dies), sending back
     each result."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the process group: the launch stops the workers
+    signal.signal(signal.SIGTERM, _sigterm_as_exit)  # stopped by the launch: exit through Python's clean-up, so
+    # the semaphores this process made (tqdm's lock) are released, not reported leaked at shutdown
     threading.Thread(target=_exit_with_parent, args=(parent,), daemon=True, name="staleopt-parent-watch").start()
     _set_threads(threads)
     while True:
