@@ -34,7 +34,7 @@ bench: install
 	$(BIN)/python experiments/bench_overhead.py --out runs/bench
 	$(BIN)/python experiments/bench_data.py --out runs/bench_data
 
-# The ledger's quick tier (every check at its recipe's length, about 30 min on 2 cores; the page goes beside the
+# The ledger's quick tier (every check at its recipe's length; the page goes beside the
 # runs), and the full ladder of run lengths that docs/reproductions.md is generated from (resumable; its cost is
 # printed before it starts). Both share runs/reproduce: the ladder reuses the quick tier's runs.
 reproduce: install

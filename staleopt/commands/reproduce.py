@@ -43,7 +43,7 @@ def register(subparsers) -> None:
     p.add_argument("--claim", action="append", default=None, metavar="NAME",
                    help="an experiment (file stem) or a check id; repeat for several (default: all)")
     p.add_argument("--tier", choices=["quick", "ladder"], default="quick",
-                   help="quick: every check at the recipes' own length (default, about 30 min on 2 cores); ladder: "
+                   help="quick: every check at the recipes' own length (default); ladder: "
                         "also each check's longer horizons (experiments/ledger/*.toml `horizons`)")
     p.add_argument("--scale", choices=["cpu", "paper"], default="cpu",
                    help="cpu: MNIST-1D (default); paper: CIFAR-10 ResNet-20 on a GPU")

@@ -57,7 +57,7 @@ __all__ = ["SCALES", "TIERS", "LEDGER_DIR", "Recipe", "Check", "Experiment", "Pa
 
 #: The two scales every recipe is written at.
 SCALES = ("cpu", "paper")
-#: ``quick``: every check at 1x only (today's runs, about 30 min on 2 cores); ``ladder``: every horizon.
+#: ``quick``: every check at 1x only (the recipes' own lengths); ``ladder``: every horizon.
 TIERS = ("quick", "ladder")
 #: The ledger's experiment files, in the repository next to the package.
 LEDGER_DIR = Path(__file__).resolve().parents[2] / "experiments" / "ledger"
