@@ -34,7 +34,6 @@ cannot run code, verified or not (it is refused with a
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import functools
 import hashlib
 import inspect
@@ -468,11 +467,7 @@ def _user(name: str):
     if registry.is_spec(name):
         _USER[name] = registry.load_spec(name, "dataset")
         return _USER[name]
-    close = difflib.get_close_matches(str(name), names(), n=1)
-    hint = f" (did you mean {close[0]!r}?)" if close else ""
-    raise ConfigError(f"unknown dataset {name!r}{hint}; choose one of {names()}, a 'module:function' or "
-                      "'file.py:function' spec, or register your own with staleopt.register_data "
-                      "(docs/tutorial.md)")
+    raise registry.unknown("dataset", name, names(), "staleopt.register_data")
 
 
 def _parameters(factory) -> Dict[str, inspect.Parameter]:

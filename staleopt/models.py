@@ -31,7 +31,6 @@ schedule's segments checkpointed (PipeMare App. A.3).
 """
 from __future__ import annotations
 
-import difflib
 import inspect
 import math
 import sys
@@ -483,11 +482,7 @@ def info(name: str) -> ModelInfo:
         factory = registry.load_spec(name, "model")
         _USER[name] = ModelInfo(name, factory, (), (factory.__doc__ or "").strip().split("\n")[0], user=True)
         return _USER[name]
-    close = difflib.get_close_matches(str(name), names(), n=1)
-    hint = f" (did you mean {close[0]!r}?)" if close else ""
-    raise ConfigError(f"unknown model {name!r}{hint}; choose one of {names()}, a 'module:function' or "
-                      "'file.py:function' spec, or register your own with staleopt.register_model "
-                      "(docs/tutorial.md)")
+    raise registry.unknown("model", name, names(), "staleopt.register_model")
 
 
 def get(name: str, *, seed: Optional[int] = None, **kwargs) -> nn.Module:

@@ -21,6 +21,7 @@ run is a pure function of its config: docs/design.md §1).
 """
 from __future__ import annotations
 
+import difflib
 import hashlib
 import importlib
 import importlib.util
@@ -31,7 +32,7 @@ from typing import Any, Callable, Dict, Tuple
 
 from .errors import ConfigError
 
-__all__ = ["is_spec", "load_spec", "snapshot", "restore", "check_picklable"]
+__all__ = ["is_spec", "load_spec", "unknown", "snapshot", "restore", "check_picklable"]
 
 #: Module names given to files loaded by path -> the file's absolute path.
 _FILE_MODULES: Dict[str, str] = {}
@@ -80,6 +81,16 @@ def load_spec(spec: str, what: str = "function") -> Callable:
     if not callable(obj):
         raise ConfigError(f"{what} {spec!r} is a {type(obj).__name__}, not a function or class")
     return obj
+
+
+def unknown(what: str, name: str, known, register: str) -> ConfigError:
+    """The error for a ``what`` (``"model"``, ``"dataset"``) named ``name`` that is neither among ``known`` nor a
+    spec: the closest known name, the choices, and how to bring one's own (``register``, e.g.
+    ``"staleopt.register_model"``)."""
+    close = difflib.get_close_matches(str(name), list(known), n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    return ConfigError(f"unknown {what} {name!r}{hint}; choose one of {list(known)}, a 'module:function' or "
+                       f"'file.py:function' spec, or register your own with {register} (docs/tutorial.md)")
 
 
 def _portable(factory: Callable) -> Tuple[str, Any]:

@@ -19,6 +19,8 @@ import uuid
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
+import pandas as pd
+
 from .. import sweep
 from ..config import RunConfig
 from ..errors import RunFileError
@@ -55,12 +57,12 @@ def _family(c: RunConfig) -> Tuple:
 
 
 def _steps(c: RunConfig, n_train: Dict[Tuple, int]) -> int:
+    """The run's optimizer steps (:func:`staleopt.train.total_steps`), loading each dataset once for its size."""
+    from .. import data, train as training
     key = (c.data, json.dumps(c.data_kwargs, sort_keys=True))
     if key not in n_train:
-        from .. import data
         n_train[key] = len(data.load(c.data, **c.data_kwargs).train)
-    steps = c.epochs * (n_train[key] // c.batch_size)
-    return steps if c.max_steps is None else min(steps, c.max_steps)
+    return training.total_steps(c, n_train[key])
 
 
 def _calibrate(c: RunConfig, steps: int = 20) -> Tuple[float, float]:
@@ -85,8 +87,9 @@ def _calibrate(c: RunConfig, steps: int = 20) -> Tuple[float, float]:
 def _measured(path: Path) -> Optional[Tuple[float, float]]:
     """``(seconds per training step, other seconds)`` of the finished run in ``path``; None if unreadable."""
     try:
-        secs = float(sweep.read_done(path / "done")["seconds"])
-        last = sweep.pd.read_csv(path / "records.csv").iloc[-1]
+        done = sweep.read_done(path / "done")
+        last = sweep.read_records(path / "records.csv", done, columns=("step", "wall_time")).iloc[-1]
+        secs = float(done["seconds"])
         return float(last["wall_time"]) / max(1, int(last["step"])), max(0.0, secs - float(last["wall_time"]))
     except (OSError, ValueError, KeyError, IndexError, TypeError, RunFileError):
         return None
@@ -330,7 +333,7 @@ def rows_csv(result: Sequence[Row], path: Path) -> None:
             lines.append({"experiment": r.experiment, "id": r.id, "claim": r.claim, "horizon": r.horizon,
                           "steps": r.steps, "ratio": r.ratio, "verdict": r.verdict, "estimate": r.estimate,
                           "half_width": r.half_width, "trend": label, "gaps": json.dumps([list(x) for x in r.gaps])})
-    sweep.pd.DataFrame(lines, columns=list(ROW_COLUMNS)).to_csv(path, index=False)
+    pd.DataFrame(lines, columns=list(ROW_COLUMNS)).to_csv(path, index=False)
 
 
 def command_line() -> str:

@@ -264,17 +264,13 @@ def evaluate_horizons(check: Check, runs: Sequence[Dict], experiment: str, setti
     return out
 
 
-def _seed_gaps(row: Row) -> Dict[int, float]:
-    return dict(row.gaps)
-
-
 def trend(rows: Sequence[Row]) -> Trend:
     """The trend of one check's gap from its shortest horizon with runs to its longest (module docstring)."""
     ran = [r for r in rows if r.gaps]
     if len(ran) < 2:
         return Trend(NO_TREND, "one horizon: no trend" if len(rows) < 2 else "fewer than two horizons have runs")
     short, long_ = ran[0], ran[-1]
-    g0, g1 = _seed_gaps(short), _seed_gaps(long_)
+    g0, g1 = dict(short.gaps), dict(long_.gaps)
     seeds = sorted(set(g0) & set(g1))
     mean0 = t_interval(g0.values())[0]
     sigma = -1.0 if mean0 < 0 else 1.0
