@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import math
 import os
 import signal
 import subprocess
@@ -66,12 +67,34 @@ stages = 4
     return path
 
 
+#: Environment variable: the step at which :func:`train_stalling`'s run holds still once its checkpoint is saved.
+STALL_AT = "STALEOPT_BENCH_STALL_AT"
+
+
+def train_stalling(config, progress=False, checkpoint=None):
+    """``staleopt.train.run`` whose run, once it has saved a checkpoint at or after step ``$STALEOPT_BENCH_STALL_AT``,
+    holds still until the process is killed: the killer finds the checkpoint it waits for however fast the run
+    is (polling alone could miss it when the rest of the run takes less than one poll)."""
+    from staleopt import train
+    at, save = int(os.environ[STALL_AT]), checkpoint.save
+
+    def save_then_stall(state):
+        save(state)
+        while state["optimizer"]["staleopt"]["step"] >= at:
+            time.sleep(1)
+    checkpoint.save = save_then_stall
+    return train.run(config, progress=progress, checkpoint=checkpoint)
+
+
 def launch(path: Path, out: Path, every: int, kill_at: Optional[float] = None, total: int = 0) -> float:
     """Run ``staleopt sweep PATH --out OUT``; with ``kill_at``, SIGKILL it once its checkpoint reaches that
     fraction of ``total`` steps. Returns the wall time in seconds."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
     cmd = [sys.executable, "-m", "staleopt.cli", "sweep", str(path), "--out", str(out), "--no-bar",
            "--checkpoint-every", str(every)]
+    if kill_at is not None:
+        cmd += ["--train-fn", "experiments.bench_resume:train_stalling"]
+        env[STALL_AT] = str(math.ceil(kill_at * total))
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     if kill_at is not None:
