@@ -104,9 +104,11 @@ class StageView:
     for a correction's own state) and :meth:`split` (per-parameter views of a flat buffer).
     """
 
-    def __init__(self, history: "History", index: int, stage: int, params: List[nn.Parameter], depth: int):
+    def __init__(self, history: "History", index: int, stage: int, params: List[nn.Parameter], depth: int,
+                 data: Optional[List[torch.Tensor]] = None):
         self._history, self.index, self.stage, self.params, self.H = history, index, stage, params, depth
-        self.data = [p.data for p in params]  # aliases: writes skip autograd's version counter
+        # aliases: writes skip autograd's version counter (a replica's entry: its own tensor, staleopt.replicas)
+        self.data = [p.data for p in params] if data is None else [d.data for d in data]
         self.numel = sum(p.numel() for p in params)
         self.ring: Optional[torch.Tensor] = None
 
@@ -133,14 +135,18 @@ class StageView:
 
 
 def make_views(history: "History", partition, depths: Sequence[int]) -> List[StageView]:
-    """One view per (stage, device, dtype) of ``partition``; ``depths[i]`` is stage ``i``'s ``H_i``."""
+    """One view per (stage, device, dtype) of ``partition``; ``depths[i]`` is stage ``i``'s ``H_i``. A replica
+    (:mod:`staleopt.replicas`) enters its stage's view as its tied parameter (``params``: gradient, optimizer
+    state) with its own storage (``data``: the versions of that stage)."""
+    master = {id(r.tensor): r.master for r in getattr(partition, "replicas", ())}
     views = []
     for stage in partition:
-        by: Dict[tuple, List[nn.Parameter]] = {}
+        by: Dict[tuple, List[torch.Tensor]] = {}
         for p in stage.params:
             by.setdefault((p.device, p.dtype), []).append(p)
-        for ps in by.values():
-            views.append(StageView(history, len(views), stage.index, ps, depths[stage.index]))
+        for ts in by.values():
+            views.append(StageView(history, len(views), stage.index, [master.get(id(t), t) for t in ts],
+                                   depths[stage.index], data=ts))
     return views
 
 

@@ -35,8 +35,11 @@ The user's loop stays ``zero_grad(); loss = crit(model(x), y); loss.backward(); 
   parameters hold as ``w_0`` (:meth:`History.restart <staleopt.history.History.restart>` when they
   changed since construction: weights loaded after the wrapper was built); a change at rest
   between later steps is part of ``w_t``.
-* A parameter used by a stage other than its owner's (tied weights, a module applied twice) is
-  refused (:class:`~staleopt.errors.SharedParameterError`) unless ``shared_parameters="first-owner"``.
+* A tied parameter that a module of a later stage registers (GPT-2's ``lm_head.weight``, the token
+  embedding's) is held as a real pipeline holds it: a replica in that stage, read at that stage's
+  delays, the uses' gradients summed into one update (:mod:`staleopt.replicas`). A use no replica can
+  serve (one module applied in two stages) is refused (:class:`~staleopt.errors.SharedParameterError`)
+  unless ``shared_parameters="first-owner"``.
 
 The weights live in a :class:`~staleopt.history.History` (``staleopt/history.py``), which alone
 owns the stored versions and moves them: per stage (and per device/dtype within a stage) exactly
@@ -86,6 +89,7 @@ from .errors import (CheckpointError, ConfigError, CorrectionError, DetachedErro
 from .history import STRATEGIES, History, SlotHistory, StageView
 from .partition import Partition, dataflow, partition_model, refuse_shared
 from .recompute import RecomputeWindow, reached_parameters
+from .replicas import Replica, Replicas, plan_replicas, refuse_with_replicas
 from .schedules import Schedule
 from .stage_lr import StageGroups, stepping_optimizers
 from .validate import check_int
@@ -194,11 +198,14 @@ class PipelineOptimizer(torch.optim.Optimizer):
             SwapMoves`); ``"fast"`` keeps one more version per delayed stage and moves views by
             plain copies (:class:`~staleopt.history.CopyMoves`): fewer copies per step for
             ``(H_i + 1) / H_i`` the history memory. Same results bit for bit.
-        shared_parameters: a parameter used by a stage other than its owner's (tied weights such as
-            GPT-2's ``lm_head``, a module applied in two stages; :attr:`Partition.shared
-            <staleopt.partition.Partition.shared>`, and the first training forward's graph) raises
-            :class:`~staleopt.errors.SharedParameterError` (``"error"``, default); ``"first-owner"``
-            accepts it: every use reads the owner stage's view.
+        shared_parameters: a parameter used by a stage other than its owner's (:attr:`Partition.shared
+            <staleopt.partition.Partition.shared>`, and the first training forward's graph).
+            ``"replicate"`` (default): a module of another stage that registers it (tied weights such as
+            GPT-2's ``lm_head``) reads a replica at its own stage's delays and the gradients of all uses
+            are summed (:mod:`staleopt.replicas`); a use no replica can serve (one module applied in two
+            stages, a parameter read directly) raises :class:`~staleopt.errors.SharedParameterError`.
+            ``"error"`` refuses every shared parameter; ``"first-owner"`` accepts every use with the owner
+            stage's view.
 
     Every argument after ``base_optimizer`` is keyword-only.
     The update rule is the base optimizer's, applied to ``w_t`` with the gradient
@@ -209,7 +216,7 @@ class PipelineOptimizer(torch.optim.Optimizer):
                  stages: Union[int, Partition] = 1, schedule: Union[str, Schedule] = "dataflow",
                  microbatches: int = 1, corrections: Iterable[Correction] = (), seed: Optional[int] = None,
                  partition: Optional[str] = None, foreach: bool = True, method_args: Optional[dict] = None,
-                 microbatch_passes: bool = False, memory: str = "minimal", shared_parameters: str = "error"):
+                 microbatch_passes: bool = False, memory: str = "minimal", shared_parameters: str = "replicate"):
         from . import methods  # methods imports the corrections, which import this package
 
         if positional:
@@ -231,9 +238,10 @@ class PipelineOptimizer(torch.optim.Optimizer):
         if memory not in STRATEGIES:
             raise ConfigError(f"memory must be 'minimal' (exactly max(tau) versions per stage) or 'fast' (one more "
                               f"per delayed stage, fewer copies per step), got {memory!r}")
-        if shared_parameters not in ("error", "first-owner"):
-            raise ConfigError(f"shared_parameters must be 'error' (refuse a parameter used by two stages) or "
-                              f"'first-owner' (every use reads its owner stage's view), got {shared_parameters!r}")
+        if shared_parameters not in ("replicate", "error", "first-owner"):
+            raise ConfigError(f"shared_parameters must be 'replicate' (a replica per stage that uses a tied "
+                              f"parameter), 'error' (refuse a parameter used by two stages) or 'first-owner' (every "
+                              f"use reads its owner stage's view), got {shared_parameters!r}")
         if isinstance(stages, Partition) and partition is not None:
             raise ConfigError(f"partition={partition!r} chooses how a stage count is split, but stages is already a "
                               "Partition: pass stages=staleopt.partition_model(model, P, strategy) alone")
@@ -251,11 +259,19 @@ class PipelineOptimizer(torch.optim.Optimizer):
 
         self._schedule, method_corrections = methods.resolve(schedule, **(method_args or {}))
         self._corrections: List[Correction] = method_corrections + corrections
-        self._partition = stages if isinstance(stages, Partition) else \
+        user_partition = stages if isinstance(stages, Partition) else \
             partition_model(model, stages, partition or "ops")
         self._shared_parameters = shared_parameters
-        if shared_parameters == "error":
-            refuse_shared(self._partition.shared)
+        replicas = []
+        if shared_parameters == "replicate":
+            replicas, refused = plan_replicas(model, user_partition)
+            refuse_shared(refused)
+        elif shared_parameters == "error":
+            refuse_shared(user_partition.shared)
+        self._replicas = Replicas(user_partition, replicas)
+        if replicas:
+            refuse_with_replicas(self._corrections)
+        self._partition = self._replicas.partition  # the user's, with a unit per replica
         self._microbatches = microbatches
         self._memory = memory
         self._microbatch_passes = bool(microbatch_passes)
@@ -308,7 +324,9 @@ class PipelineOptimizer(torch.optim.Optimizer):
         self._warned = set()
         self._traced = False  # the first training forward's graph was checked (stage order, cast weights)
         self._in_forward = False  # a training forward of the model is running (opt.checkpoint acts)
-        self._view_of_param = {id(p): v.index for v in self._views for p in v.params}
+        replica_at = {r.tensor.data_ptr(): r.tensor for r in self._replicas.items}
+        self._view_of_param = {id(replica_at.get(d.data_ptr(), p)): v.index  # what graph walks find: a replica
+                               for v in self._views for p, d in zip(v.params, v.data)}  # stands for its own view
         self._copies_weights = False  # that graph reads cast copies of the weights (autocast inside forward)
         self._initialized = True
         for c in self._corrections:
@@ -317,6 +335,7 @@ class PipelineOptimizer(torch.optim.Optimizer):
         self._hooks = [model.register_forward_pre_hook(_Callback(self._on_forward_start)),
                        model.register_forward_hook(_Callback(self._on_forward_end)),
                        model.register_state_dict_pre_hook(_Callback(self._on_state_dict))]
+        self._hooks += self._replicas.hooks(_Callback(self._attached))
         self._recomputing = 0  # recompute windows open now
         self._ahead = any(b != r != f for f, b, r in zip(tf, tb, tr))  # recomputes ahead of the backward pass
         self._segments = self._schedule.segments(P) if self._ahead else []  # what opt.checkpoint calls must cover
@@ -416,7 +435,7 @@ class PipelineOptimizer(torch.optim.Optimizer):
                 f"the base optimizer holds {len(foreign)} parameter(s) that are not in the model "
                 f"(first shape {tuple(foreign[0].shape)}): build the base optimizer from model.parameters() "
                 "of the model you pass to PipelineOptimizer")
-        base_ids = {id(p) for p in in_base}
+        base_ids = {id(p) for p in in_base} | {id(r.tensor) for r in self._replicas.items}
         missing = [p for s in self._partition for p in s.params if id(p) not in base_ids]
         if missing:
             warnings.warn(f"{len(missing)} trainable model parameter(s) are not in the base optimizer and will "
@@ -495,8 +514,13 @@ class PipelineOptimizer(torch.optim.Optimizer):
         return self._history.nbytes
 
     def memory_bytes(self) -> int:
-        """Bytes held by the history plus every correction's buffers."""
-        return self.history_bytes() + sum(c.extra_bytes() for c in self._corrections)
+        """Bytes held by the history, the replicas of tied parameters and every correction's buffers."""
+        return self.history_bytes() + self._replicas.nbytes + sum(c.extra_bytes() for c in self._corrections)
+
+    @property
+    def replicas(self) -> Tuple[Replica, ...]:
+        """The replicas of tied parameters (:mod:`staleopt.replicas`): one per later stage that registers one."""
+        return tuple(self._replicas.items)
 
     # ------------------------------------------------------------------ the engine
     def _step_plans(self) -> List["_PassPlan"]:
@@ -728,6 +752,7 @@ class PipelineOptimizer(torch.optim.Optimizer):
         into the model after this optimizer was built (a pretrained checkpoint) replace the copies the
         history took at construction. Called at each training forward and at ``step()`` of step 0."""
         self._restore()
+        self._replicas.follow()
         for v in self._stored:
             if not all(torch.equal(d, s) for d, s in zip(v.data, v.stored(-1))):
                 self._history.restart()
@@ -738,6 +763,9 @@ class PipelineOptimizer(torch.optim.Optimizer):
             self._seen.add("forward")
             if self._step == 0:
                 self._adopt_w0()
+            elif self._replicas:  # a change of a tied parameter at rest reaches its replicas
+                self._restore()
+                self._replicas.follow()
             if self._microbatch_passes:
                 if self._passes >= self._microbatches:
                     raise LoopError(f"microbatch_passes=True expects at most N={self._microbatches} training "
@@ -808,6 +836,9 @@ class PipelineOptimizer(torch.optim.Optimizer):
         self._check_attached()
         self._restore()
         yield self._model
+
+    def _attached(self) -> bool:
+        return self._detached is None
 
     def _check_attached(self) -> None:
         if self._detached is not None:
@@ -883,6 +914,8 @@ class PipelineOptimizer(torch.optim.Optimizer):
         t = self._step
         if t == 0:
             self._adopt_w0()
+        else:
+            self._replicas.follow()
         delays = self._step_plans()[0].delays  # microbatch 0's: the step's nominal delays
         self._check_recomputed()
         self._warn_if_unseen(delays)
@@ -901,6 +934,7 @@ class PipelineOptimizer(torch.optim.Optimizer):
             self._stage_groups.step(self._base, factors)
         else:
             self._base.step()
+        self._replicas.follow()  # each copy of a tied weight takes the same update
         self._history.advance(t + 1)
         for k in self._corrections:
             k.after_update(stored, delays, t)

@@ -24,14 +24,14 @@ it contradicts (:class:`~staleopt.errors.StageOrderError`), and
 in a forward pass on ``x`` instead of by registration.
 
 Shared (tied) parameters belong to their first owner and appear once; frozen
-parameters (``requires_grad=False``) are excluded. The engine keeps one weight history per
-parameter, at its owner's stage, so a parameter that a *later* stage uses too (GPT-2's ``lm_head``
-tied to the token embedding, a module applied at two places) would be read there with the owner's
-delay. :attr:`Partition.shared` lists such parameters, found from the module registrations (a
-module that registers another's parameter sits in the stage of its own unit, or of the last unit
-registered before it) and, given ``example_input``, from the forward pass; :meth:`Partition.check`
-finds them in the first training forward. :class:`~staleopt.PipelineOptimizer` refuses them
-(:class:`~staleopt.errors.SharedParameterError`) unless ``shared_parameters="first-owner"``.
+parameters (``requires_grad=False``) are excluded. :attr:`Partition.shared` lists the parameters
+a *later* stage uses too (GPT-2's ``lm_head`` tied to the token embedding, a module applied at two
+places), found from the module registrations (a module that registers another's parameter sits in
+the stage of its own unit, or of the last unit registered before it) and, given ``example_input``,
+from the forward pass; :meth:`Partition.check` finds them in the first training forward.
+:class:`~staleopt.PipelineOptimizer` gives a module of a later stage that registers one a replica
+(:mod:`staleopt.replicas`: the engine's partition has one more unit in that stage) and refuses the
+uses no replica can serve (:class:`~staleopt.errors.SharedParameterError`).
 """
 from __future__ import annotations
 
@@ -47,7 +47,7 @@ from .errors import SharedParameterError, StageError, StageOrderError
 from .validate import check_int
 
 __all__ = ["Unit", "Stage", "SharedParameter", "Partition", "Dataflow", "units_of", "dataflow", "execution_order",
-           "partition_model", "registered_shared", "refuse_shared"]
+           "partition_model", "registered_shared", "refuse_shared", "leaf_variable"]
 
 
 @dataclass(frozen=True)
@@ -160,9 +160,10 @@ def dataflow(outputs: Any, units: Sequence[Unit]) -> Dataflow:
         node, expanded = stack.pop()
         if node in top:
             continue
-        if hasattr(node, "variable"):  # AccumulateGrad: a leaf tensor
-            u = unit_of.get(id(node.variable))
-            top[node], weight[node] = (-1, None) if u is None else (u, (u, id(node.variable)))
+        leaf = leaf_variable(node)
+        if leaf is not None:  # a leaf tensor, or the replica a module read (staleopt.replicas)
+            u = unit_of.get(id(leaf))
+            top[node], weight[node] = (-1, None) if u is None else (u, (u, id(leaf)))
             continue
         children = [c for c, _ in node.next_functions if c is not None]
         if not expanded:
@@ -178,7 +179,7 @@ def dataflow(outputs: Any, units: Sequence[Unit]) -> Dataflow:
         if weight[node] is not None and node.name().startswith("ToCopyBackward"):
             copied.add(weight[node][0])
         for c in children:
-            if hasattr(c, "variable") and weight[c] is not None:
+            if leaf_variable(c) is not None and weight[c] is not None:
                 u, pid = weight[c]
                 uses[pid] = uses.get(pid, 0) + 1
                 first_use[u] = min(first_use.get(u, math.inf), sequence_nr(node))
@@ -186,6 +187,14 @@ def dataflow(outputs: Any, units: Sequence[Unit]) -> Dataflow:
     index = {id(p): j for u in units for j, p in enumerate(u.params)}
     shared = frozenset((a, b, index[pid]) for a, b, pid in found if uses.get(pid, 0) > 1)
     return Dataflow(first_use, crossings, frozenset(copied), shared)
+
+
+def leaf_variable(node) -> Optional[torch.Tensor]:
+    """The tensor a graph node stands for when it ends a walk: an ``AccumulateGrad``'s leaf, or the replica a
+    :class:`staleopt.replicas.ReplicaRead` node read (that read belongs to the replica's stage, not to the tied
+    parameter behind it); else ``None``."""
+    replica = getattr(node, "staleopt_replica", None)
+    return replica if replica is not None else getattr(node, "variable", None)
 
 
 def _cuts_ops(n_units: int, stages: int) -> List[int]:
@@ -226,6 +235,9 @@ class Partition:
     units: List[Unit] = field(repr=False)
     #: parameters a stage other than their owner's uses (module docstring); filled by :func:`partition_model`
     shared: List[SharedParameter] = field(default_factory=list, repr=False)
+    #: the engine's partition only: the :class:`~staleopt.replicas.Replica` of each tied parameter a later stage
+    #: registers, one unit at the end of that stage (:mod:`staleopt.replicas`)
+    replicas: List[Any] = field(default_factory=list, repr=False)
 
     def __len__(self) -> int:
         return len(self.stages)
@@ -315,10 +327,13 @@ def refuse_shared(shared: Sequence[SharedParameter]) -> None:
     if shared:
         raise SharedParameterError(
             f"{len(shared)} trainable parameter(s) are used by more than one stage: {'; '.join(map(str, shared))}. "
-            "The engine keeps a parameter's weight history at its owner's stage, so every use would read it with "
-            "the owner's delay, not the delay of the stage that uses it (a real pipeline holds a copy per stage). "
-            "Untie it (one module per use; Hugging Face models: config.tie_word_embeddings=False), put every use "
-            "in one stage (explicit cut points: stages=staleopt.partition_model(model, [cuts])), or accept the "
+            "A real pipeline holds a copy of such a weight on every stage that uses it, each read at its own "
+            "stage's delay; staleopt does the same for a parameter that a module of the later stage registers "
+            "(tied weights such as head.weight = tok.weight: staleopt.replicas), but one module object registered "
+            "or applied in two stages, or a parameter read directly by a later stage, cannot read two stages' "
+            "versions. Register a separate module per use whose weight is the tied one (self.head.weight = "
+            "self.tok.weight), put every use in one stage (explicit cut points: stages=staleopt.partition_model("
+            "model, [cuts])), untie it (Hugging Face models: config.tie_word_embeddings=False), or accept the "
             "owner's delay at every use with PipelineOptimizer(..., shared_parameters='first-owner')")
 
 

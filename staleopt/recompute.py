@@ -26,6 +26,7 @@ from typing import Any, FrozenSet, Iterable, Set
 import torch
 
 from ._torch_compat import flatten
+from .partition import leaf_variable
 
 __all__ = ["RecomputeWindow", "reached_parameters"]
 
@@ -69,8 +70,9 @@ def reached_parameters(outputs: Any, inputs: Iterable[Any]) -> Set[int]:
         if node in seen or node in stop:
             continue
         seen.add(node)
-        if hasattr(node, "variable"):  # AccumulateGrad: a leaf tensor
-            found.add(id(node.variable))
+        leaf = leaf_variable(node)
+        if leaf is not None:  # a leaf tensor, or a replica a module read (staleopt.replicas)
+            found.add(id(leaf))
             continue
         stack.extend(c for c, _ in node.next_functions if c is not None)
     return found

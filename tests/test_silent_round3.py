@@ -141,22 +141,28 @@ class Twice(nn.Module):
         return self.a(self.c(self.b(self.a(x))))
 
 
-def test_gpt2_tied_embedding_is_refused_at_construction():
+def test_gpt2_tied_embedding_is_replicated_or_refused_on_request():
     model = _gpt2()
     part = staleopt.partition_model(model, 3)
     assert [(s.name, s.stage, s.uses) for s in part.shared] == [("transformer.wte.weight", 0, (("'lm_head'", 2),))]
+    opt = staleopt.PipelineOptimizer(model, torch.optim.SGD(model.parameters(), lr=0.1), stages=3)
+    assert [(r.name, r.owner_stage, r.module_name, r.stage) for r in opt.replicas] == \
+        [("transformer.wte.weight", 0, "lm_head", 2)]
+    opt.remove_hooks()
     with pytest.raises(staleopt.errors.SharedParameterError,
                        match=r"'transformer.wte.weight' \(stage 0\) is also used by 'lm_head' \(stage 2\).*"
-                             r"owner's delay.*tie_word_embeddings=False.*shared_parameters='first-owner'"):
-        staleopt.PipelineOptimizer(model, torch.optim.SGD(model.parameters(), lr=0.1), stages=3)
-    # one stage, untied, or the explicit opt-in: accepted
+                             r"tie_word_embeddings=False.*shared_parameters='first-owner'"):
+        staleopt.PipelineOptimizer(model, torch.optim.SGD(model.parameters(), lr=0.1), stages=3,
+                                   shared_parameters="error")
+    # one stage, untied, or the explicit opt-in: no replica
     assert not staleopt.partition_model(model, 1).shared and not staleopt.partition_model(_gpt2(False), 3).shared
     opt = staleopt.PipelineOptimizer(model, torch.optim.SGD(model.parameters(), lr=0.1), stages=3,
                                      shared_parameters="first-owner")
+    assert opt.replicas == ()
     x = torch.randint(0, 50, (2, 8))
     model(x, labels=x).loss.backward()
     opt.step()
-    with pytest.raises(staleopt.errors.ConfigError, match="'error'.*'first-owner'"):
+    with pytest.raises(staleopt.errors.ConfigError, match="'replicate'.*'error'.*'first-owner'"):
         staleopt.PipelineOptimizer(_gpt2(), torch.optim.SGD(model.parameters(), lr=0.1), shared_parameters="copy")
 
 

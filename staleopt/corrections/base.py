@@ -57,6 +57,9 @@ class Correction:
     #: the first steps are synchronous; ``engine.phase_offset`` sums these, and corrections that
     #: count steps of the asynchronous phase (T1's annealing) start there.
     synchronous_steps: int = 0
+    #: changes the gradients per stage view in place (``p.grad``): a tied parameter's replica
+    #: (:mod:`staleopt.replicas`) shares its tied parameter's gradient, which it would change twice.
+    rewrites_gradients: bool = False
 
     def bind(self, engine) -> None:
         """Called once by the engine after it is built; allocate per-stage state here."""

@@ -49,6 +49,8 @@ class DelayCompensation(Correction):
     name, paper = "DC", "Zheng et al., ICML 2017, §3-4 (DC-ASGD)"
     needs_raw_history = True
 
+    rewrites_gradients = True
+
     def __init__(self, lam: float = 0.04, mean_square_decay: Optional[float] = None, eps: float = 1e-7):
         self.lam = _check_positive("DelayCompensation(lam)", lam,
                                    "the lambda of DC-ASGD §4; the methods use 0.04 (DC-ASGD-c) and 2 (DC-ASGD-a)")

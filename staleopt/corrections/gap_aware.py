@@ -52,6 +52,8 @@ class GapAware(Correction):
     name, paper = "GA", "Barkai et al., ICLR 2020 (Gap-Aware)"
     needs_raw_history = True
 
+    rewrites_gradients = True
+
     def __init__(self, beta: float = 0.999, eps: float = 1e-8):
         if isinstance(beta, bool) or not isinstance(beta, (int, float)) or not 0.0 < float(beta) < 1.0:
             raise CorrectionError(f"GapAware(beta) must be a float in (0, 1), the decay of the running mean square "

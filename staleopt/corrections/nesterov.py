@@ -57,6 +57,8 @@ class NesterovLookahead(Correction):
 
     name, paper = "NAG", "Ajanthan et al., ICML 2025 (Nesterov for asynchronous PP)"
 
+    rewrites_gradients = True
+
     def __init__(self, momentum: float = 0.9, max_momentum: Optional[float] = None):
         self.momentum = _check_momentum("momentum", momentum, 0.0)
         self.max_momentum = None if max_momentum is None else _check_momentum("max_momentum", max_momentum,
