@@ -38,6 +38,7 @@ from .corrections import DelayCompensation, GapAware, NesterovLookahead
 from .errors import ConfigError
 from .methods import amortized_utilization, hybrid_speedup
 from .partition import Partition, partition_model
+from .replicas import plan_replicas
 from .validate import check_int
 
 __all__ = ["OPTIMIZER_SLOTS", "MemoryReport", "pipeline_utilization", "amortized_utilization",
@@ -320,7 +321,8 @@ def memory_report(model: nn.Module, method, stages: int, microbatches: int = 1, 
     """The :class:`MemoryReport` of ``method`` on ``model`` split into ``stages`` stages.
 
     ``partition``: a :class:`~staleopt.partition.Partition` (default: equal
-    operator counts per stage, as in PipeMare §4.1). ``optimizer``: ``"sgd"``,
+    operator counts per stage, as in PipeMare §4.1; a tied weight counts in every stage that holds a replica
+    of it, :mod:`staleopt.replicas`). ``optimizer``: ``"sgd"``,
     ``"sgd-momentum"`` or ``"adam"``. Activation memory needs both
     ``microbatch_size`` and ``example_input``; ``sizes`` may pass their
     :func:`activation_sizes` when pricing several methods on one partition.
@@ -334,6 +336,8 @@ def memory_report(model: nn.Module, method, stages: int, microbatches: int = 1, 
         raise ConfigError(f"partition has {partition.num_stages} stages but stages={stages}: make them agree")
     tf, tb = pipeline.delays
     w = [s.nbytes for s in partition]
+    for r in plan_replicas(model, partition, allocate=False)[0]:  # a tied weight is held by every stage that uses it
+        w[r.stage] += r.nbytes
     W = sum(w)
     slots = OPTIMIZER_SLOTS[optimizer]
     gpipe = (2 + slots) * W

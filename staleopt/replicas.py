@@ -78,8 +78,10 @@ class ReplicaRead(torch.autograd.Function):
         return grad, None
 
 
-def plan_replicas(model: nn.Module, partition: Partition) -> Tuple[List[Replica], List[SharedParameter]]:
+def plan_replicas(model: nn.Module, partition: Partition,
+                  allocate: bool = True) -> Tuple[List[Replica], List[SharedParameter]]:
     """The replicas ``partition`` needs, and the shared parameters no replica can serve (to refuse).
+    ``allocate=False`` (memory reports) gives each replica the tied parameter itself as its ``tensor``.
 
     A module that registers a parameter owned by a unit of another stage sits in the stage of its own unit,
     else of the last unit registered before it (as :func:`staleopt.partition.registered_shared` places it).
@@ -115,7 +117,7 @@ def plan_replicas(model: nn.Module, partition: Partition) -> Tuple[List[Replica]
         owner_module = model if u.name == "<root>" else model.get_submodule(u.name)
         if len({st for _, _, st in found}) == 1 and module is not owner_module:
             with torch.no_grad():
-                tensor = p.detach().clone()
+                tensor = p.detach().clone() if allocate else p
             replicas.append(Replica(pname, p, tensor, module, name, key, stage, s))
             served.add((pname, stage))
         else:

@@ -399,3 +399,39 @@ def test_per_stage_delays_ask_the_later_copy_for_a_version_no_causal_pipeline_ha
     xs, ys = _tied_data(12, 1)
     with pytest.raises(RuntimeError, match="stage 3 reads version"):
         execute_tied(method, _tied_mlp(), xs, ys, 12, 1)
+
+
+def test_the_memory_report_counts_a_replica_in_its_stage():
+    """staleopt.hardware prices a tied weight once per stage that holds it, as the wrapper allocates it."""
+    from staleopt import hardware
+    model = TiedNet()
+    tied = hardware.memory_report(model, "gpipe", 3, optimizer="sgd")
+    untied = TiedNet()
+    untied.head.weight = nn.Parameter(untied.tok.weight.detach().clone())
+    plain = hardware.memory_report(untied, "gpipe", 3, optimizer="sgd",
+                                   partition=staleopt.partition_model(untied, [1, 2]))
+    assert tied.stage_weight_bytes == plain.stage_weight_bytes
+    assert tied.stage_weight_bytes[2] - staleopt.partition_model(model, 3)[2].nbytes == V * D * 8
+
+
+@pytest.mark.parametrize("memory", ["minimal", "fast"])
+def test_gpt2_under_pipemare_matches_the_reference_engine(memory):
+    """T1 + T2 on GPT-2's replica (dataflow: its backward view is extrapolated along its own delta)."""
+    transformers = pytest.importorskip("transformers")
+    results = []
+    for cls in (ReferencePipelineOptimizer, staleopt.PipelineOptimizer):
+        torch.manual_seed(0)
+        config = transformers.GPT2Config(n_layer=1, n_embd=8, n_head=2, vocab_size=11, n_positions=8,
+                                         resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+        model = transformers.GPT2LMHeadModel(config).double()
+        opt = cls(model, torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9), stages=3, schedule="pipemare",
+                  memory=memory, method_args={"anneal_steps": 4})
+        g = torch.Generator().manual_seed(3)
+        for _ in range(6):
+            x = torch.randint(0, 11, (2, 6), generator=g)
+            opt.zero_grad()
+            model(x, labels=x).loss.backward()
+            opt.step()
+        results.append([p.detach().clone() for p in model.parameters()])
+        assert len(opt.replicas) == 1
+    assert all(torch.equal(a, b) for a, b in zip(*results))
