@@ -644,10 +644,9 @@ def _text_corpus(name: str, root=None, download=False, context=128, level="byte"
     if level not in ("byte", "char"):
         raise ConfigError(f"{name} level = {level!r} must be 'byte' (vocabulary 256) or 'char' (the corpus's "
                           "characters)")
-    if test_split not in ("test", "valid") or (test_split == "valid" and corpus.fractions[1] == 0.0
-                                               and len(corpus.files) == 1):
-        allowed = "'test'" if corpus.fractions[1] == 0.0 and len(corpus.files) == 1 else "'test' or 'valid'"
-        raise ConfigError(f"{name} test_split = {test_split!r} must be {allowed}")
+    splits = ("test", "valid") if len(corpus.files) == 3 or corpus.fractions[1] > 0 else ("test",)
+    if test_split not in splits:
+        raise ConfigError(f"{name} test_split = {test_split!r} must be {' or '.join(map(repr, splits))}")
     check_int(f"{name} context", context, 1, why="tokens per window")
     missing = [f for f in corpus.files if not (root / f).is_file()]
     if missing and download and corpus.url is not None:

@@ -150,3 +150,17 @@ def test_records_and_checkpoints_of_earlier_runs_without_the_new_columns_still_r
     old.write_text(plain.drop(columns=["test_ppl", "best_loss"]).to_csv(index=False))
     assert list(read_records(old, None, sweep.RECORD_COLUMNS).columns) == \
         [c for c in train.RECORD_COLUMNS if c not in ("test_ppl", "best_loss")]
+
+
+def test_train_command_prints_the_perplexity_and_the_best_loss_of_a_language_model(capsys):
+    from staleopt.cli import main
+    args = ["train", "--model", "gpt", "--model-kwargs", '{"d_model": 16, "heads": 2}', "--data", "text-markov",
+            "--data-kwargs", '{"train_tokens": 2000, "test_tokens": 500, "context": 16}', "--batch-size", "16",
+            "--epochs", "1", "--optimizer", "adam", "--lr", "0.01"]
+    assert main(args) == 0
+    header, row = capsys.readouterr().out.splitlines()[1:3]
+    assert header.split()[:6] == ["epoch", "step", "train_loss", "test_loss", "test_ppl", "best_loss"]
+    assert math.isclose(float(row.split()[4]), math.exp(float(row.split()[3])), rel_tol=1e-3)
+    assert main(["train", "--model", "mlp", "--data", "synthetic", "--data-kwargs", '{"num_samples": 100}',
+                 "--epochs", "1", "--batch-size", "20"]) == 0
+    assert "test_ppl" not in capsys.readouterr().out
