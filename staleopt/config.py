@@ -50,7 +50,9 @@ class RunConfig:
     """One training run. Field docs give the meaning and unit.
 
     * ``model``, ``model_kwargs``: :func:`staleopt.models.get` name and options
-      (``num_classes`` and ``input_shape`` come from the data): a built-in model,
+      (``num_classes`` and ``input_shape`` come from the data; for the language
+      model ``gpt`` they are the vocabulary size and the window ``(T,)`` of a
+      ``"lm"`` dataset, and only such data pairs with it): a built-in model,
       one registered with :func:`staleopt.register_model`, or a ``"module:function"`` /
       ``"file.py:function"`` spec (:mod:`staleopt.registry`).
     * ``data``, ``data_kwargs``: :func:`staleopt.data.load` name and options (built-in,
@@ -121,6 +123,9 @@ class RunConfig:
         if not models.info(self.model).takes_any():
             _check_kwargs("model_kwargs", self.model_kwargs, _model_options(self.model))
         _check_kwargs("data_kwargs", self.data_kwargs, data.options(self.data))
+        task = data.task(self.data, **self.data_kwargs)
+        if task is not None:                        # a user's dataset is checked once loaded (train.run)
+            models.check_task(self.model, task, f"data {self.data!r}")
 
     @classmethod
     def from_dict(cls, d: Dict[str, Any]) -> "RunConfig":

@@ -9,6 +9,9 @@ cifar10     (3, 32, 32)     10 classes   torchvision files under ``root``; train
                                          random crop 32 (pad 4) + horizontal flip
 cifar100    (3, 32, 32)     100 classes  as cifar10
 synthetic   any (1, 40)     any (10)     Gaussian classes or a noisy linear regression, for tests
+text-*      (T,) tokens     vocabulary   language modelling (task ``"lm"``): ``text-markov``
+                                         generated locally with a known best loss; TinyShakespeare,
+                                         WikiText-2/103 (raw) and enwik8 read from their files
 ==========  ==============  ===========  =======================================================
 
 Everything is a deterministic function of the arguments (MNIST-1D and
@@ -33,6 +36,7 @@ cannot run code, verified or not (it is refused with a
 """
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import functools
 import hashlib
@@ -53,7 +57,7 @@ from . import registry
 from .errors import ConfigError, DataError
 from .validate import check_int
 
-__all__ = ["Data", "ImageTensors", "load", "names", "options", "batches", "cache_dir", "data_dir", "CIFAR_FOLDERS",
+__all__ = ["Data", "ImageTensors", "TokenWindows", "TEXT_CORPORA", "load", "task", "names", "options", "batches", "cache_dir", "data_dir", "CIFAR_FOLDERS",
            "read_cifar_batch", "register", "registered", "from_datasets", "shape"]
 
 #: torchvision's folder name for each CIFAR dataset, under ``root``.
@@ -65,9 +69,15 @@ class Data:
     """A dataset split in two, with what a model and a loss need to know about it.
 
     ``num_classes`` is the model's output size: the number of classes for
-    ``task == "classification"`` (targets are int64 class indices) and the
+    ``task == "classification"`` (targets are int64 class indices), the
     number of regression targets for ``task == "regression"`` (float targets
-    of shape ``(num_classes,)``).
+    of shape ``(num_classes,)``), and the vocabulary size for ``task == "lm"``
+    (language modelling: samples are int64 token windows ``x`` of shape
+    ``input_shape = (T,)`` and their next tokens ``y``, :class:`TokenWindows`).
+
+    ``best_loss``: the smallest expected test loss any model can reach, in nats
+    per predicted token, when the data's source is known (``text-markov``);
+    ``None`` otherwise.
     """
 
     name: str
@@ -77,6 +87,7 @@ class Data:
     input_shape: Tuple[int, ...]
     task: str
     info: Dict[str, Any] = field(default_factory=dict)
+    best_loss: Optional[float] = None
 
     def to(self, device) -> "Data":
         """The same data with its tensors on ``device`` when that is not the CPU (a GPU then reads, augments
@@ -88,7 +99,7 @@ class Data:
 
 
 def _to(dataset: Dataset, device: torch.device) -> Dataset:
-    if isinstance(dataset, ImageTensors):
+    if isinstance(dataset, (ImageTensors, TokenWindows)):
         return dataset.to(device)
     if isinstance(dataset, TensorDataset):
         return TensorDataset(*(t.to(device) for t in dataset.tensors))
@@ -401,11 +412,271 @@ def _synthetic(root=None, download=False, task="classification", num_samples=100
                 info={"seed": int(seed), "separation": separation, "noise": noise})
 
 
+# ---------------------------------------------------------------------------------------------
+# text: language modelling (task "lm")
+
+class TokenWindows(Dataset):
+    """The windows of a token sequence: sample ``i`` is ``x = tokens[s:s+T]``, ``y = tokens[s+1:s+T+1]``
+    with ``s = i * stride`` (int64, ``T = context``), every window that fits.
+
+    ``tokens`` is kept as given (uint8 bytes, int32 characters); a batch is gathered at once by
+    :meth:`take` and widened to int64 then. ``stride = T`` (default) cuts the sequence into
+    non-overlapping windows, so one pass over them predicts every token but the first once.
+    """
+
+    def __init__(self, tokens: torch.Tensor, context: int, stride: Optional[int] = None):
+        check_int("context", context, 1, why="tokens per window")
+        stride = check_int("stride", context if stride is None else stride, 1, why="tokens between windows")
+        if tokens.dim() != 1 or tokens.dtype.is_floating_point:
+            raise DataError(f"tokens must be a 1-D integer tensor, got {tokens.dtype} of shape {tuple(tokens.shape)}")
+        self.tokens, self.context, self.stride = tokens, int(context), int(stride)
+        self._span = torch.arange(self.context + 1, device=tokens.device)
+
+    def __len__(self) -> int:
+        return max(0, (len(self.tokens) - self.context - 1) // self.stride + 1)
+
+    def __repr__(self) -> str:
+        return (f"TokenWindows({len(self)} windows of {self.context} of {len(self.tokens)} {self.tokens.dtype} "
+                f"tokens, stride {self.stride})")
+
+    def __getitem__(self, i: int):
+        if not -len(self) <= i < len(self):
+            raise IndexError(f"window {i} of {len(self)}")
+        x, y = self.take(torch.tensor([int(i) % len(self)]))
+        return x[0], y[0]
+
+    def take(self, idx: torch.Tensor):
+        """``(x, y)`` of windows ``idx``: two int64 ``len(idx) x T`` tensors."""
+        rows = self.tokens[(idx.to(self.tokens.device) * self.stride)[:, None] + self._span].long()
+        return rows[:, :-1], rows[:, 1:]
+
+    def to(self, device) -> "TokenWindows":
+        """The same windows with the tokens on ``device``."""
+        return TokenWindows(self.tokens.to(device), self.context, self.stride)
+
+
+def _markov_chain(vocab_size: int, order: int, support: int, smoothing: float, g: torch.Generator):
+    """A random order-``k`` Markov source: for each state (the last ``k`` tokens, ``s = sum_j x_j V^(k-1-j)``,
+    oldest first) a next-token distribution ``(1 - eps) q_s + eps / V``, ``q_s`` Dirichlet(1) weights on
+    ``support`` tokens drawn without replacement; and its stationary distribution ``pi`` over states
+    (power iteration to 1e-14 in L1; ``eps > 0`` makes the chain irreducible and aperiodic)."""
+    states = vocab_size ** order
+    chosen = torch.rand(states, vocab_size, generator=g, dtype=torch.float64).argsort(1)[:, :support]
+    weights = -torch.log1p(-torch.rand(states, support, generator=g, dtype=torch.float64))  # Exp(1)
+    q = torch.zeros(states, vocab_size, dtype=torch.float64).scatter_(1, chosen, weights / weights.sum(1, True))
+    p = (1 - smoothing) * q + smoothing / vocab_size
+    nxt = (torch.arange(states)[:, None] * vocab_size + torch.arange(vocab_size)) % states
+    pi = torch.full((states,), 1.0 / states, dtype=torch.float64)
+    for _ in range(100_000):
+        new = torch.zeros_like(pi).index_add_(0, nxt.flatten(), (pi[:, None] * p).flatten())
+        done = (new - pi).abs().sum().item() < 1e-14
+        pi = new / new.sum()
+        if done:
+            return p, pi
+    raise DataError(f"text-markov: the stationary distribution of the chain (vocab_size {vocab_size}, order {order}) "
+                    "did not converge in 100000 power iterations; raise smoothing")
+
+
+def _markov_predictors(p: torch.Tensor, pi: torch.Tensor, vocab_size: int, order: int) -> List[torch.Tensor]:
+    """``tables[c]`` (``c = 1..k``): the source's next-token distribution given only the last ``c`` tokens,
+    indexed like a state of ``c`` tokens. ``c = k`` is ``p``; for ``c < k`` the earlier tokens are summed out
+    under ``pi``: ``P(x | last c) = sum_s pi(s) p(x | s) [s ends with them] / sum_s pi(s) [s ends with them]``."""
+    tables = [None] * (order + 1)
+    tables[order] = p
+    for c in range(1, order):
+        joint = torch.zeros(vocab_size ** c, vocab_size, dtype=torch.float64)
+        joint.index_add_(0, torch.arange(len(pi)) % vocab_size ** c, pi[:, None] * p)
+        tables[c] = joint / joint.sum(1, True)
+    return tables
+
+
+def _window_loss(windows: TokenWindows, tables: List[torch.Tensor], vocab_size: int, order: int) -> float:
+    """Mean ``-log P(y_t | x_0..x_t)`` over every position of every window under the source's predictor: a
+    position ``t`` sees ``min(t + 1, k)`` tokens of the window (:func:`_markov_predictors`)."""
+    idx = torch.arange(len(windows))
+    x, y = windows.take(idx)
+    total = torch.zeros((), dtype=torch.float64)
+    for t in range(windows.context):
+        c = min(t + 1, order)
+        state = torch.zeros(len(idx), dtype=torch.int64)
+        for j in range(t + 1 - c, t + 1):
+            state = state * vocab_size + x[:, j]
+        total += -torch.log(tables[c][state, y[:, t]]).sum()
+    return float(total / y.numel())
+
+
+def _text_markov(root=None, download=False, vocab_size=16, order=2, support=3, smoothing=0.02, context=32,
+                 train_tokens=200_000, test_tokens=20_000, stride=None, seed=0) -> Data:
+    """Tokens of a random sparse order-``k`` Markov source (:func:`_markov_chain`), generated from a private
+    generator seeded by ``seed``: one chain of ``train_tokens + test_tokens`` tokens whose first state is
+    drawn from ``pi`` (so every window starts in the stationary distribution), the first ``train_tokens``
+    the training split and the rest the test split, cut into windows of ``context`` tokens
+    (:class:`TokenWindows`; the test split's never overlap).
+
+    ``best_loss`` is the loss of the source's own predictor on the test windows: a position ``t`` of a
+    window knows ``min(t + 1, k)`` tokens (:func:`_markov_predictors`), and no model reading the window
+    can do better in expectation. ``info`` holds the chain (``transition``, ``stationary``), the entropy
+    rate ``sum_s pi(s) H(p(. | s))`` (nats) and the test split's unigram loss (the loss of predicting
+    the training split's token frequencies).
+    """
+    check_int("text-markov vocab_size", vocab_size, 2)
+    check_int("text-markov order", order, 1)
+    check_int("text-markov support", support, 1, vocab_size, why="tokens each state can be followed by")
+    check_int("text-markov context", context, 1, why="tokens per window")
+    if vocab_size ** order > 2 ** 22:
+        raise ConfigError(f"text-markov has vocab_size ** order = {vocab_size ** order} states, more than 2^22: "
+                          "lower vocab_size or order")
+    if isinstance(smoothing, bool) or not isinstance(smoothing, (int, float)) or not 0 < smoothing <= 1:
+        raise ConfigError(f"text-markov smoothing = {smoothing!r} must lie in (0, 1] (the weight of the uniform "
+                          "distribution mixed into every state's: it keeps the chain irreducible)")
+    check_int("text-markov train_tokens", train_tokens, context + 1, why="at least one window")
+    check_int("text-markov test_tokens", test_tokens, context + 1, why="at least one window")
+    g = torch.Generator().manual_seed(check_int("text-markov seed", seed, 0))
+    p, pi = _markov_chain(vocab_size, order, support, float(smoothing), g)
+    n = train_tokens + test_tokens
+    u = torch.rand(n, generator=g, dtype=torch.float64).tolist()
+    cum = p.cumsum(1)
+    cum[:, -1] = 1.0
+    rows = cum.tolist()
+    state = int(torch.searchsorted(pi.cumsum(0), torch.tensor([u[0]], dtype=torch.float64)).clamp_max(len(pi) - 1))
+    out = [(state // vocab_size ** (order - 1 - j)) % vocab_size for j in range(order)]
+    states = vocab_size ** order
+    for i in range(order, n):
+        x = bisect.bisect_right(rows[state], u[i])
+        out.append(x)
+        state = (state * vocab_size + x) % states
+    tokens = torch.tensor(out, dtype=torch.uint8 if vocab_size <= 256 else torch.int32)
+    train = TokenWindows(tokens[:train_tokens], context, stride)
+    test = TokenWindows(tokens[train_tokens:], context)
+    tables = _markov_predictors(p, pi, vocab_size, order)
+    freq = torch.bincount(tokens[:train_tokens].long(), minlength=vocab_size).double() + 1
+    unigram = -torch.log(freq / freq.sum())[test.take(torch.arange(len(test)))[1]].mean()
+    entropy = float(-(pi[:, None] * p * torch.log(p)).sum())
+    return Data("text-markov", train, test, num_classes=vocab_size, input_shape=(context,), task="lm",
+                info={"seed": int(seed), "order": order, "transition": p, "stationary": pi, "entropy_rate": entropy,
+                      "unigram_loss": float(unigram)},
+                best_loss=_window_loss(test, tables, vocab_size, order))
+
+
+@dataclass(frozen=True)
+class _Corpus:
+    """A published text corpus: its files under ``root``, where to get them, how its splits are cut."""
+
+    name: str
+    files: Tuple[str, ...]           # (train, valid, test), or one file cut by ``fractions``
+    source: str                      # where the files come from, for the error message
+    url: Optional[str] = None        # a stable download (None: the files must be put there by hand)
+    archive: bool = False            # the url is a zip that unpacks to ``files``
+    fractions: Tuple[float, float] = (0.9, 0.1)  # one file: train and valid shares (test: the rest)
+
+
+#: The corpora read from their published files (``root / file``), by dataset name.
+TEXT_CORPORA = {c.name: c for c in [
+    _Corpus("text-shakespeare", ("tinyshakespeare/input.txt",),
+            "TinyShakespeare (Karpathy's char-rnn, 1.1 MB): data/tinyshakespeare/input.txt of github.com/karpathy/char-rnn",
+            url="https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt",
+            fractions=(0.9, 0.0)),
+    _Corpus("text-wikitext2", ("wikitext-2-raw/wiki.train.raw", "wikitext-2-raw/wiki.valid.raw",
+                               "wikitext-2-raw/wiki.test.raw"),
+            "WikiText-2 raw (Merity et al. 2016): the archive wikitext-2-raw-v1.zip unpacks to wikitext-2-raw/"),
+    _Corpus("text-wikitext103", ("wikitext-103-raw/wiki.train.raw", "wikitext-103-raw/wiki.valid.raw",
+                                 "wikitext-103-raw/wiki.test.raw"),
+            "WikiText-103 raw (Merity et al. 2016): the archive wikitext-103-raw-v1.zip unpacks to wikitext-103-raw/"),
+    _Corpus("text-enwik8", ("enwik8",),
+            "enwik8 (Hutter Prize, the first 10^8 bytes of an English Wikipedia dump): enwik8.zip unpacks to enwik8",
+            url="http://mattmahoney.net/dc/enwik8.zip", archive=True, fractions=(0.9, 0.05)),
+]}
+
+
+def _download_corpus(corpus: _Corpus, root: Path) -> None:
+    from torchvision.datasets.utils import download_and_extract_archive, download_url
+    target = root / corpus.files[0]
+    try:
+        if corpus.archive:
+            download_and_extract_archive(corpus.url, str(target.parent))
+        else:
+            download_url(corpus.url, str(target.parent), target.name)
+    except (OSError, RuntimeError) as e:
+        raise DataError(f"{corpus.name} could not be downloaded to {root} ({e}); download {corpus.url} by hand "
+                        f"and put {corpus.files[0]} under {root}.") from e
+
+
+def _read_corpus(corpus: _Corpus, root: Path, level: str) -> Tuple[List[torch.Tensor], int, Dict[str, Any]]:
+    """The corpus's three splits (train, valid, test) as 1-D token tensors, the vocabulary size and info:
+    bytes (uint8, vocabulary 256) or characters (int32 ids of the sorted characters of the whole corpus)."""
+    blobs = []
+    for f in corpus.files:
+        try:
+            blobs.append((root / f).read_bytes())
+        except OSError as e:
+            raise DataError(f"{corpus.name}: {root / f} cannot be read ({e.strerror}); put the file there "
+                            f"({corpus.source})") from None
+    if level == "byte":
+        splits = [torch.frombuffer(bytearray(b), dtype=torch.uint8) if b else torch.zeros(0, dtype=torch.uint8)
+                  for b in blobs]
+        vocab, info = 256, {"level": "byte"}
+    else:
+        try:
+            texts = [b.decode("utf-8") for b in blobs]
+        except UnicodeDecodeError as e:
+            raise DataError(f"{corpus.name}: a file under {root} is not UTF-8 text ({e}), so it has no characters "
+                            "to count: check the file, or read its bytes (level='byte')") from None
+        codes = [np.frombuffer(t.encode("utf-32-le"), dtype=np.uint32) for t in texts]
+        alphabet = np.unique(np.concatenate(codes))
+        splits = [torch.from_numpy(np.searchsorted(alphabet, c).astype(np.int32)) for c in codes]
+        vocab, info = len(alphabet), {"level": "char", "characters": "".join(map(chr, alphabet.tolist()))}
+    if len(splits) == 1:  # one file: cut by the corpus's fractions (enwik8: 90M / 5M / 5M of its 10^8 bytes)
+        n = len(splits[0])
+        a, b = int(round(n * corpus.fractions[0])), int(round(n * sum(corpus.fractions)))
+        splits = [splits[0][:a], splits[0][a:b], splits[0][b:]]
+    return splits, vocab, info
+
+
+def _text_corpus(name: str, root=None, download=False, context=128, level="byte", stride=None,
+                 test_split="test") -> Data:
+    """A published corpus (:data:`TEXT_CORPORA`) as token windows of ``context`` (:class:`TokenWindows`):
+    bytes (``level="byte"``, vocabulary 256) or characters (``level="char"``: the UTF-8 text's distinct
+    characters, sorted). The training split's windows lie ``stride`` tokens apart (default ``context``:
+    one pass predicts each token once); the test split's never overlap. ``test_split``: the split
+    evaluated, ``"test"`` or ``"valid"`` (TinyShakespeare has none: 90% train, 10% test)."""
+    corpus = TEXT_CORPORA[name]
+    root = Path(root) if root is not None else data_dir()
+    if level not in ("byte", "char"):
+        raise ConfigError(f"{name} level = {level!r} must be 'byte' (vocabulary 256) or 'char' (the corpus's "
+                          "characters)")
+    splits = ("test", "valid") if len(corpus.files) == 3 or corpus.fractions[1] > 0 else ("test",)
+    if test_split not in splits:
+        raise ConfigError(f"{name} test_split = {test_split!r} must be {' or '.join(map(repr, splits))}")
+    check_int(f"{name} context", context, 1, why="tokens per window")
+    missing = [f for f in corpus.files if not (root / f).is_file()]
+    if missing and download and corpus.url is not None:
+        _download_corpus(corpus, root)
+        missing = [f for f in corpus.files if not (root / f).is_file()]
+    if missing:
+        how = (f"pass download=True (--download on the command line) to fetch {corpus.url}, or put it there by hand"
+               if corpus.url else "put it there by hand (it has no download here)")
+        raise DataError(f"{name} not found: {root} lacks {missing} ({corpus.source}). Pass another root= (or "
+                        f"set $STALEOPT_DATA), or {how}.")
+    (train, valid, test), vocab, info = _read_corpus(corpus, root, level)
+    evaluated = test if test_split == "test" else valid
+    for split, tokens in (("training", train), (test_split, evaluated)):
+        if len(tokens) < context + 1:
+            raise DataError(f"{name} under {root}: its {split} split holds {len(tokens)} tokens, fewer than "
+                            f"context + 1 = {context + 1} (one window): check the files {list(corpus.files)} "
+                            "(truncated or empty?) or lower context")
+    info.update({"root": str(root), "tokens": {"train": len(train), "valid": len(valid), "test": len(test)},
+                 "test_split": test_split})
+    return Data(name, TokenWindows(train, context, stride), TokenWindows(evaluated, context), num_classes=vocab,
+                input_shape=(int(context),), task="lm", info=info)
+
+
 _LOADERS = {
     "mnist1d": _mnist1d,
     "cifar10": lambda **kw: _cifar("cifar10", **kw),
     "cifar100": lambda **kw: _cifar("cifar100", **kw),
     "synthetic": _synthetic,
+    "text-markov": _text_markov,
+    **{name: functools.partial(_text_corpus, name) for name in TEXT_CORPORA},
 }
 
 _OPTIONS = {
@@ -414,6 +685,9 @@ _OPTIONS = {
     "cifar100": lambda: ["augment", "verify"],
     "synthetic": lambda: ["input_shape", "noise", "num_classes", "num_samples", "seed", "separation",
                           "task", "train_split"],
+    "text-markov": lambda: ["context", "order", "seed", "smoothing", "stride", "support", "test_tokens",
+                            "train_tokens", "vocab_size"],
+    **{name: (lambda: ["context", "level", "stride", "test_split"]) for name in TEXT_CORPORA},
 }
 
 
@@ -489,11 +763,21 @@ def options(name: str) -> Optional[List[str]]:
     return [k for k, p in params.items() if k not in ("root", "download") and p.kind is not p.VAR_POSITIONAL]
 
 
+def task(name: str, **kwargs) -> Optional[str]:
+    """The task of ``load(name, **kwargs)`` without loading it: ``"classification"``, ``"regression"`` or
+    ``"lm"`` for a built-in dataset; ``None`` for a user's (known once loaded)."""
+    if _user(name) is not None:
+        return None
+    if name == "synthetic":
+        return kwargs.get("task", "classification")
+    return "lm" if name == "text-markov" or name in TEXT_CORPORA else "classification"
+
+
 def load(name: str = "mnist1d", *, root=None, download: bool = False, **kwargs) -> Data:
     """Load dataset ``name``; ``kwargs`` are the dataset's own options (see the module table).
 
-    ``root`` is where downloaded datasets live (CIFAR); ``download=True``
-    fetches missing CIFAR files. Raises :class:`~staleopt.errors.DataError`
+    ``root`` is where downloaded datasets live (CIFAR, the text corpora); ``download=True``
+    fetches missing CIFAR files (and TinyShakespeare's and enwik8's). Raises :class:`~staleopt.errors.DataError`
     when files are missing and :class:`~staleopt.errors.ConfigError` for bad
     arguments. A user's dataset (:func:`register`, or a spec) is its factory's result.
     """
@@ -560,7 +844,8 @@ def batches(dataset: Dataset, batch_size: int, *, shuffle: bool = False,
     order (``randperm(n)`` when ``shuffle``) and then, for an augmenting
     :class:`ImageTensors`, the augmentation of every position of the pass
     (:meth:`ImageTensors.draw`), so the generator's state after a pass does not
-    depend on how much of it was read. A :class:`TensorDataset` is sliced and an
+    depend on how much of it was read. A :class:`TensorDataset` is sliced, a
+    :class:`TokenWindows` gathered and an
     :class:`ImageTensors` augmented a whole batch at once, on the tensors'
     device; any other dataset goes through a ``DataLoader`` with
     ``num_workers=0``, so its random transforms draw from this process's torch
@@ -574,6 +859,11 @@ def batches(dataset: Dataset, batch_size: int, *, shuffle: bool = False,
     order = torch.randperm(n, generator=generator) if shuffle else torch.arange(n)
     stop = n - n % batch_size if drop_last else n
     first = min(start * batch_size, stop)
+    if isinstance(dataset, TokenWindows):
+        order = order.to(dataset.tokens.device)
+        for s in range(first, stop, batch_size):
+            yield dataset.take(order[s:s + batch_size])
+        return
     if isinstance(dataset, ImageTensors):
         params = dataset.draw(n, generator)
         device = dataset.images.device  # one copy of the pass's indices and draws, not one per batch

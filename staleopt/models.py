@@ -13,11 +13,19 @@ resnet1d         (C, L)        12n+3  1-D ResNet for MNIST-1D, ``depth = 6n+2`` 
 cnn1d            (C, L)        d+1    plain 1-D CNN, ``depth`` conv+ReLU layers (default 8: 9 units)
 mlp              any           d+1    ``depth`` hidden Linear+ReLU layers (default 2)
 transformer      (C, L)        6l+4   pre-norm Transformer encoder classifier over patches of L
+gpt              (T,) tokens   6l+3   decoder-only Transformer language model (GPT-2 layout), logits
+                                      ``(B, T, V)``; ``6l+4`` units with ``tie=False``
 lenet5           (C, H, W)     5      LeNet-5 (LeCun et al. 1998), ReLU + max-pool
 resnet20/32/56   (3, H, W)     12n+3  CIFAR ResNet (He et al. 2016 §4.2), option A shortcuts
 resnet50-cifar   (3, H, W)     107    torchvision ResNet-50, 3x3 stride-1 stem, no max-pool
                                       (the PipeMare CIFAR-10 setup, PipeMare §4.1)
 ===============  ============  =====  ===========================================================
+
+Every model but ``gpt`` maps a float batch ``(B, *input_shape)`` to ``(B, num_classes)``
+(classification or regression data). ``gpt`` is the language model (:attr:`ModelInfo.lm`): an
+int64 batch of token windows ``(B, T)`` to next-token logits ``(B, T, V)``; it takes the
+vocabulary size as ``num_classes`` and the window as ``input_shape = (T,)``, which is what a
+``"lm"`` dataset gives (:mod:`staleopt.data`), and trains on such data only (:func:`check_task`).
 
 ResNet units: ``depth - 1`` convolutions, each followed by a batch norm, plus
 the classifier: ``2 (depth - 1) + 1``. Option A shortcuts (identity, stride-2
@@ -48,7 +56,8 @@ from .segments import Step
 from .validate import check_int
 
 __all__ = ["get", "names", "info", "num_units", "table", "steps", "ModelInfo", "register", "registered",
-           "ResNet1d", "CNN1d", "MLP", "TransformerClassifier", "LeNet5", "CifarResNet", "resnet50_cifar"]
+           "ResNet1d", "CNN1d", "MLP", "TransformerClassifier", "GPT", "LeNet5", "CifarResNet", "resnet50_cifar",
+           "check_task"]
 
 
 def _shape(input_shape, dims: int, name: str) -> Tuple[int, ...]:
@@ -207,11 +216,12 @@ class MLP(nn.Module):
 
 
 class _Attention(nn.Module):
-    """Multi-head self-attention: ``softmax(Q K^T / sqrt(d_head)) V`` with fused QKV projection."""
+    """Multi-head self-attention: ``softmax(Q K^T / sqrt(d_head)) V`` with fused QKV projection; ``causal``:
+    position ``t`` attends to positions ``<= t`` only (the scores of later ones are ``-inf``)."""
 
-    def __init__(self, dim: int, heads: int):
+    def __init__(self, dim: int, heads: int, causal: bool = False):
         super().__init__()
-        self.heads = heads
+        self.heads, self.causal = heads, causal
         self.qkv = nn.Linear(dim, 3 * dim)
         self.proj = nn.Linear(dim, dim)
 
@@ -222,17 +232,22 @@ class _Attention(nn.Module):
         """The heads' ``softmax(Q K^T / sqrt(d_head)) V``, concatenated, from the fused projection ``qkv``."""
         b, t, d = qkv.shape[0], qkv.shape[1], qkv.shape[2] // 3
         q, k, v = qkv.view(b, t, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
-        a = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(d // self.heads), dim=-1) @ v
+        scores = q @ k.transpose(-1, -2) / math.sqrt(d // self.heads)
+        if self.causal:
+            later = torch.ones(t, t, dtype=torch.bool, device=scores.device).triu(1)
+            scores = scores.masked_fill(later, -math.inf)
+        a = torch.softmax(scores, dim=-1) @ v
         return a.transpose(1, 2).reshape(b, t, d)
 
 
 class _EncoderLayer(nn.Module):
-    """Pre-norm encoder layer: ``x += attn(ln1(x)); x += fc2(gelu(fc1(ln2(x))))`` (6 units)."""
+    """Pre-norm layer: ``x += attn(ln1(x)); x += fc2(gelu(fc1(ln2(x))))`` (6 units); a decoder layer
+    with ``causal`` attention."""
 
-    def __init__(self, dim: int, heads: int, mlp_ratio: int):
+    def __init__(self, dim: int, heads: int, mlp_ratio: int, causal: bool = False):
         super().__init__()
         self.ln1 = nn.LayerNorm(dim)
-        self.attn = _Attention(dim, heads)
+        self.attn = _Attention(dim, heads, causal)
         self.ln2 = nn.LayerNorm(dim)
         self.fc1 = nn.Linear(dim, mlp_ratio * dim)
         self.fc2 = nn.Linear(mlp_ratio * dim, dim)
@@ -253,14 +268,14 @@ class _EncoderLayer(nn.Module):
 
 
 class _Positions(nn.Module):
-    """Learned positional embedding added to the token sequence."""
+    """Learned positional embedding added to the token sequence (its first ``T`` rows to ``T`` tokens)."""
 
     def __init__(self, tokens: int, dim: int):
         super().__init__()
         self.weight = nn.Parameter(0.02 * torch.randn(tokens, dim))
 
     def forward(self, x):
-        return x + self.weight
+        return x + self.weight[:x.shape[-2]]
 
 
 class TransformerClassifier(nn.Module):
@@ -296,6 +311,73 @@ class TransformerClassifier(nn.Module):
         return [Step(lambda x: self.embed(self.tokens(x)), self.embed), self.pos,
                 *(s for layer in self.layers for s in layer.steps()),
                 Step(lambda h: self.ln(h.mean(1)), self.ln), self.head]
+
+
+class GPT(nn.Module):
+    """Decoder-only Transformer language model in GPT-2's layout (Radford et al. 2019, §2.3): token
+    embedding ``tok`` plus learned positions, ``layers`` pre-norm decoder layers (causal multi-head
+    self-attention, then an MLP ``d -> mlp_ratio d -> d`` with GELU), a final LayerNorm ``ln`` and the
+    output layer ``head = Linear(d, V, bias=False)``. ``(B, T)`` int64 tokens, ``T <= context``, map to
+    logits ``(B, T, V)``; position ``t``'s logits read tokens ``0..t`` only.
+
+    ``tie`` (default): the output layer's weight *is* the token embedding's (``head.weight is
+    tok.weight``, Press & Wolf 2017), so it is one parameter that stage 0 and the last stage both use
+    (docs/design.md §1). ``tie=False`` gives the head a matrix of its own. Units: ``6 layers + 3``
+    (``+ 4`` untied). Initialization: embeddings, positions and linear weights ``N(0, 0.02^2)``,
+    biases 0, LayerNorms 1 and 0, and each residual branch's output projection (``attn.proj``,
+    ``fc2``) ``N(0, 0.02^2 / (2 layers))`` (GPT-2 §2.3).
+    """
+
+    def __init__(self, vocab_size: int = 256, context: int = 128, d_model: int = 64, layers: int = 2,
+                 heads: int = 4, mlp_ratio: int = 4, tie: bool = True):
+        super().__init__()
+        for name, v in (("vocab_size", vocab_size), ("context", context), ("d_model", d_model),
+                        ("layers", layers), ("heads", heads), ("mlp_ratio", mlp_ratio)):
+            check_int(f"gpt {name}", v, 1)
+        if d_model % heads:
+            raise ConfigError(f"gpt needs heads | d_model, got heads = {heads}, d_model = {d_model}: choose a "
+                              "number of heads that divides d_model")
+        if not isinstance(tie, bool):
+            raise ConfigError(f"gpt tie must be True or False, got {tie!r}")
+        self.context = context
+        self.tok = nn.Embedding(vocab_size, d_model)
+        self.pos = _Positions(context, d_model)
+        self.layers = nn.Sequential(*[_EncoderLayer(d_model, heads, mlp_ratio, causal=True) for _ in range(layers)])
+        self.ln = nn.LayerNorm(d_model)
+        self.head = nn.Linear(d_model, vocab_size, bias=False)
+        for name, p in self.named_parameters():
+            if name.endswith("bias"):
+                nn.init.zeros_(p)
+            elif not name.startswith("ln") and ".ln" not in name:
+                std = 0.02 / math.sqrt(2 * layers) if name.endswith(("proj.weight", "fc2.weight")) else 0.02
+                nn.init.normal_(p, 0.0, std)
+        if tie:
+            self.head.weight = self.tok.weight
+
+    def forward(self, x):
+        return self.head(self.ln(self.layers(self.pos(self.embed(x)))))
+
+    def embed(self, x):
+        """The token embedding of an int64 ``(B, T)`` batch, ``T <= context``."""
+        if x.dtype not in (torch.int64, torch.int32) or x.dim() != 2:
+            raise ConfigError(f"gpt reads int64 token windows (B, T), got {x.dtype} of shape {tuple(x.shape)}")
+        if x.shape[1] > self.context:
+            raise ConfigError(f"gpt got windows of {x.shape[1]} tokens, longer than its context {self.context}: "
+                              "build it with a larger context (input_shape=(T,))")
+        return self.tok(x)
+
+    def steps(self) -> List[Callable]:
+        """:meth:`forward` as layers of one unit each (:func:`steps`); with ``tie`` the head reads ``tok``'s."""
+        return [Step(self.embed, self.tok), self.pos, *(s for layer in self.layers for s in layer.steps()),
+                self.ln, self.head]
+
+
+def _gpt(num_classes: int = 256, input_shape=(128,), d_model: int = 64, layers: int = 2, heads: int = 4,
+         mlp_ratio: int = 4, tie: bool = True) -> GPT:
+    """:class:`GPT` for a ``"lm"`` dataset: ``vocab_size = num_classes``, ``context = T`` of ``input_shape = (T,)``."""
+    (context,) = _shape(input_shape, 1, "gpt")
+    return GPT(vocab_size=num_classes, context=context, d_model=d_model, layers=layers, heads=heads,
+               mlp_ratio=mlp_ratio, tie=tie)
 
 
 class LeNet5(nn.Module):
@@ -393,6 +475,7 @@ class ModelInfo:
     description: str
     fixed: Tuple[Tuple[str, object], ...] = ()  # keyword arguments the name fixes (e.g. depth)
     user: bool = False                          # registered by the user (:func:`register`) or a spec
+    lm: bool = False                            # a language model: trains on task "lm" data only
 
     def kwargs(self) -> List[str]:
         """Keyword arguments :func:`get` accepts for this model (``**kwargs`` left out)."""
@@ -422,6 +505,8 @@ _REGISTRY: Dict[str, ModelInfo] = {m.name: m for m in [
     ModelInfo("mlp", MLP, (1, 40), "MLP: 2 hidden layers of 128, ReLU"),
     ModelInfo("transformer", TransformerClassifier, (1, 40),
               "pre-norm Transformer encoder classifier: 4 layers, dim 32, 4 heads, patches of 4"),
+    ModelInfo("gpt", _gpt, (128,), "decoder-only Transformer LM (GPT-2 layout): 2 layers, d 64, 4 heads, "
+              "tied embedding/head", lm=True),
     ModelInfo("lenet5", LeNet5, (3, 32, 32), "LeNet-5 (LeCun et al. 1998), ReLU + max-pool"),
     _resnet(20), _resnet(32), _resnet(56),
     ModelInfo("resnet50-cifar", resnet50_cifar, (3, 32, 32),
@@ -508,6 +593,22 @@ def get(name: str, *, seed: Optional[int] = None, **kwargs) -> nn.Module:
     if not isinstance(model, nn.Module):
         raise ConfigError(f"model {name!r}: the factory returned a {type(model).__name__}, not a torch.nn.Module")
     return model
+
+
+def check_task(name: str, task: str, data: str = "the data") -> None:
+    """Raise :class:`ConfigError` when built-in model ``name`` cannot train on ``task`` data: a language
+    model (``gpt``) needs task ``"lm"`` and every other built-in model refuses it. A user's model is not
+    checked (its factory decides what it reads)."""
+    entry = info(name)
+    if entry.user or entry.lm == (task == "lm"):
+        return
+    lms = [n for n, e in _REGISTRY.items() if e.lm]
+    if entry.lm:
+        raise ConfigError(f"model {name!r} is a language model and {data} has task {task!r}: train it on a "
+                          f"text dataset (staleopt.data, task 'lm': text-markov, text-shakespeare, ...)")
+    raise ConfigError(f"{data} is a language-modelling dataset (task 'lm': int64 token windows, next-token "
+                      f"targets) and model {name!r} maps a sample to one output vector: use "
+                      f"a language model ({', '.join(lms)})")
 
 
 def num_units(name: str, **kwargs) -> int:

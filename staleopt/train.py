@@ -53,6 +53,11 @@ Choices (each documented because it changes numbers):
 * **Evaluation** at the end of each epoch: ``model.eval()`` under
   ``torch.no_grad()``, so the model holds ``w_t`` (docs/design.md §1) and BatchNorm
   uses its running statistics.
+* **Language models** (data of task ``"lm"``, model ``gpt``; other pairings
+  are a :class:`~staleopt.errors.ConfigError`): the loss is the cross-entropy
+  of the logits ``(B, T, V)`` at every position of every window, averaged
+  over the ``B T`` predicted tokens (nats per token), in training and in
+  evaluation alike.
 * **Determinism.** Initialization draws from ``seed``, the data order and
   the augmentation (:func:`staleopt.data.batches`) from a ``torch.Generator``
   seeded with ``seed``, and anything else random in the loop (dropout) from
@@ -64,7 +69,11 @@ Choices (each documented because it changes numbers):
 Record columns (one row per epoch; config keys are not repeated, a sweep adds
 them): ``epoch``, ``step`` (optimizer steps so far), ``train_loss`` (mean over
 the epoch's steps, computed with the stale views the pipeline would use),
-``test_loss``, ``test_acc`` (NaN for regression), ``lr_base`` (the
+``test_loss`` (per token for a language model), ``test_acc`` (NaN for
+regression; next-token accuracy for a language model), ``test_ppl``
+(``exp(test_loss)`` for a language model, else NaN), ``best_loss`` (the
+data's best achievable test loss, :attr:`staleopt.data.Data.best_loss`; NaN
+when unknown), ``lr_base`` (the
 scheduler's ``alpha_{k,base}`` after the epoch), ``wall_time`` (seconds since
 training began), ``status`` (``"ok"`` | ``"diverged"``), ``tau_max`` (largest
 forward delay, steps), and the analytic hardware figures of
@@ -97,11 +106,12 @@ __all__ = ["run", "method_args", "steps_per_epoch", "total_steps", "build_optimi
            "RECORD_COLUMNS"]
 
 #: Columns of the records :func:`run` returns, in order.
-RECORD_COLUMNS = ("epoch", "step", "train_loss", "test_loss", "test_acc", "lr_base", "wall_time", "status",
-                  "tau_max", "utilization", "memory_bytes", "memory_ratio_gpipe")
+RECORD_COLUMNS = ("epoch", "step", "train_loss", "test_loss", "test_acc", "test_ppl", "best_loss", "lr_base",
+                  "wall_time", "status", "tau_max", "utilization", "memory_bytes", "memory_ratio_gpipe")
 
-#: :mod:`staleopt.hardware` prices optimizer state by slots; AdamW keeps Adam's two moments.
+#: Samples per evaluation batch; for language models, tokens per evaluation batch.
 _EVAL_BATCH = 1000
+_EVAL_TOKENS = 32768
 
 
 def steps_per_epoch(config: RunConfig, n_train: int) -> int:
@@ -185,21 +195,43 @@ def _hardware(config: RunConfig, model, pipeline: Pipeline, partition, total: in
             "memory_bytes": int(mem.weight_optimizer_bytes), "memory_ratio_gpipe": float(mem.ratio_to_gpipe)}
 
 
+def _lm_loss(logits, y, reduction: str = "mean"):
+    """Cross-entropy of next-token logits ``(B, T, V)`` against ``y`` ``(B, T)``, over all ``B T`` positions."""
+    return F.cross_entropy(logits.flatten(0, 1), y.flatten(), reduction=reduction)
+
+
+def _criterion(task: str):
+    return {"classification": F.cross_entropy, "lm": _lm_loss}.get(task, F.mse_loss)
+
+
+def _ppl(loss: float) -> float:
+    """``exp(loss)``, ``inf`` beyond a float's range."""
+    return math.exp(loss) if loss < 709.0 or math.isnan(loss) else math.inf
+
+
 @torch.no_grad()
 def _evaluate(model, dataset, task: str, device) -> Dict[str, float]:
+    """``test_loss`` (mean per sample; per token for ``"lm"``), ``test_acc`` (classification: accuracy;
+    lm: next-token accuracy; regression: NaN) and ``test_ppl`` (lm: ``exp(test_loss)``; else NaN)."""
     model.eval()
     loss_sum, correct, n = 0.0, 0, 0
-    for x, y in datasets.batches(dataset, _EVAL_BATCH):
+    size = max(1, _EVAL_TOKENS // dataset[0][1].numel()) if task == "lm" else _EVAL_BATCH
+    for x, y in datasets.batches(dataset, size):
         x, y = x.to(device), y.to(device)
         out = model(x)
         if task == "classification":
             loss_sum += F.cross_entropy(out, y, reduction="sum").item()
             correct += (out.argmax(1) == y).sum().item()
+        elif task == "lm":
+            loss_sum += _lm_loss(out, y, reduction="sum").item()
+            correct += (out.argmax(-1) == y).sum().item()
         else:
             loss_sum += F.mse_loss(out, y, reduction="sum").item() / out[0].numel()
-        n += len(x)
+        n += y.numel() if task == "lm" else len(x)
     model.train()
-    return {"test_loss": loss_sum / n, "test_acc": correct / n if task == "classification" else math.nan}
+    loss = loss_sum / n
+    return {"test_loss": loss, "test_acc": correct / n if task in ("classification", "lm") else math.nan,
+            "test_ppl": _ppl(loss) if task == "lm" else math.nan}
 
 
 def _rng_devices(device: torch.device):
@@ -235,6 +267,7 @@ def run(config: Union[RunConfig, Mapping[str, Any]], progress: bool = False,
 
 def _train(config: RunConfig, device: torch.device, progress: bool, checkpoint, on_epoch=None) -> pd.DataFrame:
     data = datasets.load(config.data, **config.data_kwargs).to(device)
+    models.check_task(config.model, data.task, f"dataset {config.data!r}")
     model = models.get(config.model, seed=config.seed, num_classes=data.num_classes,
                        input_shape=data.input_shape, **config.model_kwargs).to(device)
     spe = steps_per_epoch(config, len(data.train))
@@ -248,7 +281,8 @@ def _train(config: RunConfig, device: torch.device, progress: bool, checkpoint, 
         model.forward = functools.partial(segments.checkpoint_segments, opt, models.steps(model))
     scheduler = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(config, spe, total))
     analytic = _hardware(config, model, pipeline, opt.partition, total, args)
-    criterion = F.cross_entropy if data.task == "classification" else F.mse_loss
+    criterion = _criterion(data.task)
+    best_loss = math.nan if data.best_loss is None else float(data.best_loss)
     order = torch.Generator().manual_seed(config.seed)
     bound = config.divergence_loss
 
@@ -309,14 +343,15 @@ def _train(config: RunConfig, device: torch.device, progress: bool, checkpoint, 
                 status = "diverged"
             records.append({"epoch": epoch, "step": opt.step_count,
                             "train_loss": sum(losses) / len(losses) if losses else math.nan,
-                            **evaluation,
+                            **evaluation, "best_loss": best_loss,
                             "lr_base": opt.param_groups[0]["lr"], "wall_time": time.perf_counter() - start,
                             "status": status, **analytic})
             losses, done_batches = [], 0
             if on_epoch is not None:
                 on_epoch(dict(records[-1]))
-            bar.set_postfix(epoch=f"{epoch}/{config.epochs}", loss=f"{records[-1]['train_loss']:.3g}",
-                            acc=f"{records[-1]['test_acc']:.3f}")
+            shown = ({"ppl": f"{records[-1]['test_ppl']:.4g}"} if data.task == "lm"
+                     else {"acc": f"{records[-1]['test_acc']:.3f}"})
+            bar.set_postfix(epoch=f"{epoch}/{config.epochs}", loss=f"{records[-1]['train_loss']:.3g}", **shown)
             finished = status == "diverged" or opt.step_count >= total or epoch == config.epochs
             if checkpoint is not None:  # the checkpoint first: records on disk always have one (or a done marker)
                 if not finished:

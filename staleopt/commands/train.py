@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import sys
 import time
 import tomllib
@@ -167,16 +168,22 @@ _SHOWN = (("epoch", 5), ("step", 7), ("train_loss", 11), ("test_loss", 10), ("te
           ("wall_time", 9), ("status", 8))
 
 
+#: The columns a language model's records add (after ``test_loss``), shown when the first record has them.
+_SHOWN_LM = (("test_ppl", 9), ("best_loss", 9))
+
+
 def _printer():
     """A function that prints one record per call as a row of a table (the header first), flushed at once."""
-    first = [True]
+    shown = []
 
     def show(record):
-        if first[0]:
-            print(" ".join(name.rjust(w) for name, w in _SHOWN), flush=True)
-            first[0] = False
+        if not shown:
+            extra = [(n, w) for n, w in _SHOWN_LM if isinstance(record.get(n), float) and math.isfinite(record[n])]
+            at = [n for n, _ in _SHOWN].index("test_loss") + 1
+            shown.extend([*_SHOWN[:at], *extra, *_SHOWN[at:]])
+            print(" ".join(name.rjust(w) for name, w in shown), flush=True)
         cells = []
-        for name, w in _SHOWN:
+        for name, w in shown:
             v = record.get(name)
             cells.append((f"{v:.4g}" if isinstance(v, float) else str(v)).rjust(w))
         print(" ".join(cells), flush=True)

@@ -1,0 +1,179 @@
+"""Language-modelling data (task "lm"): token windows, the Markov source and its best loss, the corpora's files."""
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from staleopt import data, train
+from staleopt.errors import ConfigError, DataError
+
+SMALL = dict(vocab_size=5, order=3, support=2, context=8, train_tokens=3000, test_tokens=4000, seed=1)
+
+
+class SourcePredictor(nn.Module):
+    """Logits ``log P(y_t | x_0..x_t)`` of the Markov source, its short contexts computed from the stationary
+    distribution of the *first* ``c + 1`` tokens of a state (the data module sums out the *earliest* tokens:
+    the two agree only when ``pi`` is stationary)."""
+
+    def __init__(self, d, context_limit=None):
+        super().__init__()
+        v, k = d.num_classes, d.info["order"]
+        self.v, self.k = v, min(k, context_limit or k)  # context_limit: the best predictor knowing that many tokens
+        p, pi = d.info["transition"], d.info["stationary"].view((v,) * k)
+        self.tables = {k: p}
+        for c in range(1, k):
+            first = pi.sum(dim=tuple(range(c + 1, k))) if c + 1 < k else pi  # the first c + 1 tokens of a state
+            joint = first.reshape(v ** c, v)
+            self.tables[c] = joint / joint.sum(1, keepdim=True)
+
+    def forward(self, x):
+        out = []
+        for t in range(x.shape[1]):
+            c = min(t + 1, self.k)
+            state = torch.zeros(len(x), dtype=torch.int64)
+            for j in range(t + 1 - c, t + 1):
+                state = state * self.v + x[:, j]
+            out.append(torch.log(self.tables[c][state]))
+        return torch.stack(out, 1)
+
+
+def test_markov_windows_are_the_shifted_token_sequence():
+    d = data.load("text-markov", **SMALL)
+    assert (d.task, d.num_classes, d.input_shape) == ("lm", 5, (8,))
+    x, y = d.train[3]
+    assert x.dtype == y.dtype == torch.int64 and x.shape == y.shape == (8,)
+    tokens = d.train.tokens.long()
+    assert torch.equal(x, tokens[24:32]) and torch.equal(y, tokens[25:33])
+    assert len(d.train) == (3000 - 9) // 8 + 1 and len(d.test) == (4000 - 9) // 8 + 1
+    assert int(tokens.max()) < 5
+    overlapping = data.load("text-markov", **{**SMALL, "stride": 1})
+    assert len(overlapping.train) == 3000 - 8 and torch.equal(overlapping.train[24][0], x)
+    assert len(overlapping.test) == len(d.test), "the test windows never overlap"
+
+
+def test_markov_is_seeded_and_leaves_the_global_rng_alone():
+    state = torch.get_rng_state()
+    a, b = data.load("text-markov", **SMALL), data.load("text-markov", **SMALL)
+    assert torch.equal(torch.get_rng_state(), state)
+    assert torch.equal(a.train.tokens, b.train.tokens) and a.best_loss == b.best_loss
+    c = data.load("text-markov", **{**SMALL, "seed": 2})
+    assert not torch.equal(a.train.tokens, c.train.tokens)
+
+
+def test_the_chain_is_sparse_and_its_distribution_stationary():
+    d = data.load("text-markov", **SMALL)
+    p, pi, v, k = d.info["transition"], d.info["stationary"], 5, 3
+    assert torch.allclose(p.sum(1), torch.ones(v ** k, dtype=torch.float64))
+    assert ((p > 0.02 / v + 1e-12).sum(1) == 2).all(), "support 2 plus the uniform smoothing"
+    after = torch.zeros_like(pi).index_add_(0, ((torch.arange(v ** k)[:, None] * v + torch.arange(v)) % v ** k)
+                                            .flatten(), (pi[:, None] * p).flatten())
+    assert torch.allclose(after, pi, atol=1e-13, rtol=0) and abs(float(pi.sum()) - 1) < 1e-12
+
+
+def test_best_loss_is_the_loss_of_the_source_and_beats_weaker_predictors():
+    d = data.load("text-markov", **SMALL)
+    known = train._evaluate(SourcePredictor(d), d.test, "lm", torch.device("cpu"))
+    assert math.isclose(known["test_loss"], d.best_loss, rel_tol=1e-12)
+    assert math.isclose(known["test_ppl"], math.exp(d.best_loss), rel_tol=1e-12)
+    shorter = train._evaluate(SourcePredictor(d, context_limit=2), d.test, "lm", torch.device("cpu"))
+    assert shorter["test_loss"] > d.best_loss + 0.05, "the order-2 predictor of an order-3 source is worse"
+    assert d.info["unigram_loss"] > shorter["test_loss"] + 0.05
+    # the window's first positions know fewer tokens: the average sits above the entropy rate
+    assert d.best_loss > d.info["entropy_rate"] - 0.05
+
+
+def test_default_markov_source_leaves_room_to_learn():
+    d = data.load("text-markov")
+    assert (d.num_classes, d.input_shape, len(d.train), len(d.test)) == (16, (32,), 6249, 624)
+    assert 0.5 < d.best_loss < 1.5 and d.info["unigram_loss"] > d.best_loss + 1.0
+
+
+def test_markov_bad_arguments():
+    with pytest.raises(ConfigError, match="smoothing = 0 must lie in"):
+        data.load("text-markov", smoothing=0)
+    with pytest.raises(ConfigError, match="support = 20 must be an int in 1..16"):
+        data.load("text-markov", support=20)
+    with pytest.raises(ConfigError, match="states, more than 2\\^22"):
+        data.load("text-markov", vocab_size=256, order=3)
+    with pytest.raises(ConfigError, match="test_tokens = 10 must be an int >= 33"):
+        data.load("text-markov", test_tokens=10)
+    with pytest.raises(ConfigError, match="unknown argument.*'vocab'"):
+        data.load("text-markov", vocab=3)
+
+
+def test_batches_of_windows_equal_the_windows_by_index():
+    d = data.load("text-markov", **SMALL)
+    g = torch.Generator().manual_seed(0)
+    xs, ys = zip(*data.batches(d.train, 10, shuffle=True, generator=g, drop_last=True))
+    order = torch.randperm(len(d.train), generator=torch.Generator().manual_seed(0))[:len(xs) * 10]
+    assert torch.equal(torch.cat(xs), torch.stack([d.train[int(i)][0] for i in order]))
+    assert torch.equal(torch.cat(ys), torch.stack([d.train[int(i)][1] for i in order]))
+    assert d.train[-1][0].shape == (8,)
+    with pytest.raises(IndexError):
+        d.train[len(d.train)]
+
+
+def test_task_is_known_without_loading():
+    assert data.task("text-markov") == data.task("text-enwik8") == "lm"
+    assert data.task("mnist1d") == "classification" and data.task("synthetic", task="regression") == "regression"
+
+
+TEXT = "First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\nSpeak, speak. Ça va?\n" * 3
+
+
+def test_tinyshakespeare_bytes_and_characters(tmp_path):
+    (tmp_path / "tinyshakespeare").mkdir()
+    (tmp_path / "tinyshakespeare" / "input.txt").write_text(TEXT, encoding="utf-8")
+    raw = TEXT.encode()
+    d = data.load("text-shakespeare", root=tmp_path, context=16)
+    assert (d.num_classes, d.input_shape, d.task, d.best_loss) == (256, (16,), "lm", None)
+    cut = round(len(raw) * 0.9)
+    assert bytes(d.train.tokens.tolist()) == raw[:cut] and bytes(d.test.tokens.tolist()) == raw[cut:]
+    assert bytes(d.train[1][1].tolist()) == raw[17:33]
+    c = data.load("text-shakespeare", root=tmp_path, context=16, level="char")
+    chars = c.info["characters"]
+    assert c.num_classes == len(set(TEXT)) and chars == "".join(sorted(set(TEXT)))
+    assert "".join(chars[i] for i in torch.cat([c.train.tokens, c.test.tokens]).tolist()) == TEXT
+    with pytest.raises(ConfigError, match="test_split = 'valid' must be 'test'"):
+        data.load("text-shakespeare", root=tmp_path, test_split="valid")
+
+
+def test_wikitext_reads_its_three_raw_files(tmp_path):
+    folder = tmp_path / "wikitext-2-raw"
+    folder.mkdir()
+    parts = {"train": " = Valkyria = \n" * 20, "valid": " = Robert = \n" * 5, "test": " = Tower = \n é \n" * 5}
+    for split, text in parts.items():
+        (folder / f"wiki.{split}.raw").write_text(text, encoding="utf-8")
+    d = data.load("text-wikitext2", root=tmp_path, context=8)
+    assert bytes(d.train.tokens.tolist()) == parts["train"].encode()
+    assert bytes(d.test.tokens.tolist()) == parts["test"].encode()
+    v = data.load("text-wikitext2", root=tmp_path, context=8, test_split="valid")
+    assert bytes(v.test.tokens.tolist()) == parts["valid"].encode()
+    c = data.load("text-wikitext2", root=tmp_path, context=8, level="char")
+    assert c.num_classes == len(set("".join(parts.values())))  # the test split's 'é' is in the vocabulary
+
+
+def test_enwik8_is_cut_90_5_5(tmp_path):
+    blob = bytes(range(256)) * 4 + b"\xff" * 976  # 2000 bytes, not all UTF-8
+    (tmp_path / "enwik8").write_bytes(blob)
+    d = data.load("text-enwik8", root=tmp_path, context=10)
+    assert d.info["tokens"] == {"train": 1800, "valid": 100, "test": 100}
+    assert bytes(d.test.tokens.tolist()) == blob[1900:]
+    assert bytes(data.load("text-enwik8", root=tmp_path, context=10, test_split="valid").test.tokens.tolist()) \
+        == blob[1800:1900]
+    with pytest.raises(DataError, match="not UTF-8 text.*level='byte'"):
+        data.load("text-enwik8", root=tmp_path, level="char")
+
+
+def test_missing_or_malformed_corpora_say_where_and_how(tmp_path):
+    with pytest.raises(DataError, match=r"text-enwik8 not found: .* lacks \['enwik8'\].*download=True.*enwik8.zip"):
+        data.load("text-enwik8", root=tmp_path)
+    with pytest.raises(DataError, match=r"lacks \['wikitext-103-raw/wiki.train.raw'.*by hand"):
+        data.load("text-wikitext103", root=tmp_path)
+    (tmp_path / "tinyshakespeare").mkdir()
+    (tmp_path / "tinyshakespeare" / "input.txt").write_text("too short")
+    with pytest.raises(DataError, match="training split holds 8 tokens, fewer than context \\+ 1 = 129"):
+        data.load("text-shakespeare", root=tmp_path)
+    with pytest.raises(ConfigError, match="level = 'word' must be 'byte'"):
+        data.load("text-shakespeare", root=tmp_path, level="word")
