@@ -152,14 +152,18 @@ def default_target(records: pd.DataFrame, baseline: str = "gpipe", margin: float
 def shared_target(sweep_dir=None, records: Optional[pd.DataFrame] = None, metric=None) -> Optional[float]:
     """The one target of a sweep directory, for every command, figure and notebook that reads it:
     the one its report was written with (``report.json`` of ``staleopt demo`` / :func:`staleopt.compare`,
-    else a demo's ``run.json``), else :func:`default_target` of ``records`` (in ``metric``) when they have
+    else a demo's ``run.json``) when that report's metric is ``metric`` (default the records' task's; a
+    report without a ``metric`` is accuracy's), else :func:`default_target` of ``records`` when they have
     GPipe runs, else ``None``."""
+    wanted = metrics.of(records, metric) if records is not None or metric is not None else None
     if sweep_dir is not None:
         for name in ("report.json", "run.json"):
             path = Path(sweep_dir) / name
             if path.is_file():
-                target = json.loads(path.read_text()).get("target")
-                if target is not None:
+                report = json.loads(path.read_text())
+                target = report.get("target")
+                same = wanted is None or report.get("metric", metrics.ACCURACY.column) == wanted.column
+                if target is not None and same:
                     return float(target)
     if records is not None and len(records) and "gpipe" in set(records["method"]):
         return default_target(records, metric=metric)
