@@ -294,3 +294,16 @@ def test_a_check_names_its_metric_and_its_margin_is_in_its_units(tmp_path):
     (tmp_path / "lm.toml").write_text(_EXPERIMENT + 'metric = "bleu"\n')
     with pytest.raises(SweepConfigError, match="unknown metric 'bleu'"):
         spec.load_experiment(tmp_path / "lm.toml")
+
+
+def test_staleopt_train_prints_perplexity_for_a_language_model(capsys):
+    from staleopt.commands.train import _printer
+    show = _printer()
+    show({"epoch": 1, "step": 5, "train_loss": 3.0, "test_loss": 2.0, "test_acc": math.nan,
+          "test_ppl": math.exp(2.0), "lr_base": 0.1, "wall_time": 1.0, "status": "ok"})
+    header, row = capsys.readouterr().out.splitlines()
+    assert "test_ppl" in header and "test_acc" not in header and "7.389" in row
+    show = _printer()
+    show({"epoch": 1, "step": 5, "train_loss": 3.0, "test_loss": 2.0, "test_acc": 0.5, "test_ppl": math.nan,
+          "lr_base": 0.1, "wall_time": 1.0, "status": "ok"})
+    assert "test_acc" in capsys.readouterr().out.splitlines()[0]

@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import sys
 import time
 import tomllib
@@ -168,15 +169,18 @@ _SHOWN = (("epoch", 5), ("step", 7), ("train_loss", 11), ("test_loss", 10), ("te
 
 
 def _printer():
-    """A function that prints one record per call as a row of a table (the header first), flushed at once."""
-    first = [True]
+    """A function that prints one record per call as a row of a table (the header first), flushed at once; a
+    language model's records show ``test_ppl`` where a classifier's show ``test_acc``."""
+    shown = []
 
     def show(record):
-        if first[0]:
-            print(" ".join(name.rjust(w) for name, w in _SHOWN), flush=True)
-            first[0] = False
+        if not shown:
+            ppl = record.get("test_ppl")
+            lm = isinstance(ppl, float) and not math.isnan(ppl)
+            shown.extend(("test_ppl", w) if lm and name == "test_acc" else (name, w) for name, w in _SHOWN)
+            print(" ".join(name.rjust(w) for name, w in shown), flush=True)
         cells = []
-        for name, w in _SHOWN:
+        for name, w in shown:
             v = record.get(name)
             cells.append((f"{v:.4g}" if isinstance(v, float) else str(v)).rjust(w))
         print(" ".join(cells), flush=True)
