@@ -2,24 +2,30 @@
 
 A claim is a statement about a sweep's runs with a fixed threshold; it is
 evaluated from the records (:func:`staleopt.sweep.collect`) and reported with
-its evidence, the numbers it was decided on, and whether it holds. Accuracy is
-each run's best test accuracy over epochs (PipeMare App. C), averaged over
-seeds with the Student-t interval of :mod:`staleopt.stats`; a diverged run
-keeps the accuracy it had (it stays in the mean and is counted in the evidence).
+its evidence, the numbers it was decided on, and whether it holds. A method's
+score is each run's best test metric over epochs (PipeMare App. C: the best test
+accuracy; for a language model the lowest test perplexity, :mod:`staleopt.metrics`),
+averaged over seeds with the interval of :mod:`staleopt.stats`; a diverged run
+keeps the value it had (it stays in the mean and is counted in the evidence).
 Stage counts are ints or ``"max"`` / ``"min"``: the largest / smallest ``P`` in the records.
+
+Margins and tolerances are in the metric's units (accuracy points, perplexity)
+and every difference is a gain (:meth:`staleopt.metrics.Metric.gain`): positive
+means better, so "beats by 0.5" reads the same for an accuracy (higher) and a
+perplexity (lower). The evidence prints the gain.
 
 Kinds of claim:
 
-* :class:`Beats` — method ``a``'s mean accuracy exceeds ``b``'s by at least ``margin`` at ``P``;
-* :class:`Matches` — ``a``'s mean accuracy is within ``tol`` of ``b``'s at ``P``;
+* :class:`Beats` — method ``a``'s mean score is better than ``b``'s by at least ``margin`` at ``P``;
+* :class:`Matches` — ``a``'s mean score is within ``tol`` of ``b``'s at ``P``;
 * :class:`Diverges` — at least ``fraction`` of ``method``'s runs diverge at ``P``;
 * :class:`NeverDiverges` — no run of ``methods`` diverges at any ``P``;
-* :class:`Degrades` — ``method``'s mean accuracy at ``high`` is below its accuracy at ``low`` by ``margin``;
+* :class:`Degrades` — ``method``'s mean score at ``high`` is worse than at ``low`` by ``margin``;
 * :class:`LessMemory` — method ``a`` keeps less weight + optimizer memory than ``b`` at ``P``
   (the analytic ``memory_ratio_gpipe`` of the records; PipeMare Table 1), or, with ``total``,
   less memory in all: weights, optimizer state, correction buffers and the activations in
   flight at the runs' microbatch size (:func:`staleopt.hardware.run_memory`);
-* :class:`Faster` — every run of ``method`` reaches the target accuracy and its time to it
+* :class:`Faster` — every run of ``method`` reaches the target (accuracy, perplexity) and its time to it
   (:mod:`staleopt.speedup`) is at least ``factor`` times shorter than ``baseline``'s at ``P``.
 
 :data:`DEMO_CLAIMS` are the claims ``staleopt demo`` prints and writes to ``claims.csv``.
@@ -33,7 +39,7 @@ from typing import List, Optional, Sequence, Tuple, Union
 
 import pandas as pd
 
-from . import speedup, stats
+from . import metrics, speedup, stats
 from .errors import ConfigError
 
 __all__ = ["Claim", "Beats", "Matches", "Diverges", "NeverDiverges", "Degrades", "LessMemory", "Faster", "DEMO_CLAIMS",
@@ -48,7 +54,8 @@ Stages = Union[int, str]
 
 @dataclass(frozen=True)
 class _Context:
-    """What every claim reads: the per-run table, the stage counts, the target and the speedup table."""
+    """What every claim reads: the per-run table, the stage counts, the target, the speedup table and the
+    metric the scores are in."""
 
     runs: pd.DataFrame
     stages: List[int]
@@ -56,6 +63,7 @@ class _Context:
     target: float
     speedups: pd.DataFrame
     memory: Optional[pd.DataFrame] = None  # :func:`staleopt.hardware.run_memory`, when a claim needs it
+    metric: metrics.Metric = metrics.ACCURACY
 
     def p(self, stages: Stages) -> int:
         if stages == "max":
@@ -73,12 +81,14 @@ class _Context:
                               f"{sorted(set(self.runs['method']))}")
         return g
 
-    def accuracy(self, method: str, p: int) -> Tuple[float, str]:
-        """Mean best accuracy of ``method`` at ``P = p`` and its evidence text ``"name 0.947±0.012 (1/3 div)"``."""
-        g = self.group(method, p)
+    def score(self, method: str, p: int) -> Tuple[float, str]:
+        """Mean best metric of ``method`` at ``P = p`` and its evidence text ``"name 0.947 [0.931, 0.960] (1/3
+        div)"``."""
+        g, m = self.group(method, p), self.metric
         nd, n = stats.divergence_count(g["diverged"])
-        text = f"{method} {stats.mean_ci_text(g['best_acc'], self.level)}" + (f" ({nd}/{n} div)" if nd else "")
-        return float(g["best_acc"].mean()), text
+        text = (f"{method} {stats.mean_ci_text(g[m.best_column], self.level, m.digits, m.bounds)}"
+                + (f" ({nd}/{n} div)" if nd else ""))
+        return float(g[m.best_column].mean()), text
 
 
 class Claim(abc.ABC):
@@ -101,12 +111,13 @@ class Beats(Claim):
     margin: float = 0.0
 
     def text(self, ctx):
-        return f"{self.a} beats {self.b} at P = {ctx.p(self.stages)} by >= {self.margin:.2f}"
+        return f"{self.a} beats {self.b} at P = {ctx.p(self.stages)} by >= {ctx.metric.amount(self.margin)}"
 
     def check(self, ctx):
         p = ctx.p(self.stages)
-        (ma, ta), (mb, tb) = ctx.accuracy(self.a, p), ctx.accuracy(self.b, p)
-        return f"{ta} vs {tb}: {ma - mb:+.3f}", ma - mb >= self.margin
+        (ma, ta), (mb, tb) = ctx.score(self.a, p), ctx.score(self.b, p)
+        gain = ctx.metric.gain(ma, mb)
+        return f"{ta} vs {tb}: {gain:+.3f}", gain >= self.margin
 
 
 @dataclass(frozen=True)
@@ -117,12 +128,13 @@ class Matches(Claim):
     tol: float = 0.01
 
     def text(self, ctx):
-        return f"{self.a} within {self.tol:.2f} of {self.b} at P = {ctx.p(self.stages)}"
+        return f"{self.a} within {ctx.metric.amount(self.tol)} of {self.b} at P = {ctx.p(self.stages)}"
 
     def check(self, ctx):
         p = ctx.p(self.stages)
-        (ma, ta), (mb, tb) = ctx.accuracy(self.a, p), ctx.accuracy(self.b, p)
-        return f"{ta} vs {tb}: {ma - mb:+.3f}", abs(ma - mb) <= self.tol
+        (ma, ta), (mb, tb) = ctx.score(self.a, p), ctx.score(self.b, p)
+        gain = ctx.metric.gain(ma, mb)
+        return f"{ta} vs {tb}: {gain:+.3f}", abs(gain) <= self.tol
 
 
 @dataclass(frozen=True)
@@ -168,12 +180,14 @@ class Degrades(Claim):
     margin: float = 0.0
 
     def text(self, ctx):
-        return f"{self.method} loses >= {self.margin:.2f} from P = {ctx.p(self.low)} to P = {ctx.p(self.high)}"
+        return (f"{self.method} loses >= {ctx.metric.amount(self.margin)} from P = {ctx.p(self.low)} to "
+                f"P = {ctx.p(self.high)}")
 
     def check(self, ctx):
         lo, hi = ctx.p(self.low), ctx.p(self.high)
-        (ml, tl), (mh, th) = ctx.accuracy(self.method, lo), ctx.accuracy(self.method, hi)
-        return f"P={lo}: {tl}; P={hi}: {th}: {mh - ml:+.3f}", ml - mh >= self.margin
+        (ml, tl), (mh, th) = ctx.score(self.method, lo), ctx.score(self.method, hi)
+        gain = ctx.metric.gain(mh, ml)   # negative: worse at the larger P
+        return f"P={lo}: {tl}; P={hi}: {th}: {gain:+.3f}", -gain >= self.margin
 
 
 @dataclass(frozen=True)
@@ -215,14 +229,15 @@ class Faster(Claim):
     factor: float = 1.0
 
     def text(self, ctx):
-        return (f"{self.method} reaches {ctx.target:.3f} >= {self.factor:g}x sooner than {self.baseline} "
-                f"at P = {ctx.p(self.stages)} (pipeline time)")
+        return (f"{self.method} reaches {ctx.metric.format(ctx.target)} >= {self.factor:g}x sooner than "
+                f"{self.baseline} at P = {ctx.p(self.stages)} (pipeline time)")
 
     def check(self, ctx):
         p = ctx.p(self.stages)
         if not math.isfinite(ctx.target):
-            raise ConfigError("no target accuracy to time: pass target= (the default is GPipe's mean best accuracy "
-                              "minus 0.01, when the sweep has GPipe runs)")
+            raise ConfigError(f"no target {ctx.metric.label} to time: pass target= (the default is GPipe's mean "
+                              "best accuracy minus 0.01, or its best perplexity or loss plus 1%, when the sweep has "
+                              "GPipe runs)")
         rows = ctx.speedups[ctx.speedups["stages"] == p].set_index("method")
         for m in (self.method, self.baseline):
             if m not in rows.index:
@@ -258,32 +273,38 @@ DEMO_CLAIMS: Tuple[Claim, ...] = (
 
 
 def evaluate(records: pd.DataFrame, claims: Sequence[Claim] = None, level: float = 0.95,
-             target: Optional[float] = None, memory: Optional[pd.DataFrame] = None) -> pd.DataFrame:
+             target: Optional[float] = None, memory: Optional[pd.DataFrame] = None, metric=None) -> pd.DataFrame:
     """Table of ``claim``, ``evidence`` and ``verdict`` (:data:`VERDICTS`) per claim (default :data:`DEMO_CLAIMS`).
 
     A claim that needs a method or ``P`` the records lack is ``"not evaluated"``, with the reason as evidence.
 
-    ``target``: the accuracy of the time-to-target claims; default :data:`DEMO_TARGET` for the
-    demo's claims, else :func:`staleopt.speedup.default_target` (GPipe's mean best accuracy minus 0.01).
-    ``memory``: :func:`staleopt.hardware.run_memory` of the records, computed here when a claim needs it.
+    ``metric``: what the claims compare (a :class:`~staleopt.metrics.Metric` or record column; default the
+    records' task's, :func:`staleopt.metrics.of`). ``target``: the value of the time-to-target claims, in
+    that metric; default :data:`DEMO_TARGET` for the demo's claims on accuracy, else
+    :func:`staleopt.speedup.default_target` (GPipe's mean best accuracy minus 0.01, or its best perplexity
+    plus 1%). ``memory``: :func:`staleopt.hardware.run_memory` of the records, computed here when a claim
+    needs it.
     """
     claims = DEMO_CLAIMS if claims is None else claims
     stats.check_level(level)
     if records.empty:
         raise ConfigError("no finished runs to evaluate the claims on; run the sweep first")
-    runs = stats.per_run(records, ["method", "stages"])
+    metric = metrics.of(records, metric)
+    runs = stats.per_run(records, ["method", "stages"], metric=metric)
     runs["stages"] = runs["stages"].astype(int)
     if target is None and any(isinstance(c, Faster) for c in claims):
-        target = DEMO_TARGET if claims is DEMO_CLAIMS else speedup.default_target(records)
+        target = (DEMO_TARGET if claims is DEMO_CLAIMS and metric is metrics.ACCURACY
+                  else speedup.default_target(records, metric=metric))
     timed = target is not None and math.isfinite(target)  # NaN: no target (then time claims are not evaluated)
-    table = speedup.speedup_table(records, target) if timed else pd.DataFrame()
+    table = speedup.speedup_table(records, target, metric=metric) if timed else pd.DataFrame()
     if memory is None and any(getattr(c, "total", False) for c in claims):
         from .hardware import run_memory
         try:
             memory = run_memory(records)
         except ConfigError:  # records without the config columns: the total-memory claims are not evaluated
             memory = None
-    ctx = _Context(runs, sorted(set(runs["stages"])), level, math.nan if target is None else target, table, memory)
+    ctx = _Context(runs, sorted(set(runs["stages"])), level, math.nan if target is None else target, table, memory,
+                   metric)
     rows = []
     for claim in claims:
         try:

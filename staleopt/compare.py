@@ -2,7 +2,8 @@
 
     result = staleopt.compare(my_cnn, my_data, methods=["gpipe", "pipedream", "pipemare"],
                               stages=[2, "max"], seeds=[0, 1, 2], out="runs/mine", epochs=5, lr=0.05)
-    result.table()          # methods x P: best test accuracy, mean [interval] over seeds, diverged runs counted
+    result.table()          # methods x P: best test accuracy (a language model: perplexity), mean [interval]
+                            # over seeds, diverged runs counted
     result.claims           # the demo's claims evaluated on these runs
 
 It is a resumable sweep (:func:`staleopt.sweep.run_sweep`) of ``methods x stages x
@@ -12,7 +13,9 @@ directory is named by the hash of its config, which holds the model's *name*, no
 code: give a changed model a new name (or another ``out``). :func:`write_report` writes
 the same files as ``staleopt demo`` (``records.csv``, ``summary.csv``, ``speedup.csv``,
 ``claims.csv``, ``report.json`` and the figures), the target accuracy in each file that
-depends on it.
+depends on it. Everything is in the task's metric (:mod:`staleopt.metrics`: test
+accuracy for classification, test perplexity, lower is better, for a language model)
+unless ``metric=`` names another.
 """
 from __future__ import annotations
 
@@ -25,6 +28,7 @@ from typing import Any, Callable, List, Optional, Sequence, Union
 import pandas as pd
 
 from . import data as datasets
+from . import metrics as metrics_module
 from . import models
 from .errors import ConfigError
 
@@ -48,12 +52,14 @@ class Comparison:
     figures: List[Path] = field(default_factory=list)
     files: List[Path] = field(default_factory=list)
     report: Any = None  # the sweep's :class:`~staleopt.sweep.SweepReport`
+    metric: metrics_module.Metric = metrics_module.ACCURACY  # what the tables, claims and target are in
 
-    def table(self, value: str = "best_acc") -> pd.DataFrame:
-        """Methods x stages of ``value`` (``best_acc`` or ``final_acc``): mean [interval] over seeds, diverged runs
-        counted in each cell (:func:`staleopt.commands.demo.pivot`)."""
+    def table(self, value: Optional[str] = None) -> pd.DataFrame:
+        """Methods x stages of ``value`` (default the metric's best, ``best_acc`` or ``best_ppl``; or the final,
+        ``final_acc``): mean [interval] over seeds, diverged runs counted in each cell
+        (:func:`staleopt.commands.demo.pivot`)."""
         from .commands.demo import pivot
-        return pivot(self.summary, value)
+        return pivot(self.summary, value or self.metric.best_column)
 
     def speedup_table(self) -> pd.DataFrame:
         """Methods x stages of the speedup over GPipe to :attr:`target` (empty without a target)."""
@@ -79,16 +85,18 @@ def compare(model: Union[str, Callable], data: Union[str, Callable] = "mnist1d",
             methods: Sequence[str] = DEFAULT_METHODS, stages: Sequence[Union[int, str]] = (1, "max"),
             seeds: Sequence[int] = (0, 1, 2), out: Union[str, os.PathLike] = "runs/compare",
             target: Optional[float] = None, claims=None, workers: int = 1, threads: int = 1, bar: bool = True,
-            **config) -> Comparison:
+            metric=None, **config) -> Comparison:
     """Train ``methods x stages x seeds`` of ``model`` on ``data`` into ``out`` (resumably) and report on them.
 
     ``model``, ``data``: a built-in or registered name, a ``"module:function"`` /
     ``"file.py:function"`` spec, or a factory (registered under its ``__name__``:
     :func:`staleopt.register_model`, :func:`staleopt.register_data`). ``config``: the
     other :class:`~staleopt.config.RunConfig` fields, shared by every run (``epochs``,
-    ``lr``, ``batch_size``, ``model_kwargs``, ...). ``target``: the accuracy of the time
-    to accuracy table and claims (default: GPipe's mean best accuracy minus 0.01, when
-    ``methods`` has ``gpipe``; none otherwise). ``claims``: default the demo's
+    ``lr``, ``batch_size``, ``model_kwargs``, ...). ``metric``: what runs are judged by
+    (:mod:`staleopt.metrics`; default the data's task's: test accuracy, or a language
+    model's test perplexity). ``target``: the value of the time to accuracy table and
+    claims, in that metric (default: GPipe's mean best accuracy minus 0.01, or its best
+    perplexity plus 1%, when ``methods`` has ``gpipe``; none otherwise). ``claims``: default the demo's
     (:data:`staleopt.claims.DEMO_CLAIMS`; a claim on a method not run is ``"not
     evaluated"``). ``workers``, ``threads``, ``bar``: as :func:`staleopt.sweep.run_sweep`.
     Returns a :class:`Comparison`; the files are written into ``out``.
@@ -112,33 +120,38 @@ def compare(model: Union[str, Callable], data: Union[str, Callable] = "mnist1d",
     records = records[records["run"].isin(ids)].reset_index(drop=True)
     if records.empty:
         raise ConfigError(f"no run finished; see the error.txt files under {out / 'runs'}")
+    metric = metrics_module.of(records, metric)
     if target is None and "gpipe" in set(records["method"]):
         from .speedup import default_target
-        target = default_target(records)
-    result = write_report(records, out, target=target, claims=claims)
+        target = default_target(records, metric=metric)
+    result = write_report(records, out, target=target, claims=claims, metric=metric)
     result.report = report
     return result
 
 
 def write_report(records: pd.DataFrame, out: Union[str, os.PathLike], target: Optional[float] = None,
                  claims=None, level: float = 0.95, figures: Union[str, os.PathLike, None] = None,
-                 write_records: bool = True) -> Comparison:
+                 write_records: bool = True, metric=None) -> Comparison:
     """Write a sweep's report into ``out`` and return it: ``records.csv``, ``summary.csv`` (mean and CI over
     seeds per method and P), ``speedup.csv`` (time to ``target``, with a ``target`` column), ``claims.csv``,
     ``memory.csv`` (weights-only and total memory per method and P, :func:`staleopt.hardware.run_memory`),
-    ``report.json`` (the target and what was written) and the figures (accuracy against stages; accuracy
-    against epochs and, with a target, against pipeline time at the largest P; into ``figures``, default
-    ``out``). ``write_records=False`` leaves ``records.csv`` as it is (a report rebuilt from it)."""
+    ``report.json`` (the target, its ``metric`` when that is not accuracy, and what was written) and the
+    figures (the metric against stages; against epochs and, with a target, against pipeline time at the
+    largest P; into ``figures``, default ``out``). ``metric``: default the records' task's
+    (:func:`staleopt.metrics.of`). ``write_records=False`` leaves ``records.csv`` as it is (a report rebuilt
+    from it)."""
     from . import claims as claims_module
     from . import hardware, speedup, sweep
     from .plot import sweep as plots
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    summary = sweep.summarize(records, by=["method", "stages"], level=level)
-    fast = speedup.speedup_table(records, target) if target is not None else pd.DataFrame()
+    metric = metrics_module.of(records, metric)
+    summary = sweep.summarize(records, by=["method", "stages"], level=level, metric=metric)
+    fast = speedup.speedup_table(records, target, metric=metric) if target is not None else pd.DataFrame()
     memory = hardware.run_memory(records)  # weights only and in all, per method and P
     verdicts = claims_module.evaluate(records, claims, level=level,
-                                      target=target if target is not None else float("nan"), memory=memory)
+                                      target=target if target is not None else float("nan"), memory=memory,
+                                      metric=metric)
     files = [out / "records.csv", out / "summary.csv", out / "claims.csv"]
     if write_records:
         records.to_csv(files[0], index=False)
@@ -152,19 +165,20 @@ def write_report(records: pd.DataFrame, out: Union[str, os.PathLike], target: Op
     where = Path(figures) if figures is not None else out
     files.append(out / "memory.csv")
     memory.to_csv(files[-1], index=False)
-    figures = [Path(plots.save(plots.plot_accuracy_vs_stages(records, title=title, target=target, level=level,
-                                                             memory=memory),
+    figures = [Path(plots.save(plots.plot_accuracy_vs_stages(records, metric.best_column, title=title, target=target,
+                                                             level=level, memory=memory),
                                where / "accuracy_vs_stages.png")),
                Path(plots.save(plots.plot_accuracy_vs_epoch(records, largest, level=level,
-                                                            title=f"{title}, P = {largest}"),
+                                                            title=f"{title}, P = {largest}", metric=metric),
                                where / f"accuracy_vs_epoch_P{largest}.png"))]
     if target is not None:
         figures.append(Path(plots.save(plots.plot_accuracy_vs_time(records, largest, target=target, level=level,
-                                                                   title=f"{title}, P = {largest}"),
+                                                                   title=f"{title}, P = {largest}", metric=metric),
                                        where / f"accuracy_vs_time_P{largest}.png")))
     files.append(out / "report.json")
-    files[-1].write_text(json.dumps({"target": target, "level": level, "title": title,
+    named = {} if metric is metrics_module.ACCURACY else {"metric": metric.column}  # absent: accuracy
+    files[-1].write_text(json.dumps({"target": target, **named, "level": level, "title": title,
                                      "runs": int(records["run"].nunique()),
                                      "files": [p.name for p in files[:-1]],
                                      "figures": [p.name for p in figures]}, indent=2) + "\n")
-    return Comparison(out, records, summary, fast, verdicts, target, memory, figures, files)
+    return Comparison(out, records, summary, fast, verdicts, target, memory, figures, files, metric=metric)

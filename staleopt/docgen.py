@@ -123,8 +123,8 @@ def ledger_pipemare(path: Path = ROOT / "docs" / "reproductions.csv") -> str:
 API_MODULES = ("staleopt", "staleopt.optimizer", "staleopt.partition", "staleopt.methods", "staleopt.schedules",
                "staleopt.corrections", "staleopt.segments", "staleopt.config", "staleopt.models", "staleopt.data",
                "staleopt.registry", "staleopt.train", "staleopt.checkpoint", "staleopt.sweep", "staleopt.compare",
-               "staleopt.stats", "staleopt.speedup", "staleopt.claims", "staleopt.hardware", "staleopt.timeline",
-               "staleopt.theory", "staleopt.advisor", "staleopt.plot.sweep", "staleopt.errors")
+               "staleopt.metrics", "staleopt.stats", "staleopt.speedup", "staleopt.claims", "staleopt.hardware",
+               "staleopt.timeline", "staleopt.theory", "staleopt.advisor", "staleopt.plot.sweep", "staleopt.errors")
 
 
 def _first_line(obj) -> str:

@@ -1,4 +1,5 @@
-"""Time to accuracy: measured steps to a target accuracy, priced by the analytic pipeline utilization.
+"""Time to accuracy: measured steps to a target accuracy (or perplexity, loss), priced by the analytic pipeline
+utilization.
 
 PipeMare compares methods by the time a pipeline needs to reach a target
 accuracy (§4, Table 2: targets 94.0 on CIFAR10, 75.5 on ImageNet; Fig. 11,
@@ -14,6 +15,11 @@ the run (:func:`staleopt.stats.steps_to_target`: the first epoch whose test
 accuracy reaches the target), the utilization from the hardware model: the
 simulator does not time the pipeline, it prices the steps it ran.
 
+The target is in the records' metric (:mod:`staleopt.metrics`): an accuracy is
+reached at or above it, a perplexity or loss (lower is better) at or below it.
+Every function takes ``metric=`` (a :class:`~staleopt.metrics.Metric` or record
+column; default the records' task's).
+
 * :func:`with_pipeline_time`: each record's ``pipeline_time = T(step)``, the
   x-axis of accuracy against time;
 * :func:`time_to_target`: per run, ``steps_to_target`` and ``time_to_target``;
@@ -21,7 +27,8 @@ simulator does not time the pipeline, it prices the steps it ran.
   target, their mean steps and time, and the speedup
   ``T_baseline / T_method`` against GPipe at the same ``P`` (same target, in its ``target`` column);
 * :func:`shared_target`: the one target of a sweep directory (its report's, else GPipe's mean best
-  accuracy minus 0.01), which the demo, ``staleopt results``, ``staleopt plot`` and the notebooks share.
+  accuracy minus 0.01, or its best perplexity plus 1%), which the demo, ``staleopt results``,
+  ``staleopt plot`` and the notebooks share.
 """
 from __future__ import annotations
 
@@ -32,7 +39,7 @@ from typing import Dict, Optional, Sequence
 
 import pandas as pd
 
-from . import methods, stats
+from . import methods, metrics, stats
 from .config import RunConfig, field_names
 from .corrections import Hybrid, Warmup
 from .errors import ConfigError
@@ -42,16 +49,18 @@ from .train import method_args
 __all__ = ["DEFAULT_MARGIN", "pipeline_time", "with_pipeline_time", "default_target", "shared_target",
            "time_to_target", "speedup_table"]
 
-#: Default target: the baseline's mean best accuracy minus this (PipeMare Table 2: 94.0 against GPipe's 95.0).
+#: Default target: the baseline's mean best accuracy minus this (PipeMare Table 2: 94.0 against GPipe's 95.0);
+#: for an unbounded metric (perplexity, loss) its mean best times ``1 + DEFAULT_MARGIN``
+#: (:meth:`staleopt.metrics.Metric.worse_by`).
 DEFAULT_MARGIN = 0.01
 #: Int config fields that a CSV round trip may turn into floats (a column with NaN).
 _INT_FIELDS = ("stages", "microbatches", "epochs", "batch_size", "seed", "anneal_steps", "warmup_steps",
                "pipelined_steps", "max_steps")
-_NEEDED = ("run", "method", "stages", "microbatches", "epoch", "step", "test_acc", "status")
+_NEEDED = ("run", "method", "stages", "microbatches", "epoch", "step", "status")
 
 
-def _check(records: pd.DataFrame) -> None:
-    missing = [c for c in _NEEDED if c not in records.columns]
+def _check(records: pd.DataFrame, metric: Optional[metrics.Metric] = None) -> None:
+    missing = [c for c in (*_NEEDED, *([metric.column] if metric else [])) if c not in records.columns]
     if missing:
         raise ConfigError(f"records lack the columns {missing} that time to accuracy needs; pass the records of "
                           "staleopt.sweep.collect (config keys and per-epoch records)")
@@ -125,40 +134,50 @@ def with_pipeline_time(records: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
-def default_target(records: pd.DataFrame, baseline: str = "gpipe", margin: float = DEFAULT_MARGIN) -> float:
-    """``baseline``'s mean best test accuracy over its runs minus ``margin`` (PipeMare Table 2's targets
-    sit about a point below synchronous training)."""
-    _check(records)
+def default_target(records: pd.DataFrame, baseline: str = "gpipe", margin: float = DEFAULT_MARGIN,
+                   metric=None) -> float:
+    """``baseline``'s mean best test ``metric`` over its runs made worse by ``margin``
+    (:meth:`~staleopt.metrics.Metric.worse_by`: an accuracy minus ``margin``, a perplexity or loss times
+    ``1 + margin``; PipeMare Table 2's targets sit about a point below synchronous training)."""
+    metric = metrics.of(records, metric)
+    _check(records, metric)
     base = records[records["method"] == baseline]
     if base.empty:
-        raise ConfigError(f"no {baseline!r} runs to set the target from; pass a target accuracy "
+        raise ConfigError(f"no {baseline!r} runs to set the target from; pass a target {metric.label} "
                           f"(--target) or a baseline the sweep has: {sorted(set(records['method']))}")
-    return float(base.groupby("run")["test_acc"].max().mean()) - margin
+    best = base.groupby("run")[metric.column].agg(metric.best).mean()
+    return metric.worse_by(float(best), margin)
 
 
-def shared_target(sweep_dir=None, records: Optional[pd.DataFrame] = None) -> Optional[float]:
-    """The one target accuracy of a sweep directory, for every command, figure and notebook that reads it:
+def shared_target(sweep_dir=None, records: Optional[pd.DataFrame] = None, metric=None) -> Optional[float]:
+    """The one target of a sweep directory, for every command, figure and notebook that reads it:
     the one its report was written with (``report.json`` of ``staleopt demo`` / :func:`staleopt.compare`,
-    else a demo's ``run.json``), else :func:`default_target` of ``records`` when they have GPipe runs,
-    else ``None``."""
+    else a demo's ``run.json``) when that report's metric is ``metric`` (default the records' task's; a
+    report without a ``metric`` is accuracy's), else :func:`default_target` of ``records`` when they have
+    GPipe runs, else ``None``."""
+    wanted = metrics.of(records, metric) if records is not None or metric is not None else None
     if sweep_dir is not None:
         for name in ("report.json", "run.json"):
             path = Path(sweep_dir) / name
             if path.is_file():
-                target = json.loads(path.read_text()).get("target")
-                if target is not None:
+                report = json.loads(path.read_text())
+                target = report.get("target")
+                same = wanted is None or report.get("metric", metrics.ACCURACY.column) == wanted.column
+                if target is not None and same:
                     return float(target)
     if records is not None and len(records) and "gpipe" in set(records["method"]):
-        return default_target(records)
+        return default_target(records, metric=metric)
     return None
 
 
-def time_to_target(records: pd.DataFrame, target: float, keys: Sequence[str] = ("method", "stages")) -> pd.DataFrame:
-    """Per run: ``keys``, ``seed``, ``best_acc``, ``diverged``, ``steps_to_target`` and ``time_to_target``
-    (``T(steps_to_target)``; NaN where the run never reached ``target``)."""
-    _check(records)
+def time_to_target(records: pd.DataFrame, target: float, keys: Sequence[str] = ("method", "stages"),
+                   metric=None) -> pd.DataFrame:
+    """Per run: ``keys``, ``seed``, the metric's best (``best_acc``), ``diverged``, ``steps_to_target`` and
+    ``time_to_target`` (``T(steps_to_target)``; NaN where the run never reached ``target``)."""
+    metric = metrics.of(records, metric)
+    _check(records, metric)
     keys = list(dict.fromkeys([*keys, "method", "stages", "microbatches"]))
-    table = stats.per_run(records, keys, target=target)
+    table = stats.per_run(records, keys, target=target, metric=metric)
     times = []
     for row in table.itertuples():
         r = records[records["run"] == row.run]
@@ -168,7 +187,7 @@ def time_to_target(records: pd.DataFrame, target: float, keys: Sequence[str] = (
 
 
 def speedup_table(records: pd.DataFrame, target: float, baseline: str = "gpipe",
-                  keys: Sequence[str] = ("method", "stages")) -> pd.DataFrame:
+                  keys: Sequence[str] = ("method", "stages"), metric=None) -> pd.DataFrame:
     """Per group of ``keys``: ``runs``, ``reached`` (runs that reached ``target``), the mean
     ``steps_to_target`` and ``time_to_target`` over those, and ``speedup`` =
     baseline's mean time / this group's at the same ``P`` (NaN where either never reached it).
@@ -176,7 +195,7 @@ def speedup_table(records: pd.DataFrame, target: float, baseline: str = "gpipe",
     A group where only some runs reached the target has its mean over those and
     ``reached < runs``: read the speedup with that count.
     """
-    table = time_to_target(records, target, keys)
+    table = time_to_target(records, target, keys, metric)
     rows = []
     for key, g in table.groupby(list(keys), sort=False):
         key = key if isinstance(key, tuple) else (key,)

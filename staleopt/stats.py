@@ -6,22 +6,30 @@ Records are the per-epoch rows of :func:`staleopt.sweep.collect` (one row per
 * ``best_acc`` — the largest ``test_acc`` over its epochs (PipeMare App. C
   reports the best test accuracy across epochs); ``final_acc`` — the last
   epoch's; ``diverged`` — its last record has ``status == "diverged"``
-  (the run stopped there; it stays in every mean, never dropped);
+  (the run stopped there; it stays in every mean, never dropped). Those are the
+  columns of accuracy, the classification metric; every function takes the
+  :class:`~staleopt.metrics.Metric` (default: the records' task's,
+  :func:`staleopt.metrics.of`), and a lower-is-better metric's best is its
+  minimum: ``best_ppl``, ``final_ppl`` of a language model's ``test_ppl``;
+* ``excess_loss`` — where the records know the dataset's best achievable loss
+  (``best_loss``, nats per token), the run's lowest ``test_loss`` minus it;
 * ``steps_to_target`` — the optimizer step count at the end of the first epoch
-  whose ``test_acc`` reaches a target (NaN when no epoch does), the measured
-  half of PipeMare's time-to-accuracy (§4, Table 2; :mod:`staleopt.speedup`).
+  whose metric reaches a target (at or above it; at or below it when lower is
+  better; NaN when no epoch does), the measured half of PipeMare's
+  time-to-accuracy (§4, Table 2; :mod:`staleopt.speedup`).
 
 Across seeds: the mean and an interval that cannot leave the values' range of
 definition (:func:`interval`, the one rule every table, figure and claim uses):
 
 * with at least :data:`MIN_SEEDS_FOR_T` values, the Student-t interval
   ``mean ± t_{(1+level)/2, n-1} s / sqrt(n)`` intersected with ``bounds`` ([0, 1]
-  for an accuracy: the true mean lies there, so the intersection covers it as often);
+  for an accuracy: the true mean lies there, so the intersection covers it as often;
+  none for a perplexity or a loss, :attr:`staleopt.metrics.Metric.bounds`);
 * with fewer, the range ``[min, max]`` of the values: at ``n = 3`` the t factor is
   4.3 (12.7 at ``n = 2``), and an interval of ±1.2 on an accuracy says nothing that
   the three values themselves do not say better.
 
-A diverged run counts with the accuracy it had, in every mean, interval and count.
+A diverged run counts with the value it had, in every mean, interval and count.
 """
 from __future__ import annotations
 
@@ -30,6 +38,7 @@ from typing import Iterable, Optional, Sequence, Tuple
 
 import pandas as pd
 
+from . import metrics
 from .errors import ConfigError
 
 __all__ = ["HARDWARE_COLUMNS", "MIN_SEEDS_FOR_T", "ACCURACY", "t_interval", "interval", "interval_text", "interval_caption",
@@ -98,46 +107,59 @@ def interval_text(mean: float, lo: float, hi: float, digits: int = 3) -> str:
     return f"{mean:.{digits}f} [{lo:.{digits}f}, {hi:.{digits}f}]"
 
 
-def interval_caption(seeds: int, level: float = 0.95) -> str:
-    """What :func:`interval` gives for groups of ``seeds`` values, in words for a table or axis label."""
+def interval_caption(seeds: int, level: float = 0.95, bounds: Optional[Tuple[float, float]] = ACCURACY) -> str:
+    """What :func:`interval` gives for groups of ``seeds`` values (clipped to ``bounds``), in words for a table
+    or axis label."""
     if seeds < MIN_SEEDS_FOR_T:
         return f"mean [min, max] over {seeds} seed{'s' if seeds != 1 else ''}"
-    return f"mean [{level:.0%} t-interval within [0, 1]] over {seeds} seeds"
+    within = f" within [{bounds[0]:g}, {bounds[1]:g}]" if bounds is not None else ""
+    return f"mean [{level:.0%} t-interval{within}] over {seeds} seeds"
 
 
-def steps_to_target(run_records: pd.DataFrame, target: float) -> float:
-    """Optimizer steps at the end of the first epoch whose ``test_acc >= target``; NaN if none reaches it.
+def steps_to_target(run_records: pd.DataFrame, target: float, metric=None) -> float:
+    """Optimizer steps at the end of the first epoch whose ``metric`` reaches ``target`` (``>=``; ``<=`` when
+    lower is better: :meth:`~staleopt.metrics.Metric.reached`); NaN if none reaches it. ``metric``: a
+    :class:`~staleopt.metrics.Metric` or record column, default the records' task's.
 
     Evaluation happens once per epoch, so this is the step count of that epoch's
     record (an upper bound on the exact first step at the target, tight to one epoch).
     """
+    metric = metrics.of(run_records, metric)
     if not math.isfinite(target):
-        raise ConfigError(f"the target accuracy must be a finite number, got {target!r}")
+        raise ConfigError(f"the target {metric.label} must be a finite number, got {target!r}")
     r = run_records.sort_values("epoch")
-    hit = r[r["test_acc"] >= target]
+    hit = r[metric.reached(r[metric.column], target)]
     return float(hit["step"].iloc[0]) if len(hit) else math.nan
 
 
-def per_run(records: pd.DataFrame, keys: Sequence[str], target: Optional[float] = None) -> pd.DataFrame:
-    """One row per run: ``run``, ``keys``, ``seed``, ``best_acc``, ``final_acc``, ``final_loss``,
-    ``epochs_run``, ``steps_run``, ``diverged`` (bool), the hardware columns present in the records and,
-    given ``target``, ``steps_to_target`` (:func:`steps_to_target`)."""
-    missing = [c for c in ("run", "epoch", "test_acc", "status") if c not in records.columns]
+def per_run(records: pd.DataFrame, keys: Sequence[str], target: Optional[float] = None,
+            metric=None) -> pd.DataFrame:
+    """One row per run: ``run``, ``keys``, ``seed``, the metric's best and final value (``best_acc``,
+    ``final_acc`` for accuracy; :attr:`~staleopt.metrics.Metric.best_column`), ``final_loss`` (the last
+    training loss), ``epochs_run``, ``steps_run``, ``diverged`` (bool), the hardware columns present in the
+    records, ``best_loss`` and ``excess_loss`` (lowest ``test_loss`` minus ``best_loss``) where the records
+    know the dataset's best loss and, given ``target``, ``steps_to_target`` (:func:`steps_to_target`).
+    ``metric``: a :class:`~staleopt.metrics.Metric` or record column, default the records' task's."""
+    metric = metrics.of(records, metric)
+    missing = [c for c in ("run", "epoch", metric.column, "status") if c not in records.columns]
     if missing:
         raise ConfigError(f"records lack the columns {missing}; pass the records of staleopt.sweep.collect")
+    floor = "best_loss" in records.columns and bool(records["best_loss"].notna().any())
     rows = []
     for run, r in records.sort_values(["run", "epoch"]).groupby("run", sort=False):
         last = r.iloc[-1]
         row = {"run": run, **{k: last[k] for k in keys}}
         if "seed" in r.columns and "seed" not in keys:
             row["seed"] = last["seed"]
-        row.update({"best_acc": r["test_acc"].max(), "final_acc": last["test_acc"],
+        row.update({metric.best_column: metric.best(r[metric.column]), metric.final_column: last[metric.column],
                     "final_loss": last["train_loss"] if "train_loss" in r.columns else math.nan,
                     "epochs_run": len(r), "steps_run": last["step"] if "step" in r.columns else math.nan,
                     "diverged": last["status"] == "diverged"})
         row.update({c: last[c] for c in HARDWARE_COLUMNS if c in r.columns})
+        if floor:
+            row.update({"best_loss": last["best_loss"], "excess_loss": r["test_loss"].min() - last["best_loss"]})
         if target is not None:
-            row["steps_to_target"] = steps_to_target(r, target)
+            row["steps_to_target"] = steps_to_target(r, target, metric)
         rows.append(row)
     return pd.DataFrame(rows)
 

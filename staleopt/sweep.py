@@ -75,7 +75,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import pandas as pd
 
-from . import lease, registry
+from . import lease, metrics, registry
 from .checkpoint import (EXACT_FLOATS, Checkpoint, atomic_write_text, check_every, check_writable, read_done,
                          read_records)
 from .config import RunConfig, field_names, validate_field
@@ -692,18 +692,25 @@ def varies(column: pd.Series) -> bool:
     return column.map(lambda v: json.dumps(v, sort_keys=True, default=str)).nunique() > 1
 
 
-def summarize(records: pd.DataFrame, by: Optional[Sequence[str]] = None, level: float = 0.95) -> pd.DataFrame:
-    """Mean and ``level`` CI over seeds of each group's best and final test accuracy.
+def summarize(records: pd.DataFrame, by: Optional[Sequence[str]] = None, level: float = 0.95,
+              metric=None) -> pd.DataFrame:
+    """Mean and ``level`` CI over seeds of each group's best and final test ``metric``.
 
-    Per run: ``best_acc = max test_acc``, ``final_acc`` = test_acc of the
-    last epoch, ``final_loss`` = its train_loss, status = the last record's.
+    ``metric``: a :class:`~staleopt.metrics.Metric` or record column, default the
+    records' task's (:func:`staleopt.metrics.of`: test accuracy for classification,
+    test perplexity for a language model). Per run (:func:`staleopt.stats.per_run`):
+    for accuracy ``best_acc = max test_acc``, ``final_acc`` = test_acc of the
+    last epoch (for a lower-is-better metric the best is the minimum: ``best_ppl``,
+    ``final_ppl``), ``final_loss`` = its train_loss, status = the last record's.
     Groups: ``by``, default every config key except ``seed``; the output keeps
     the ``by`` columns that vary (and ``method``, ``stages``), then ``runs``,
     ``best_acc``, ``best_acc_lo``, ``best_acc_hi``, ``best_acc_ci``, the same
     for ``final_acc``, ``interval`` (:func:`staleopt.stats.interval`'s kind:
-    ``t`` or ``range``), ``final_loss``, ``diverged`` (count) and ``status``
-    (``ok``, ``diverged`` or ``k/n diverged``). ``*_lo``, ``*_hi``: the interval
-    every table and figure shows (within [0, 1]; the seeds' range below
+    ``t`` or ``range``), ``final_loss``, ``excess_loss`` (the mean lowest test loss
+    above the dataset's best achievable ``best_loss``; only where the records know
+    it), ``diverged`` (count) and ``status`` (``ok``, ``diverged`` or ``k/n
+    diverged``). ``*_lo``, ``*_hi``: the interval every table and figure shows
+    (within the metric's bounds, [0, 1] for an accuracy; the seeds' range below
     :data:`~staleopt.stats.MIN_SEEDS_FOR_T` seeds); ``*_ci``: the Student-t
     half-width, unclipped (NaN for one seed).
     """
@@ -715,17 +722,20 @@ def summarize(records: pd.DataFrame, by: Optional[Sequence[str]] = None, level: 
         raise ConfigError(f"cannot group by {unknown[0]!r}{hint}: not a config key; keys: {', '.join(field_names())}")
     if records.empty:
         return pd.DataFrame()
+    metric = metrics.of(records, metric)
     by = [c for c in (by or field_names()) if c != "seed" and c in records.columns]
-    table = per_run(records, by)
+    table = per_run(records, by, metric=metric)
     keep = [c for c in by if c in ("method", "stages") or varies(table[c])]
     rows = []
     for key, g in table.groupby(keep, sort=False, dropna=False):
         key = key if isinstance(key, tuple) else (key,)
         nd, n = divergence_count(g["diverged"])
         row = {**dict(zip(keep, key)), "runs": n}
-        for col in ("best_acc", "final_acc"):
-            mean, lo, hi, _, kind = interval(g[col], level)
+        for col in (metric.best_column, metric.final_column):
+            mean, lo, hi, _, kind = interval(g[col], level, metric.bounds)
             row.update({col: mean, f"{col}_lo": lo, f"{col}_hi": hi, f"{col}_ci": t_interval(g[col], level)[1]})
-        rows.append({**row, "interval": kind, "final_loss": t_interval(g["final_loss"], level)[0], "diverged": nd,
-                     "status": status_text(nd, n)})
+        row.update({"interval": kind, "final_loss": t_interval(g["final_loss"], level)[0]})
+        if "excess_loss" in g.columns:
+            row["excess_loss"] = t_interval(g["excess_loss"], level)[0]
+        rows.append({**row, "diverged": nd, "status": status_text(nd, n)})
     return pd.DataFrame(rows).sort_values(keep, kind="stable", ignore_index=True)

@@ -40,8 +40,11 @@ def register(subparsers) -> None:
                    help="another RunConfig field for every run; VALUE is JSON (a bare word is a string); repeat")
     p.add_argument("--out", default="runs/compare", help="sweep directory (default runs/compare)")
     p.add_argument("--target", type=float, default=None,
-                   help="accuracy of the time-to-accuracy table and claims (default: GPipe's mean best "
-                        "accuracy minus 0.01)")
+                   help="accuracy (or perplexity, loss: --metric) of the time-to-accuracy table and claims "
+                        "(default: GPipe's mean best accuracy minus 0.01, or its best perplexity plus 1%%)")
+    p.add_argument("--metric", choices=("test_acc", "test_ppl", "test_loss"), default=None,
+                   help="what runs are judged by (default the data's task's: test_acc for classification, "
+                        "test_ppl for a language model, test_loss for regression)")
     p.add_argument("--workers", type=int, default=1, help="parallel runs (default 1)")
     p.add_argument("--worker-threads", type=int, default=1, help="torch threads per run (default 1)")
     p.add_argument("--no-bar", action="store_true", help="no progress bar")
@@ -75,13 +78,13 @@ def run(args) -> int:
                           f"{args.stages!r} and {args.seeds!r}") from None
     result = compare(args.model, args.data, methods=[m for m in args.methods.split(",") if m.strip()],
                      stages=stages, seeds=seeds, out=args.out, target=args.target, workers=args.workers,
-                     threads=args.worker_threads, bar=not args.no_bar, **_settings(args.set))
+                     threads=args.worker_threads, bar=not args.no_bar, metric=args.metric, **_settings(args.set))
     from ..stats import interval_caption
-    seeds = int(result.summary["runs"].max())
-    print(f"best test accuracy over epochs ({interval_caption(seeds)}; 'div' = runs that diverged):")
+    seeds, m = int(result.summary["runs"].max()), result.metric
+    print(f"best {m.label} over epochs ({interval_caption(seeds, bounds=m.bounds)}; 'div' = runs that diverged):")
     print(result.table().to_string())
     if result.target is not None:
-        print(f"\ntime to accuracy {result.target:.3f}: speedup over GPipe at the same P (pipeline time):")
+        print(f"\ntime to {m.noun} {m.format(result.target)}: speedup over GPipe at the same P (pipeline time):")
         print(result.speedup_table().to_string())
     print("\nclaims (evaluated from these runs):")
     print(result.claims.to_string(index=False, max_colwidth=120))

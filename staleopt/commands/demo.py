@@ -8,6 +8,7 @@ import os
 import platform
 import time
 from pathlib import Path
+from typing import Optional
 
 from ..errors import ConfigError
 from ..validate import check_int
@@ -69,9 +70,9 @@ def register(subparsers) -> None:
     p.set_defaults(func=run)
 
 
-def _cell(mean, lo, hi, diverged, runs):
+def _cell(mean, lo, hi, diverged, runs, digits=3):
     from ..stats import interval_text
-    text = interval_text(mean, lo, hi)
+    text = interval_text(mean, lo, hi, digits)
     return text + (f" ({diverged}/{runs} div)" if diverged and text != "-" else "")
 
 
@@ -82,15 +83,22 @@ def _in_order(methods):
                                                          else len(METHOD_ORDER), m))
 
 
-def pivot(summary, value: str = "best_acc"):
+def pivot(summary, value: Optional[str] = None):
     """Methods x stages table of ``value``: ``mean [lo, hi]`` over seeds (:func:`staleopt.stats.interval`:
-    the seeds' range below 4 seeds, else the 95% t-interval within [0, 1]), diverged runs counted in each cell.
+    the seeds' range below 4 seeds, else the 95% t-interval, within [0, 1] for an accuracy), diverged runs
+    counted in each cell, with the metric's digits.
 
-    ``summary`` is :func:`staleopt.sweep.summarize` grouped by method and stages; rows follow
+    ``summary`` is :func:`staleopt.sweep.summarize` grouped by method and stages; ``value`` one of its
+    per-run columns (default the best of its metric: ``best_acc``, ``best_ppl``); rows follow
     :data:`staleopt.plot.sweep.METHOD_ORDER`.
     """
+    from .. import metrics
+    if value is None:
+        value = next((m.best_column for m in metrics.METRICS.values() if m.best_column in summary.columns),
+                     metrics.ACCURACY.best_column)
+    digits = metrics.per_run_column(value)[0].digits
     return _pivot({(r.method, int(r.stages)): _cell(getattr(r, value), getattr(r, value + "_lo"),
-                                                    getattr(r, value + "_hi"), r.diverged, r.runs)
+                                                    getattr(r, value + "_hi"), r.diverged, r.runs, digits)
                    for r in summary.itertuples()}, summary["method"])
 
 
@@ -153,7 +161,8 @@ def _show(result) -> None:
     if result.memory is not None and "total_ratio_gpipe" in result.memory:
         hw = hw.join(result.memory.set_index(["method", "stages"])[["total_ratio_gpipe"]])
     largest = int(summary["stages"].max())
-    print(f"\nbest test accuracy over epochs ({interval_caption(int(summary['runs'].max()))}; "
+    m = result.metric
+    print(f"\nbest {m.label} over epochs ({interval_caption(int(summary['runs'].max()), bounds=m.bounds)}; "
           "'div' = runs that diverged):")
     table = result.table()
     print(table.to_string())
@@ -161,8 +170,8 @@ def _show(result) -> None:
           f"(x GPipe) at P = {largest}:")
     at = hw.xs(largest, level="stages") if largest in hw.index.get_level_values("stages") else hw
     print(at.loc[[m for m in table.index if m in at.index]].to_string(float_format=lambda v: f"{v:.3f}"))
-    print(f"\ntime to accuracy {result.target:.3f}: speedup over GPipe at the same P (pipeline time = steps to the "
-          "target / utilization; (k/n): only k of n seeds reached it):")
+    print(f"\ntime to {m.noun} {m.format(result.target)}: speedup over GPipe at the same P (pipeline time = steps "
+          "to the target / utilization; (k/n): only k of n seeds reached it):")
     print(result.speedup_table().to_string())
     print("\nclaims (evaluated from these runs):")
     print(result.claims.to_string(index=False, max_colwidth=120))

@@ -7,6 +7,9 @@ from pathlib import Path
 
 __all__ = ["register", "run"]
 
+#: The per-run values ``--metric`` takes: the best and final value of every metric.
+_VALUES = ("best_acc", "final_acc", "best_ppl", "final_ppl", "best_test_loss", "final_test_loss")
+
 EXAMPLES = """\
 examples:
   staleopt plot runs/demo                  # runs/demo/plots/accuracy_vs_stages.png
@@ -23,6 +26,9 @@ by the pipeline utilization; PipeMare Table 2). Diverged runs are drawn as x,
 never dropped.
 --curves draws test accuracy against epochs at one stage count (Fig. 7/8);
 --time draws it against simulated pipeline time (Fig. 11).
+A language model's sweep draws test perplexity instead (lower is better; the
+target is GPipe's best perplexity plus 1%), and --metric picks another value
+(e.g. best_test_loss), in every figure.
 """
 
 
@@ -42,8 +48,9 @@ def register(subparsers) -> None:
                    help="target accuracy of the time-to-accuracy panel and line (default: the sweep's own, "
                         "from SWEEP_DIR/report.json; else GPipe's mean best accuracy minus 0.01)")
     p.add_argument("--stages", type=int, default=None, help="stage count P of the --curves or --time plot")
-    p.add_argument("--metric", choices=("best_acc", "final_acc"), default="best_acc",
-                   help="accuracy shown against stages (default best_acc: the best over epochs)")
+    p.add_argument("--metric", choices=_VALUES, default=None,
+                   help="value shown against stages, and its metric in the curves (default: the best over epochs "
+                        "of the sweep's metric, best_acc for classification, best_ppl for a language model)")
     p.add_argument("--methods", default=None, help="comma-separated methods to draw (default: all in the sweep)")
     p.add_argument("--level", type=float, default=0.95, help="confidence level of the bands (default 0.95)")
     p.add_argument("--title", default=None, help="figure title (default: read off the runs' configs)")
@@ -65,7 +72,9 @@ def run(args) -> int:
     records = collect(sweep_dir)
     if records.empty:
         raise ConfigError(f"{sweep_dir} holds no finished runs: run the sweep first")
-    target = args.target if args.target is not None else speedup.shared_target(sweep_dir, records)
+    from ..metrics import per_run_column
+    metric = per_run_column(args.metric)[0] if args.metric else None
+    target = args.target if args.target is not None else speedup.shared_target(sweep_dir, records, metric)
     title = args.title or plots.describe(records)
     mine = sweep_dir / "plots"
     if args.curves and args.time:
@@ -76,11 +85,11 @@ def run(args) -> int:
                               "stage counts)")
         if args.curves:
             fig = plots.plot_accuracy_vs_epoch(records, args.stages, level=args.level, methods=methods,
-                                               title=f"{title}, P = {args.stages}")
+                                               title=f"{title}, P = {args.stages}", metric=metric)
             out = args.out or mine / f"accuracy_vs_epoch_P{args.stages}.png"
         else:
             fig = plots.plot_accuracy_vs_time(records, args.stages, target=target, level=args.level,
-                                              methods=methods, title=f"{title}, P = {args.stages}")
+                                              methods=methods, title=f"{title}, P = {args.stages}", metric=metric)
             out = args.out or mine / f"accuracy_vs_time_P{args.stages}.png"
     else:
         if args.stages is not None:

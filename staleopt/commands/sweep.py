@@ -57,6 +57,12 @@ with its target. The target is the sweep's own (the one `staleopt demo` or
 `staleopt compare` wrote into SWEEP_DIR/report.json), else GPipe's mean best
 accuracy minus 0.01. The files go to SWEEP_DIR/results/, so the demo's own
 summary.csv and speedup.csv are never overwritten.
+
+The metric is the task's (staleopt.metrics): test accuracy for classification;
+for a language model test perplexity (best_ppl, final_ppl: lower is better, the
+target is reached at or below it, by default GPipe's best plus 1%), with
+excess_loss, the lowest test loss above the dataset's best achievable loss,
+where the data knows it. --metric test_loss summarizes the loss instead.
 """
 
 
@@ -105,8 +111,12 @@ def register(subparsers) -> None:
     r.add_argument("--csv", default=None, help="summary CSV path (default SWEEP_DIR/results/summary.csv)")
     r.add_argument("--records", default=None, help="all records CSV path (default SWEEP_DIR/results/records.csv)")
     r.add_argument("--target", type=float, default=None,
-                   help="target accuracy of the time-to-accuracy table (default: the sweep's own, from "
-                        "SWEEP_DIR/report.json; else GPipe's mean best accuracy minus 0.01)")
+                   help="target accuracy (perplexity, loss: --metric) of the time-to-accuracy table (default: the "
+                        "sweep's own, from SWEEP_DIR/report.json; else GPipe's mean best accuracy minus 0.01, or "
+                        "its best perplexity plus 1%%)")
+    r.add_argument("--metric", choices=("test_acc", "test_ppl", "test_loss"), default=None,
+                   help="the test metric summarized (default the sweep's task's: test_acc for classification, "
+                        "test_ppl for a language model, test_loss for regression)")
     r.add_argument("--partial", action="store_true",
                    help="include runs in flight or interrupted, up to their last recorded epoch")
     r.set_defaults(func=run_results_command)
@@ -180,6 +190,7 @@ def run_sweep_command(args) -> int:
 def run_results_command(args) -> int:
     from .. import speedup, sweep
     from ..config import field_names
+    from .. import metrics
     from ..stats import interval_caption, interval_text
 
     sweep_dir = Path(args.sweep_dir)
@@ -192,7 +203,8 @@ def run_results_command(args) -> int:
     for why in damaged.values():  # one bad run is reported; the others are summarized
         print(f"skipped a damaged run: {why}", file=sys.stderr)
     by = args.by.split(",") if args.by else None
-    summary = sweep.summarize(records, by=by, level=args.level)
+    metric = metrics.of(records, args.metric)
+    summary = sweep.summarize(records, by=by, level=args.level, metric=metric)
     mine = sweep_dir / "results"  # never the demo's or compare's own files
     mine.mkdir(exist_ok=True)
     records.to_csv(args.records or mine / "records.csv", index=False)
@@ -201,24 +213,29 @@ def run_results_command(args) -> int:
         print(f"{sweep_dir}: no {'recorded' if args.partial else 'finished'} runs yet ({states})")
         return 1 if damaged else 0
     shown = summary.copy()
-    for col in ("best_acc", "final_acc"):
+    values = (metric.best_column, metric.final_column)
+    for col in values:
         shown[col] = [interval_text(m, lo, hi, 4) for m, lo, hi in
                       zip(summary[col], summary[f"{col}_lo"], summary[f"{col}_hi"])]
-    shown = shown.drop(columns=[f"{c}_{s}" for c in ("best_acc", "final_acc") for s in ("lo", "hi", "ci")]
-                       + ["diverged", "interval"])
+    shown = shown.drop(columns=[f"{c}_{s}" for c in values for s in ("lo", "hi", "ci")] + ["diverged", "interval"])
     print(shown.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
-    print(f"(accuracies: {interval_caption(int(summary['runs'].max()), args.level)})")
+    caption = interval_caption(int(summary['runs'].max()), args.level, metric.bounds)
+    what = "accuracies" if metric is metrics.ACCURACY else \
+        f"{metric.label}, {'higher' if metric.higher_is_better else 'lower'} is better"
+    print(f"({what}: {caption})")
+    if "excess_loss" in summary.columns:
+        print("(excess_loss: the lowest test loss above the dataset's best achievable loss, nats per token)")
     print(f"\n{sum(states.values())} runs: " + ", ".join(f"{n} {s}" for s, n in sorted(states.items())))
     if args.partial and set(states) - {"done"}:
         print("--partial: runs not done count with their last recorded epoch as the final one")
     written = [args.csv or mine / "summary.csv", args.records or mine / "records.csv"]
-    target = args.target if args.target is not None else speedup.shared_target(sweep_dir, records)
+    target = args.target if args.target is not None else speedup.shared_target(sweep_dir, records, metric)
     if target is not None:
         keys = [k for k in summary.columns if k in field_names() and k != "method"]
-        fast = speedup.speedup_table(records, target, keys=["method", *keys])
+        fast = speedup.speedup_table(records, target, keys=["method", *keys], metric=metric)
         fast.to_csv(mine / "speedup.csv", index=False)
         written.append(mine / "speedup.csv")
-        print(f"\ntime to accuracy {target:.4g} (pipeline time = steps to the target / utilization; speedup over "
+        print(f"\ntime to {metric.noun} {target:.4g} (pipeline time = steps to the target / utilization; speedup over "
               "gpipe at the same configuration; mean over the runs that reached it):")
         print(fast.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
     print(f"wrote {', '.join(map(str, written))}")

@@ -29,7 +29,9 @@ reproduce` from the run directory; the experiments and recipes are in
 
 How a verdict is reached (`staleopt/ledger/verdict.py`): a run's score is its
 test accuracy at the end of training (a diverged run keeps the accuracy it had
-when it stopped). Runs with the same seed share initial weights and data
+when it stopped); a check on a language model compares test perplexity, lower
+is better, with every difference taken so that positive means better
+(`staleopt/metrics.py`). Runs with the same seed share initial weights and data
 order, so methods are compared per seed; intervals are 95% Student-t
 intervals over seeds (`mean ± t s / sqrt(n)`). "better": reproduced when the
 interval of the per-seed difference lies above 0, partly when only its mean

@@ -26,6 +26,8 @@ experiment::
     rule = "better"               # see staleopt.ledger.verdict.RULES
     a = {recipe = "pipemare", method = "pipemare", stages = "max"}
     b = {recipe = "pipemare", method = "pipemare-t1", stages = "max"}
+    metric = "test_ppl"           # optional: the record column compared (default: the runs' task's,
+                                  # staleopt.metrics; a margin of 1 or more needs an unbounded metric named)
 
 A selector (``a``, ``b``, ``reference``) names a recipe and config values;
 ``stages = "max"`` is the largest stage count among the runs it matches.
@@ -42,12 +44,13 @@ that horizon compares.
 from __future__ import annotations
 
 import dataclasses
+import math
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from .. import sweep
+from .. import metrics, sweep
 from ..config import RunConfig, field_names
 from ..errors import ConfigError, SweepConfigError
 from ..validate import check_int
@@ -65,7 +68,7 @@ LEDGER_DIR = Path(__file__).resolve().parents[2] / "experiments" / "ledger"
 RULE_KEYS = {"better": ("a", "b"), "not-worse": ("a", "b"), "matches": ("a", "b"),
              "degrades": ("a", "reference"), "gap-grows": ("a", "b")}
 _CHECK_KEYS = {"id", "claim", "source", "paper_number", "rule", "a", "b", "reference", "margin", "horizons",
-               "paper_horizon"}
+               "paper_horizon", "metric"}
 _TEXT_KEYS = ("id", "claim", "source", "paper_number", "rule")
 
 
@@ -109,6 +112,8 @@ class Check:
     #: Run lengths (multiples of the recipe's epochs) the check is evaluated at, ascending; 1 always among them.
     horizons: Tuple[int, ...] = (1,)
     paper_horizon: Optional[PaperHorizon] = None
+    #: The record column compared (:mod:`staleopt.metrics`); ``None``: the runs' task's metric.
+    metric: Optional[str] = None
 
 
 @dataclass
@@ -280,13 +285,21 @@ def _check(path: Path, i: int, spec: Dict[str, Any], recipes: Dict[str, Recipe],
     extra = [k for k in ("a", "b", "reference") if k in spec and k not in RULE_KEYS[rule]]
     if extra:
         raise SweepConfigError(f"{where}: rule {rule!r} takes {', '.join(RULE_KEYS[rule])}, not {extra}")
+    metric = spec.get("metric")
+    if metric is not None:
+        try:
+            metric = metrics.get(metric).column
+        except ConfigError as e:
+            raise SweepConfigError(f"{where}: {e}") from None
+    top = math.inf if metric is not None and metrics.get(metric).bounds is None else 1  # accuracy points below 1
     margin = spec.get("margin", 0.01)
-    if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not 0 < margin < 1:
-        raise SweepConfigError(f"{where}: margin must be a number in (0, 1) (accuracy points), got {margin!r}")
+    if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not 0 < margin < top:
+        raise SweepConfigError(f"{where}: margin must be a number in (0, 1) (accuracy points), or above 0 in the "
+                               f"units of the unbounded metric the check names (metric = \"test_ppl\"), got {margin!r}")
     horizons = _horizons(where, spec.get("horizons", defaults["horizons"]))
     paper = _paper_horizon(where, spec.get("paper_horizon", defaults["paper_horizon"]))
     return Check(spec["id"], spec["claim"], spec["source"], spec["paper_number"], rule, selectors, float(margin),
-                 horizons, paper)
+                 horizons, paper, metric)
 
 
 def load_experiment(path: Path, scale: str = "cpu", recipes: Optional[Dict[str, Recipe]] = None) -> Experiment:

@@ -1,7 +1,12 @@
-"""Verdicts computed from the runs: each check's rule applied to per-seed test accuracies.
+"""Verdicts computed from the runs: each check's rule applied to per-seed test scores.
 
-A run's score is its test accuracy at the end of training (a run that
-diverged scores the accuracy recorded when it stopped). Runs of different
+A run's score is its test metric at the end of training (a run that diverged
+scores the value recorded when it stopped): the check's ``metric`` when it
+names one, else the runs' task's (:mod:`staleopt.metrics`: test accuracy for
+classification, test perplexity for a language model). Every difference below
+is a gain (:meth:`staleopt.metrics.Metric.gain`): ``a_s - b_s`` for an accuracy,
+``b_s - a_s`` for a perplexity or a loss, so "above 0" means "a is better" for
+every metric, and the trends read the same. Runs of different
 methods with the same seed share the initial weights and the data order, so
 comparisons are paired by seed: the rule looks at the per-seed differences
 ``d_s`` and their mean with a 95% Student-t interval
@@ -20,8 +25,8 @@ degrades   ``a_s`` at the smallest P minus at the      both intervals above   bo
            largest P
 =========  ==========================================  =====================  ======================
 
-``m`` is the check's margin (default 0.01, one accuracy point). Anything
-else is "not reproduced", with the reason.
+``m`` is the check's margin (default 0.01, one accuracy point), in the
+metric's units. Anything else is "not reproduced", with the reason.
 
 **Horizons.** A check is evaluated at each of its run lengths (horizons,
 :mod:`staleopt.ledger.spec`) on the runs of that length alone. The per-seed
@@ -45,6 +50,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import pandas as pd
 
+from .. import metrics
 from ..stats import t_interval
 from .spec import Check, selects
 
@@ -71,8 +77,8 @@ class Row:
     verdict: str
     reason: str = ""
     #: The per-seed quantity the verdict rests on (mean and 95% half-width; NaN when not computed): the
-    #: difference a - b, the growth of the gap (gap-grows), or the accuracy lost from the smallest to the
-    #: largest P (degrades).
+    #: gain of a over b, the growth of the gap (gap-grows), or the score lost from the smallest to the
+    #: largest P (degrades); positive means better for a (module docstring).
     estimate: float = math.nan
     half_width: float = math.nan
     #: ``(seed, g_s)``: the per-seed gap the trend across horizons follows (module docstring).
@@ -81,6 +87,8 @@ class Row:
     horizon: int = 1
     ratio: float = math.nan
     steps: int = 0
+    #: The record column the scores are in (:mod:`staleopt.metrics`).
+    metric: str = metrics.ACCURACY.column
 
 
 @dataclass(frozen=True)
@@ -94,7 +102,8 @@ class Trend:
 
 def scores(records: pd.DataFrame, recipe_of: Dict[str, str], horizon_of: Optional[Dict[str, int]] = None) -> List[Dict]:
     """One dict per finished run: its config columns, its last record's columns, ``recipe``, ``horizon`` (from
-    ``horizon_of``, default 1), ``score`` (final test accuracy), ``diverged``."""
+    ``horizon_of``, default 1), ``metric`` (the run's task's, :func:`staleopt.metrics.task_of`), ``score``
+    (its final value: the final test accuracy of a classifier), ``diverged``."""
     out = []
     if records.empty:
         return out
@@ -102,16 +111,17 @@ def scores(records: pd.DataFrame, recipe_of: Dict[str, str], horizon_of: Optiona
         if run not in recipe_of:
             continue
         last = r.iloc[-1]
+        metric = metrics.for_task(metrics.task_of(r))
         row = {k: last[k] for k in r.columns if k not in ("run",)}
         row.update(run=run, recipe=recipe_of[run], horizon=(horizon_of or {}).get(run, 1), stages=int(last["stages"]),
-                   seed=int(last["seed"]),
-                   score=float(last["test_acc"]), diverged=last["status"] == "diverged")
+                   seed=int(last["seed"]), metric=metric.column,
+                   score=float(last[metric.column]), diverged=last["status"] == "diverged")
         out.append(row)
     return out
 
 
-def _by_seed(rows) -> Dict[int, float]:
-    return {r["seed"]: r["score"] for r in rows}
+def _by_seed(rows, key) -> Dict[int, float]:
+    return {r["seed"]: key(r) for r in rows}
 
 
 def _paired(a: Dict[int, float], b: Dict[int, float]) -> List[float]:
@@ -122,8 +132,8 @@ def _paired_by_seed(a: Dict[int, float], b: Dict[int, float]) -> Tuple[Tuple[int
     return tuple((s, a[s] - b[s]) for s in sorted(set(a) & set(b)))
 
 
-def _group_text(label: str, rows) -> str:
-    mean, half, n = t_interval([r["score"] for r in rows])
+def _group_text(label: str, rows, value) -> str:
+    mean, half, n = t_interval([value(r) for r in rows])
     div = sum(r["diverged"] for r in rows)
     ci = "" if math.isnan(half) else f" ± {half:.3f}"
     return f"{label}: {mean:.3f}{ci} ({n} runs{f', {div} diverged' if div else ''})"
@@ -160,24 +170,59 @@ def _by_stages(rows) -> Dict[int, List[Dict]]:
     return dict(sorted(out.items()))
 
 
+def _metric(check: Check, groups: Dict[str, List[Dict]]) -> Tuple[metrics.Metric, Optional[str]]:
+    """The metric ``check`` compares: its own, else the one the runs' scores are in (runs without a ``metric``
+    are accuracy's); a reason instead when the runs' metrics differ."""
+    if check.metric is not None:
+        return metrics.get(check.metric), None
+    found = sorted({r.get("metric", metrics.ACCURACY.column) for g in groups.values() for r in g})
+    if len(found) > 1:
+        return metrics.ACCURACY, (f"the runs are scored in different metrics ({', '.join(found)}); name the "
+                                  "check's metric")
+    return metrics.get(found[0]) if found else metrics.ACCURACY, None
+
+
 def evaluate(check: Check, runs: Sequence[Dict], experiment: str, setting: str) -> Row:
     """The ledger row of ``check`` on the finished ``runs`` (from :func:`scores`)."""
     groups = {k: selects(runs, sel) for k, sel in check.selectors.items()}
+    metric, mixed = _metric(check, groups)
 
     def row(ours, verdict, reason="", d=(), gaps=()):
         mean, half, _ = t_interval(d)
         return Row(experiment, check.id, check.claim, check.source, check.paper_number, setting, ours, verdict, reason,
-                   mean, half, tuple(gaps))
+                   mean, half, tuple(gaps), metric=metric.column)
 
     missing = [k for k, g in groups.items() if not g]
     if missing:
         return row("-", NOT_RUN, "no finished runs yet of " + "; ".join(describe(check.selectors[k]) for k in missing))
+    if mixed:
+        return row("-", NOT, mixed)
+
+    def value(r):   # the run's score in the check's metric
+        return float(r[metric.column]) if check.metric is not None else r["score"]
+
+    sign = 1.0 if metric.higher_is_better else -1.0
+
+    def key(r):     # signed so that differences are gains
+        return sign * value(r)
+
+    def by_seed(rows):
+        return _by_seed(rows, key)
+
+    def group_text(label, rows):
+        return _group_text(label, rows, value)
+
+    def minus(x, y):    # a gain in words: the raw difference that equals it
+        return f"{x} - {y}" if metric.higher_is_better else f"{y} - {x}"
+
+    gain_name = "difference" if metric.higher_is_better else f"gain ({metric.noun}, lower is better)"
+
     m = check.margin
     if check.rule in ("better", "not-worse", "matches"):
         a, b = groups["a"], groups["b"]
-        d = _paired(_by_seed(a), _by_seed(b))
-        ours = "; ".join([_group_text(_label(check.selectors["a"], a), a),
-                          _group_text(_label(check.selectors["b"], b), b), _diff_text("difference", d)])
+        d = _paired(by_seed(a), by_seed(b))
+        ours = "; ".join([group_text(_label(check.selectors["a"], a), a),
+                          group_text(_label(check.selectors["b"], b), b), _diff_text(gain_name, d)])
         mean = t_interval(d)[0]
         if check.rule == "better":
             verdict = _judge(d, lambda lo, hi: lo > 0, lambda mu: mu > 0)
@@ -192,19 +237,19 @@ def evaluate(check: Check, runs: Sequence[Dict], experiment: str, setting: str) 
             verdict = _judge(d, lambda lo, hi: -m < lo and hi < m, lambda mu: abs(mu) < m)
             reason = {PARTLY: f"mean difference {mean:+.3f} is within ±{m:.2f}, but the 95% interval leaves ±{m:.2f}",
                       NOT: f"differs by {mean:+.3f}, more than the margin ±{m:.2f}"}.get(verdict, "")
-        return row(ours, verdict, reason, d, _paired_by_seed(_by_seed(a), _by_seed(b)))
+        return row(ours, verdict, reason, d, _paired_by_seed(by_seed(a), by_seed(b)))
     if check.rule == "gap-grows":
         a, b = _by_stages(groups["a"]), _by_stages(groups["b"])
         stages = sorted(set(a) & set(b))
         if len(stages) < 2:
             return row("-", NOT_RUN, "needs both methods at two or more stage counts")
-        gaps = {p: _paired(_by_seed(a[p]), _by_seed(b[p])) for p in stages}
+        gaps = {p: _paired(by_seed(a[p]), by_seed(b[p])) for p in stages}
         lo_p, hi_p = stages[0], stages[-1]
-        seeds = sorted(set(_by_seed(a[lo_p])) & set(_by_seed(b[lo_p])) & set(_by_seed(a[hi_p])) & set(_by_seed(b[hi_p])))
-        d = [(_by_seed(a[hi_p])[s] - _by_seed(b[hi_p])[s]) - (_by_seed(a[lo_p])[s] - _by_seed(b[lo_p])[s])
+        seeds = sorted(set(by_seed(a[lo_p])) & set(by_seed(b[lo_p])) & set(by_seed(a[hi_p])) & set(by_seed(b[hi_p])))
+        d = [(by_seed(a[hi_p])[s] - by_seed(b[hi_p])[s]) - (by_seed(a[lo_p])[s] - by_seed(b[lo_p])[s])
              for s in seeds]
         name_a, name_b = check.selectors["a"].get("method"), check.selectors["b"].get("method")
-        ours = "; ".join([_diff_text(f"{name_a} - {name_b} at P={p}", gaps[p]) for p in stages]
+        ours = "; ".join([_diff_text(f"{minus(name_a, name_b)} at P={p}", gaps[p]) for p in stages]
                          + [_diff_text(f"growth P={lo_p}->{hi_p}", d)])
         verdict = _judge(d, lambda lo, hi: lo > 0, lambda mu: mu > 0)
         mean = t_interval(d)[0]
@@ -217,13 +262,13 @@ def evaluate(check: Check, runs: Sequence[Dict], experiment: str, setting: str) 
     if len(stages) < 2:
         return row("-", NOT_RUN, "needs the method at two or more stage counts")
     lo_p, hi_p = stages[0], stages[-1]
-    growth = _paired(_by_seed(a[lo_p]), _by_seed(a[hi_p]))
-    drop = _paired(_by_seed(ref), _by_seed(a[hi_p]))
-    drops = _paired_by_seed(_by_seed(ref), _by_seed(a[hi_p]))
+    growth = _paired(by_seed(a[lo_p]), by_seed(a[hi_p]))
+    drop = _paired(by_seed(ref), by_seed(a[hi_p]))
+    drops = _paired_by_seed(by_seed(ref), by_seed(a[hi_p]))
     name = check.selectors["a"].get("method")
-    ours = "; ".join([_group_text(_label(check.selectors["reference"], ref), ref)]
-                     + [_group_text(f"{name} P={p}", a[p]) for p in stages]
-                     + [_diff_text(f"P={lo_p} minus P={hi_p}", growth),
+    ours = "; ".join([group_text(_label(check.selectors["reference"], ref), ref)]
+                     + [group_text(f"{name} P={p}", a[p]) for p in stages]
+                     + [_diff_text(minus(f"P={lo_p}", f"P={hi_p}").replace(" - ", " minus "), growth),
                         _diff_text(f"drop from {check.selectors['reference'].get('method')} at P={hi_p}", drop)])
     v_growth = _judge(growth, lambda lo, hi: lo > 0, lambda mu: mu > 0)
     v_drop = _judge(drop, lambda lo, hi: lo > 0, lambda mu: mu > 0)

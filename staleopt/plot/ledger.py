@@ -13,6 +13,7 @@ import math
 from pathlib import Path
 from typing import Optional, Sequence, Tuple
 
+from .. import metrics
 from ..ledger.spec import Check
 from ..ledger.verdict import Row, trend
 from ..stats import t_interval
@@ -20,15 +21,24 @@ from ..stats import t_interval
 __all__ = ["gap_label", "horizon_figure"]
 
 
-def gap_label(check: Check) -> str:
-    """What the y axis of ``check``'s panel measures (final test accuracy, per seed)."""
+def gap_label(check: Check, metric=metrics.ACCURACY) -> str:
+    """What the y axis of ``check``'s panel measures, per seed: a gain in ``metric`` (a
+    :class:`~staleopt.metrics.Metric` or record column; final test accuracy by default), written as the
+    raw difference that equals it (``b - a`` of a perplexity: lower is better), with the metric named
+    when it is not accuracy."""
+    metric = metrics.get(metric)
     sel = check.selectors
     name = {k: v.get("method", k) for k, v in sel.items()}
+
+    def minus(x, y):
+        return f"{name[x]} - {name[y]}" if metric.higher_is_better else f"{name[y]} - {name[x]}"
     if check.rule == "degrades":
-        return f"{name['reference']} - {name['a']} at the largest P"
-    if check.rule == "gap-grows":
-        return f"growth of {name['a']} - {name['b']}, smallest to largest P"
-    return f"{name['a']} - {name['b']}"
+        label = f"{minus('reference', 'a')} at the largest P"
+    elif check.rule == "gap-grows":
+        label = f"growth of {minus('a', 'b')}, smallest to largest P"
+    else:
+        label = minus("a", "b")
+    return label if metric is metrics.ACCURACY else f"{label} ({metric.noun})"
 
 
 def _panel(ax, check: Check, rows: Sequence[Row]) -> None:
@@ -56,7 +66,7 @@ def _panel(ax, check: Check, rows: Sequence[Row]) -> None:
     if xs:
         ax.set_xlim(min(xs) / 2, max(xs) * 2)
     ax.set_xlabel(r"$\tau_{max}$ / steps (log)")
-    ax.set_ylabel(gap_label(check), fontsize=8)
+    ax.set_ylabel(gap_label(check, rows[0].metric if rows else metrics.ACCURACY), fontsize=8)
     ax.set_title(f"{check.id}: {trend(rows).label}", fontsize=9)
     ax.legend(fontsize=6, loc="best")
 

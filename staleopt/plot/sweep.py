@@ -5,6 +5,11 @@ directory) and return a matplotlib ``Figure`` (no pyplot: ``savefig`` renders
 with Agg). Lines are one per method (and per any other config key the sweep
 varies, seeds pooled); each method keeps its color across panels and figures.
 
+Every figure draws the records' metric (:mod:`staleopt.metrics`: test accuracy for
+classification, test perplexity for a language model, or the one named by ``metric=``):
+its axis label, the interval's bounds ([0, 1] and a [0, 1] axis for an accuracy only)
+and the direction of "reaching" a target come from it.
+
 * :func:`plot_accuracy_vs_stages`: three panels against the number of stages
   ``P`` (PipeMare Fig. 2, 3): pipeline utilization, weight + optimizer memory
   relative to GPipe, and test accuracy (by default the best over epochs, as
@@ -23,8 +28,8 @@ varies, seeds pooled); each method keeps its color across panels and figures.
 
 One rule for divergence, the tables' and claims' (:mod:`staleopt.stats`): a
 diverged run is drawn (``x`` at its last record) and counted in every mean; a
-curve carries it at its last accuracy after it stopped (:func:`carried`), so a
-curve ends at the table's mean final accuracy. Titles are read off the records'
+curve carries it at its last value after it stopped (:func:`carried`), so a
+curve ends at the table's mean final value. Titles are read off the records'
 configs (:func:`describe`), never typed in. Fewer than :data:`CATEGORICAL_BELOW`
 stage counts are drawn as categories, not joined as a trend.
 """
@@ -36,7 +41,7 @@ from typing import List, Optional, Sequence, Tuple, Union
 import numpy as np
 import pandas as pd
 
-from .. import speedup, stats
+from .. import metrics, speedup, stats
 from ..errors import ConfigError
 
 __all__ = ["METHOD_ORDER", "CATEGORICAL_BELOW", "per_run", "line_keys", "describe", "carried", "plot_accuracy_vs_stages", "plot_accuracy_vs_epoch",
@@ -46,7 +51,6 @@ __all__ = ["METHOD_ORDER", "CATEGORICAL_BELOW", "per_run", "line_keys", "describ
 METHOD_ORDER = ("gpipe", "pipedream-flush", "pipedream", "pipedream-vs", "pipedream-2bw", "pipemare-stash",
                 "1f1b", "dataflow", "pb", "pb-hybrid", "pipeoptim", "spectrain", "xpipe", "pipemare-t1",
                 "pipemare", "pipemare-w")
-_METRICS = {"best_acc": "best test accuracy", "final_acc": "final test accuracy"}
 
 
 def _records(source) -> pd.DataFrame:
@@ -99,12 +103,12 @@ def describe(source) -> str:
     return ", ".join(p for p in parts if p)
 
 
-def per_run(source, target: Optional[float] = None) -> pd.DataFrame:
-    """One row per run (:func:`staleopt.stats.per_run`): its line keys, ``stages``, ``seed``, ``best_acc``,
-    ``final_acc``, ``epochs_run``, ``diverged`` (bool), the hardware columns (constant within a run) and,
-    given ``target``, ``steps_to_target``."""
+def per_run(source, target: Optional[float] = None, metric=None) -> pd.DataFrame:
+    """One row per run (:func:`staleopt.stats.per_run`): its line keys, ``stages``, ``seed``, the best and
+    final ``metric`` (``best_acc``, ``final_acc``; default the records' task's), ``epochs_run``, ``diverged``
+    (bool), the hardware columns (constant within a run) and, given ``target``, ``steps_to_target``."""
     records = _records(source)
-    table = stats.per_run(records, [*line_keys(records), "stages"], target=target)
+    table = stats.per_run(records, [*line_keys(records), "stages"], target=target, metric=metric)
     table["stages"] = table["stages"].astype(int)
     return table
 
@@ -140,9 +144,9 @@ def _lines(table: pd.DataFrame, keys: Sequence[str], methods: Optional[Sequence[
 CATEGORICAL_BELOW = 4
 
 
-def _summary(values, level):
+def _summary(values, level, bounds):
     """``(mean, lo, hi)`` of :func:`staleopt.stats.interval` (the rule of every table and claim)."""
-    mean, lo, hi, _, _ = stats.interval(list(values), level)
+    mean, lo, hi, _, _ = stats.interval(list(values), level, bounds)
     return mean, lo, hi
 
 
@@ -185,7 +189,7 @@ def _stage_axis(ax, stages, categorical: bool):
     ax.grid(alpha=0.3)
 
 
-def plot_accuracy_vs_stages(source, metric: str = "best_acc", level: float = 0.95,
+def plot_accuracy_vs_stages(source, metric: Optional[str] = None, level: float = 0.95,
                             methods: Optional[Sequence[str]] = None, title: Optional[str] = None,
                             target: Optional[float] = None, figsize: Optional[Tuple[float, float]] = None,
                             memory: Optional[pd.DataFrame] = None):
@@ -197,29 +201,32 @@ def plot_accuracy_vs_stages(source, metric: str = "best_acc", level: float = 0.9
     total with the activations in flight (``memory``: default
     :func:`staleopt.hardware.run_memory` of the records), each relative to GPipe's.
 
-    ``metric``: ``"best_acc"`` (max over epochs) or ``"final_acc"`` (last
-    epoch), drawn as the mean over seeds with the interval of every table
-    (:func:`staleopt.stats.interval`: the seeds' range below 4 seeds, else the
-    ``level`` t-interval within [0, 1]) and each seed's own value as a dot
-    (an ``x`` for a diverged run, which stays in the mean); nothing is dropped.
-    ``target``: default :func:`staleopt.speedup.default_target` (GPipe's mean
-    best accuracy minus 0.01); the speedup panel draws every method and ``P``
+    ``metric``: a per-run value, ``"best_acc"`` (max over epochs) or ``"final_acc"``
+    (last epoch), ``"best_ppl"`` / ``"final_ppl"`` (a language model's, the best
+    being the lowest), ``"best_test_loss"`` / ``"final_test_loss"``; default the best
+    of the records' metric (:func:`staleopt.metrics.of`). It is drawn as the mean over
+    seeds with the interval of every table (:func:`staleopt.stats.interval`: the
+    seeds' range below 4 seeds, else the ``level`` t-interval, within [0, 1] for an
+    accuracy) and each seed's own value as a dot (an ``x`` for a diverged run, which
+    stays in the mean); nothing is dropped. ``target``: in that metric, default
+    :func:`staleopt.speedup.default_target` (GPipe's mean best accuracy minus 0.01,
+    or its best perplexity plus 1%); the speedup panel draws every method and ``P``
     where a seed reached it, labelled ``k/n`` where only ``k`` of ``n`` did (the
     mean over those). Fewer than :data:`CATEGORICAL_BELOW` stage counts are
     categories, not joined by lines. ``title``: default read off the records
     (:func:`describe`).
     """
     from matplotlib.figure import Figure
-    if metric not in _METRICS:
-        raise ConfigError(f"metric must be one of {list(_METRICS)}, got {metric!r}")
     records = _records(source)
-    table, keys = per_run(records), line_keys(records)
+    m, which = metrics.per_run_column(metric) if metric is not None else (metrics.of(records), "best")
+    metric = m.best_column if which == "best" else m.final_column
+    table, keys = per_run(records, metric=m), line_keys(records)
     stages = sorted(table["stages"].unique())
     pos, categorical = _positions(stages)
     timed = "gpipe" in set(records["method"]) and "microbatches" in records.columns
     if timed:
-        target = speedup.default_target(records) if target is None else target
-        fast = speedup.speedup_table(records, target, keys=[*keys, "stages"])
+        target = speedup.default_target(records, metric=m) if target is None else target
+        fast = speedup.speedup_table(records, target, keys=[*keys, "stages"], metric=m)
         fast = fast[(fast["reached"] > 0) & fast["speedup"].notna()]
     if memory is None:
         from ..hardware import run_memory
@@ -247,7 +254,7 @@ def plot_accuracy_vs_stages(source, metric: str = "best_acc", level: float = 0.9
             method = rows["method"].iloc[0]
             total_ax.plot(xs, [totals.get((method, p), np.nan) for p, _ in by_p], ms=4, label=label, **look)
         dodged = [_dodge(pos[p], j, len(lines), categorical) for p, _ in by_p]
-        mean, lo, hi = (np.array(v) for v in zip(*[_summary(r[metric], level) for _, r in by_p]))
+        mean, lo, hi = (np.array(v) for v in zip(*[_summary(r[metric], level, m.bounds) for _, r in by_p]))
         axes[2].errorbar(dodged, mean, yerr=[mean - lo, hi - mean], ms=4, lw=1.2, capsize=2, label=label, **look)
         for x, (_, r) in zip(dodged, by_p):
             ok, bad = r[~r["diverged"]], r[r["diverged"]]
@@ -265,8 +272,8 @@ def plot_accuracy_vs_stages(source, metric: str = "best_acc", level: float = 0.9
                                      xytext=(4, 3), fontsize=7, color=style["color"])
     if timed:
         axes[3].set_yscale("log", base=2)
-        axes[3].set_ylabel(f"speedup to accuracy {target:.3f} (x GPipe)")
-        axes[3].set_title("time to accuracy (pipeline time; k/n: seeds that reached it)", fontsize=9)
+        axes[3].set_ylabel(f"speedup to {m.noun} {m.format(target)} (x GPipe)")
+        axes[3].set_title(f"time to {m.noun} (pipeline time; k/n: seeds that reached it)", fontsize=9)
     for ax in axes + ([total_ax] if total else []):
         _stage_axis(ax, stages, categorical)
     if total:
@@ -276,8 +283,10 @@ def plot_accuracy_vs_stages(source, metric: str = "best_acc", level: float = 0.9
     axes[0].set_ylabel("pipeline utilization")
     axes[0].set_ylim(0, 1.05)
     axes[1].set_ylabel("weight + optimizer memory (x GPipe)")
-    axes[2].set_ylabel(f"{_METRICS[metric]}\n({stats.interval_caption(seeds, level)}; dots: seeds)", fontsize=8)
-    axes[2].set_ylim(0.0, 1.0)
+    axes[2].set_ylabel(f"{which} {m.label}\n({stats.interval_caption(seeds, level, m.bounds)}; dots: seeds)",
+                       fontsize=8)
+    if m.bounds is not None:
+        axes[2].set_ylim(*m.bounds)
     axes[0].set_title("throughput", fontsize=10)
     axes[1].set_title("memory: weights, optimizer, corrections", fontsize=10)
     axes[2].set_title("model quality", fontsize=10)
@@ -287,33 +296,35 @@ def plot_accuracy_vs_stages(source, metric: str = "best_acc", level: float = 0.9
 
 
 def plot_accuracy_vs_epoch(source, stages: int, level: float = 0.95, methods: Optional[Sequence[str]] = None,
-                           title: Optional[str] = None, figsize: Tuple[float, float] = (6.5, 4.0)):
-    """Test accuracy against epochs at ``P = stages`` (PipeMare Fig. 7/8): the mean over every seed, each
-    seed's own curve thin beside it.
+                           title: Optional[str] = None, figsize: Tuple[float, float] = (6.5, 4.0), metric=None):
+    """Test ``metric`` (default the records' task's: accuracy, perplexity) against epochs at ``P = stages``
+    (PipeMare Fig. 7/8): the mean over every seed, each seed's own curve thin beside it.
 
-    A run that diverged stopped: it counts at every later epoch with the accuracy
+    A run that diverged stopped: it counts at every later epoch with the value
     of its last record (marked ``x``), so the last point of a line is the mean
-    final accuracy of the summary table, over the same runs.
+    final value of the summary table, over the same runs.
     """
     from matplotlib.figure import Figure
     records = _records(source)
+    m = metrics.of(records, metric)
     at = _at_stages(records, stages)
     fig = Figure(figsize=figsize, layout="constrained")
     ax = fig.add_subplot()
-    diverged = _accuracy_curves(ax, at, line_keys(records), methods, "epoch")
+    diverged = _accuracy_curves(ax, at, line_keys(records), methods, "epoch", m.column)
     ax.set_xlabel("epoch")
-    ax.set_ylabel("test accuracy (mean over seeds; thin: each seed)")
+    ax.set_ylabel(f"{m.label} (mean over seeds; thin: each seed)")
     ax.set_title(title or f"{describe(records)}, P = {stages}", fontsize=10)
     ax.grid(alpha=0.3)
-    ax.set_ylim(0.0, 1.0)
+    if m.bounds is not None:
+        ax.set_ylim(*m.bounds)
     ax.legend(*_legend(ax, diverged), fontsize=8, frameon=False)
     return fig
 
 
 def carried(at: pd.DataFrame, epochs: Optional[Sequence[int]] = None) -> pd.DataFrame:
     """Every run's records on every epoch (``epochs``, default those of ``at``): a run that stopped early
-    (diverged) repeats its last record's ``test_acc`` at the later epochs (``carried`` true there; no
-    ``step`` or time). The rule that makes a curve's mean count the runs the tables count."""
+    (diverged) repeats its last record (``test_acc``, ``test_ppl``, ...) at the later epochs (``carried``
+    true there; no ``step`` or time). The rule that makes a curve's mean count the runs the tables count."""
     epochs = sorted(at["epoch"].unique()) if epochs is None else sorted(epochs)
     rows = []
     for run, r in at.sort_values("epoch").groupby("run", sort=False):
@@ -329,8 +340,8 @@ def carried(at: pd.DataFrame, epochs: Optional[Sequence[int]] = None) -> pd.Data
     return pd.concat(rows, ignore_index=True)
 
 
-def _accuracy_curves(ax, at: pd.DataFrame, keys: List[str], methods, x: str) -> bool:
-    """One line per method: the mean test accuracy of all its runs per epoch (:func:`carried`), at the
+def _accuracy_curves(ax, at: pd.DataFrame, keys: List[str], methods, x: str, y: str) -> bool:
+    """One line per method: the mean ``y`` (a test metric) of all its runs per epoch (:func:`carried`), at the
     epoch or at the mean ``x`` of the runs that recorded that epoch (``"pipeline_time"``); each run's own
     curve thin; a diverged run's last record marked ``x``. True if any run diverged."""
     diverged = False
@@ -342,45 +353,49 @@ def _accuracy_curves(ax, at: pd.DataFrame, keys: List[str], methods, x: str) -> 
             epochs = sorted(mine.loc[~mine["carried"], "epoch"].unique())
         xs = epochs if x == "epoch" else [mine.loc[(mine["epoch"] == e) & ~mine["carried"], x].mean()
                                            for e in epochs]
-        ax.plot(xs, [mine.loc[mine["epoch"] == e, "test_acc"].mean() for e in epochs], ms=3, lw=1.6,
+        ax.plot(xs, [mine.loc[mine["epoch"] == e, y].mean() for e in epochs], ms=3, lw=1.6,
                 label=label, **style)
         for _, r in mine[~mine["carried"]].groupby("run", sort=False):
-            ax.plot(r[x], r["test_acc"], color=style["color"], lw=0.6, alpha=0.35, label="_seed")
+            ax.plot(r[x], r[y], color=style["color"], lw=0.6, alpha=0.35, label="_seed")
         ends = mine[~mine["carried"]].sort_values("epoch").groupby("run").tail(1)
         bad = ends[ends["status"] == "diverged"]
         if len(bad):
-            _mark_diverged(ax, bad[x], bad["test_acc"], style["color"])
+            _mark_diverged(ax, bad[x], bad[y], style["color"])
             diverged = True
     return diverged
 
 
 def plot_accuracy_vs_time(source, stages: int, target: Optional[float] = None, level: float = 0.95,
                           methods: Optional[Sequence[str]] = None, title: Optional[str] = None,
-                          figsize: Tuple[float, float] = (6.5, 4.0)):
-    """Test accuracy against simulated pipeline time at ``P = stages`` (PipeMare Fig. 11), mean over seeds.
+                          figsize: Tuple[float, float] = (6.5, 4.0), metric=None):
+    """Test ``metric`` (default the records' task's: accuracy, perplexity) against simulated pipeline time at
+    ``P = stages`` (PipeMare Fig. 11), mean over seeds.
 
     Each epoch sits at the seeds' mean ``T(step)`` (fully utilized minibatch
     times, :func:`staleopt.speedup.with_pipeline_time`): GPipe's points are
     ``(N + P - 1) / N`` times further right than an asynchronous method's. The
-    dashed line is ``target`` (default: GPipe's mean best accuracy minus 0.01,
-    when the sweep has GPipe runs); a diverged run's last epoch is marked ``x``.
+    dashed line is ``target`` (default: GPipe's mean best accuracy minus 0.01, or
+    its best perplexity plus 1%, when the sweep has GPipe runs); a diverged run's
+    last epoch is marked ``x``.
     """
     from matplotlib.figure import Figure
     records = _records(source)
+    m = metrics.of(records, metric)
     at = speedup.with_pipeline_time(_at_stages(records, stages))
     if target is None and "gpipe" in set(records["method"]):
-        target = speedup.default_target(records)
+        target = speedup.default_target(records, metric=m)
     fig = Figure(figsize=figsize, layout="constrained")
     ax = fig.add_subplot()
-    diverged = _accuracy_curves(ax, at, line_keys(records), methods, "pipeline_time")
+    diverged = _accuracy_curves(ax, at, line_keys(records), methods, "pipeline_time", m.column)
     if target is not None:
-        ax.axhline(target, color="0.4", lw=1, ls="--", label=f"target {target:.3f}")
+        ax.axhline(target, color="0.4", lw=1, ls="--", label=f"target {m.format(target)}")
     ax.set_xscale("log")
     ax.set_xlabel("pipeline time (minibatches of a fully utilized pipeline)")
-    ax.set_ylabel("test accuracy (mean over seeds; thin: each seed)")
+    ax.set_ylabel(f"{m.label} (mean over seeds; thin: each seed)")
     ax.set_title(title or f"{describe(records)}, P = {stages}", fontsize=10)
     ax.grid(alpha=0.3)
-    ax.set_ylim(0.0, 1.0)
+    if m.bounds is not None:
+        ax.set_ylim(*m.bounds)
     ax.legend(*_legend(ax, diverged), fontsize=8, frameon=False)
     return fig
 
