@@ -447,3 +447,38 @@ def test_weight_sized_temporaries_go_in_bounded_blocks(monkeypatch, method, base
             _step(model, opt, x, y)
         runs.append([p.detach().clone() for p in model.parameters()])
     assert all(torch.equal(a, b) for a, b in zip(*runs))
+
+
+def _t1_run(P, tau, steps=6, mode=None):
+    """``steps`` steps of a custom schedule with T1 annealing (``tau`` per stage) over SGD with momentum
+    (foreach); the ops the last step dispatched and the weights."""
+    from staleopt import schedules
+    from staleopt.corrections import LRReschedule
+    sizes = (5,) + (6,) * 8 + (3,)  # nine layers, whatever P
+    model = mlp(sizes)
+    opt = staleopt.PipelineOptimizer(model, torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, foreach=True),
+                                     stages=P, schedule=schedules.get("custom", tau_fwd=tau, tau_bkwd=[0] * P),
+                                     corrections=[LRReschedule(100)])
+    data = batches(steps, in_dim=sizes[0], out_dim=sizes[-1])
+    for x, y in data[:-1]:
+        _step(model, opt, x, y)
+    mode = _Moves()
+    _step(model, opt, *data[-1], mode)
+    return mode.ops, [p.detach().clone() for p in model.parameters()]
+
+
+def test_t1_launches_follow_the_distinct_factors_not_the_stages(monkeypatch):
+    """While T1 anneals, the stages of equal factor (equal delays) step as one parameter group: the ops per step
+    are the same at P = 3 and P = 9 when both have two distinct delays, and the weights equal those of one
+    group per stage bit for bit."""
+    assert _t1_run(3, [2, 2, 1])[0] == _t1_run(9, [2] * 8 + [1])[0]
+    merged = _t1_run(9, [3, 3, 2, 2, 2, 1, 1, 1, 1])[1]
+    from staleopt.stage_lr import StageGroups
+
+    def per_stage(self, splits, factors):
+        groups = [{**sp.user, "params": sp.group["params"],
+                   "lr": sp.user["lr"] * (factors[sp.stage] if sp.stage >= 0 else 1.0)} for sp in splits]
+        return groups, [[sp] for sp in splits]
+    monkeypatch.setattr(StageGroups, "_merge", per_stage)
+    apart = _t1_run(9, [3, 3, 2, 2, 2, 1, 1, 1, 1])[1]
+    assert all(torch.equal(a, b) for a, b in zip(merged, apart))
