@@ -482,3 +482,33 @@ def test_t1_launches_follow_the_distinct_factors_not_the_stages(monkeypatch):
     monkeypatch.setattr(StageGroups, "_merge", per_stage)
     apart = _t1_run(9, [3, 3, 2, 2, 2, 1, 1, 1, 1])[1]
     assert all(torch.equal(a, b) for a, b in zip(merged, apart))
+
+
+def _engine_ops(method, P, layers, corrections):
+    """Ops the wrapper adds to one step (the 13th), against the base optimizer alone on the same model."""
+    sizes = (5,) + (6,) * (layers - 1) + (3,)
+    data = batches(13, in_dim=sizes[0], out_dim=sizes[-1])
+    counts = []
+    for wrapped in (False, True):
+        model = mlp(sizes)
+        base = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, weight_decay=1e-3, foreach=True)
+        opt = staleopt.PipelineOptimizer(model, base, stages=P, schedule=method, corrections=corrections) \
+            if wrapped else base
+        for x, y in data[:12]:
+            _step(model, opt, x, y)
+        mode = _Moves()
+        _step(model, opt, *data[12], mode)
+        counts.append(mode.ops)
+    return counts[1] - counts[0]
+
+
+@pytest.mark.parametrize("name", ["nesterov", "gap-aware", "dc-asgd", "dc-asgd-a"])
+def test_the_corrections_since_the_seeds_launch_as_many_ops_whatever_the_tensors(name):
+    """Nesterov's look-ahead, gap-aware damping and DC-ASGD are a fixed number of foreach calls over all stages:
+    the ops the wrapper adds to a step are the same for 6 layers in 3 stages as for 12 layers in 6 (twice the
+    tensors, twice the stages)."""
+    from staleopt.corrections import DelayCompensation, GapAware, NesterovLookahead
+    make = {"nesterov": lambda: [NesterovLookahead(0.5, 0.95)], "gap-aware": lambda: [GapAware(0.9)],
+            "dc-asgd": lambda: [DelayCompensation(0.5)], "dc-asgd-a": lambda: [DelayCompensation(0.5, 0.9)]}[name]
+    with pytest.warns(UserWarning) if name == "nesterov" else contextlib.nullcontext():
+        assert _engine_ops("dataflow", 3, 6, make()) == _engine_ops("dataflow", 6, 12, make())
