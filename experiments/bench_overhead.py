@@ -163,14 +163,13 @@ QUICK = {
 # ---------------------------------------------------------------------------------------------- timing
 #: The wrapper timed by each live :class:`EngineClock` (by ``id``), for the timed ``_Callback``.
 _CLOCKS: Dict[int, "EngineClock"] = {}
-#: Hooks timed elsewhere: a recompute schedule's unit pre-hooks (:class:`SegmentClock`).
-_TIMED_ELSEWHERE = ("_on_unit_forward",)
 
 
 def _time_callbacks() -> None:
     """Time every hook of every wrapper: ``staleopt.optimizer._Callback`` is the one entry point of the
-    forward pre-hook, the forward hook, the backward-start tensor hooks and the end-of-backward
-    callback (and of the rarer ones), so its ``__call__`` is wrapped once, at class level."""
+    forward pre-hook, the forward hook, the backward-start tensor hooks, the end-of-backward
+    callback and the one global module pre-hook that watches the stage modules while a backward pass
+    runs (recomputations outside ``opt.checkpoint``), so its ``__call__`` is wrapped once, at class level."""
     from staleopt import optimizer
     cls = optimizer._Callback
     if getattr(cls, "_bench_timed", False):
@@ -179,8 +178,7 @@ def _time_callbacks() -> None:
 
     def timed_call(self, *args):
         method = self._method()
-        c = None if method is None or method.__func__.__name__ in _TIMED_ELSEWHERE else \
-            _CLOCKS.get(id(method.__self__))
+        c = None if method is None else _CLOCKS.get(id(method.__self__))
         if c is None or c._depth:
             return original(self, *args)
         c._depth += 1
@@ -381,34 +379,25 @@ class TorchCheckpoint:
 class SegmentClock:
     """Time of the recomputation machinery around checkpointed segments (the wrapper's part of it).
 
-    * ``units``: probes before and after the wrapper's forward pre-hook on every unit module (a
-      recompute schedule's check that torch's checkpoint is not called directly); with
-      :class:`TorchCheckpoint` there is no such hook and the probes time themselves;
     * ``calls``: time inside ``runner.checkpoint`` minus the time inside the
       ``torch.utils.checkpoint.checkpoint`` it calls (``opt.checkpoint``'s own work: finding the
       stages a segment reads);
     * ``window``: the wrapper's ``_enter_recompute`` / ``_leave_recompute`` (loading the recompute
       views, T2's rewrite, the backward views back).
 
-    ``active()`` puts the timer around ``torch.utils.checkpoint.checkpoint`` for one step.
+    ``active()`` puts the timer around ``torch.utils.checkpoint.checkpoint`` for one step. (The wrapper's
+    global module pre-hook, which watches the stage modules while a backward pass runs, is one of its
+    hooks: :class:`EngineClock` times it.)
     """
 
-    def __init__(self, model: nn.Module, runner, opt: Optional[staleopt.PipelineOptimizer]):
-        self.seconds, self._t0 = 0.0, 0.0
+    def __init__(self, runner, opt: Optional[staleopt.PipelineOptimizer]):
+        self.seconds = 0.0
         self._inner = 0.0
-        units = {id(m): m for m in (model.get_submodule(u.name) for u in runner.partition.units) if m is not model}
-        self._handles = [h for m in units.values() for h in (m.register_forward_pre_hook(self._start, prepend=True),
-                                                             m.register_forward_pre_hook(self._stop))]
+        self._patched = [runner] + ([opt] if opt is not None else [])
         runner.checkpoint = self._outer(runner.checkpoint)
         if opt is not None:
             opt._enter_recompute, opt._leave_recompute = self._timed(opt._enter_recompute), self._timed(
                 opt._leave_recompute)
-
-    def _start(self, *args):
-        self._t0 = clock()
-
-    def _stop(self, *args):
-        self.seconds += clock() - self._t0
 
     def _timed(self, fn):
         def timed(*args, **kwargs):
@@ -424,7 +413,7 @@ class SegmentClock:
             t, inner = clock(), self._inner
             try:
                 return fn(*args, **kwargs)
-            finally:  # the inner call (and the unit probes inside it, which count themselves) is not added
+            finally:  # the inner call (which the inner timer counts) is not added
                 self.seconds += clock() - t - (self._inner - inner)
         return outer
 
@@ -446,8 +435,9 @@ class SegmentClock:
             torch.utils.checkpoint.checkpoint = original
 
     def remove(self) -> None:
-        for h in self._handles:
-            h.remove()
+        for obj in self._patched:  # the instance attributes that shadow the methods
+            for name in ("checkpoint", "_enter_recompute", "_leave_recompute"):
+                obj.__dict__.pop(name, None)
 
 
 class Variant:
@@ -478,7 +468,7 @@ class Variant:
         if recompute is not None:
             runner = (TorchCheckpoint(self.opt.partition, schedules.get("dataflow-recompute")) if recompute == "torch"
                       else self.opt)
-            self.segment_clock = SegmentClock(self.model, runner, self.opt if recompute == "opt" else None)
+            self.segment_clock = SegmentClock(runner, self.opt if recompute == "opt" else None)
             self.model.forward = functools.partial(segments.checkpoint_segments, runner, models.steps(self.model))
         if kind == "hand":
             sched, stash = HAND[method]
@@ -826,7 +816,7 @@ def bench_recompute(key: str, spec: ModelSpec, rounds: int, steps: int, log) -> 
     :data:`RECOMPUTE`, with the per-round step ratios to the plain step, to (a) and to (b).
 
     The engine time of (c) adds the recomputation machinery (:class:`SegmentClock`) minus what the
-    same probes cost in (b), which has none of it."""
+    same timers cost in (b), which has none of it (``probes_ms``)."""
     P = spec.max_stages
     x, y = spec.batch_of()
     variants = [Variant("plain", spec, P, x, y, "plain")]

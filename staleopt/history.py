@@ -11,6 +11,7 @@ calls, and corrections read it through the :class:`StageView` protocol:
 ``push(t)``                 the parameters hold ``w_t`` at rest: store it, forget ``w_{t - H_i}``
 ``advance(t)``              the base step wrote ``w_t`` into the parameters (their only copy)
 ``restart()``               before the first step: the parameters' content is ``w_0`` (every stored version)
+``expire(views)``           no later load of this step reads ``w_{t - H_i}`` of these views (a strategy may drop it)
 ``stored(view, v)``         per-parameter tensors of stored version ``v`` (a correction may rewrite them)
 ``state_dict()`` / ``load_state_dict()``   everything above, for checkpoints
 ==========================  ==========================================================================
@@ -23,7 +24,10 @@ the parameters hold the only copy of another is the memory strategy's choice:
 * :class:`SwapMoves` (``memory="minimal"``, the default): ``S_i = H_i``; the parameters trade
   places with the slot (three copies through a temporary buffer of at most
   :data:`SWAP_BLOCK_BYTES` at a time, larger parameters cut into pieces, freed at once), so the
-  current weights ``w_t`` never need a slot of their own;
+  current weights ``w_t`` never need a slot of their own. Once the engine declared that no later
+  load of the step reads ``w_{t - H_i}`` (:meth:`History.expire`), the parameters leave that
+  version by one copy back from its row, which the swap left holding ``w_t``: ``w_{t - H_i}`` is
+  dropped, ``w_t`` is stored (``push`` is free) and the view moves by plain copies until the step ends;
 * :class:`CopyMoves` (``memory="fast"``): ``S_i = H_i + 1``; the parameters' content is saved to
   the slot of the version that just expired and the wanted version copied in (two copies, and
   ``push`` is then free).
@@ -44,7 +48,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 import torch
 from torch import nn
 
-from .errors import CheckpointError, CorrectionError
+from .errors import CheckpointError, CorrectionError, LoopError
 
 __all__ = ["StageView", "make_views", "History", "SlotHistory", "MoveStrategy", "SwapMoves", "CopyMoves",
            "STRATEGIES", "SWAP_BLOCK_BYTES", "blocks"]
@@ -173,6 +177,12 @@ class History:
         """The parameters now hold ``w_t``, written by the base step, and no slot holds it."""
         raise NotImplementedError
 
+    def expire(self, views: Sequence[int]) -> None:
+        """No later load of this step reads ``w_{t - H_i}`` of the views ``views`` (indices): a strategy may
+        drop that version when the parameters leave it (it is the one ``push`` replaces). The declaration lasts
+        until :meth:`advance`; a load of the version before it was dropped revokes it, a load after raises
+        :class:`~staleopt.errors.LoopError`."""
+
     def restart(self) -> None:
         """At step 0, at rest: what the parameters hold now is ``w_0``, so every stored version
         (``w_v = w_0`` for ``v < 0``) becomes a copy of it (weights loaded after the engine was built)."""
@@ -272,9 +282,14 @@ class SwapMoves(MoveStrategy):
     """``memory="minimal"``: ``M = H_i`` rows hold ``w_{t-H_i} .. w_{t-1}``; the parameters hold ``w_t``.
 
     Loading ``w_v`` swaps the parameters with row ``v mod H`` (which then holds ``w_t`` until the
-    parameters are restored by a second swap). A view that a correction rewrites in place (T2) needs
-    one more row for its raw version anyway, so it gets ``M = H + 1`` rows and :class:`CopyMoves`' plain
-    copies (no swap: four copies per step instead of eight, the same memory).
+    parameters are restored by a second swap). When the parameters leave ``w_{t-H}`` of a view whose
+    ``w_{t-H}`` expired (:meth:`History.expire`), one copy of that row (``w_t``) back into them
+    replaces the swap: ``w_{t-H}`` is dropped and ``w_t`` stored in its row (``saved``, as ``push``
+    would), so from then on the view loads by plain copies, like :class:`CopyMoves` with ``M = H``:
+    a step of forward swap, copy back, no push moves the weights four times instead of seven.
+    A view that a correction rewrites in place (T2) needs one more row for its raw version anyway, so
+    it gets ``M = H + 1`` rows and :class:`CopyMoves`' plain copies (no swap: four copies per step
+    instead of eight, the same memory).
     """
 
     name = "minimal"
@@ -287,7 +302,8 @@ class SwapMoves(MoveStrategy):
         t, loaded = h._t, h._loaded
         copies = [i for i in pending if h._copy[i]]
         commit_copies = self._copies.plan(h, copies, targets, moves) if copies else None
-        done = []
+        done, dropped = [], []
+        dst, src = moves.copies[1]
         for i in pending:
             if h._copy[i]:
                 continue
@@ -295,16 +311,27 @@ class SwapMoves(MoveStrategy):
             if m:
                 raise CorrectionError(f"stage {h.views[i].stage}: a correction rewrites a view the history did "
                                       "not reserve a row for (please report this)")
-            L = loaded[i]
-            # one swap: from w_t to w_v, or from w_L back to w_t (then, if v != t, another round to w_v)
-            moves.swaps.append((i, (v if L == t else L) % h._M[i]))
-            done.append((i, v if L == t else t))
+            L, M = loaded[i], h._M[i]
+            if h._saved[i]:  # w_t is stored (w_{t-H} was dropped): a plain copy of the wanted row
+                dst.extend(h.views[i].data)
+                src.extend(h._slot_views[i][v % M])
+                done.append((i, v))
+            elif L == t - h._H[i] and h._expired[i]:  # drop w_{t-H}: its row holds w_t since the swap
+                dst.extend(h.views[i].data)
+                src.extend(h._slot_views[i][L % M])
+                dropped.append(i)
+                done.append((i, t))
+            else:  # one swap: from w_t to w_v, or from w_L back to w_t (then, if v != t, another round to w_v)
+                moves.swaps.append((i, (v if L == t else L) % M))
+                done.append((i, v if L == t else t))
 
         def commit():
             if commit_copies is not None:
                 commit_copies()
             for i, version in done:
                 loaded[i] = version
+            for i in dropped:
+                h._saved[i] = True
         return commit
 
 
@@ -316,9 +343,10 @@ class SlotHistory(History):
 
     Version ``v`` lives in row ``v mod M_i`` (``v < 0`` is ``w_0``), so no table of slots is kept:
     per view the history only tracks which version the parameters hold (``loaded``), whether it was
-    rewritten in place (``rewritten``) and, in ``"fast"`` mode, whether ``w_t`` was already saved to
-    its row (``saved``). ``depths[i]`` is stage ``i``'s ``H_i``; ``rewritten[i]`` says a correction may
-    rewrite stage ``i``'s backward view in place.
+    rewritten in place (``rewritten``), whether ``w_t`` was already saved to its row (``saved``; in a
+    swap view before ``push``: ``w_{t-H}`` was dropped) and whether ``w_{t-H}`` expired (``expired``).
+    ``depths[i]`` is stage ``i``'s ``H_i``; ``rewritten[i]`` says a correction may rewrite stage ``i``'s
+    backward view in place.
     """
 
     def __init__(self, partition, depths: Sequence[int], rewritten: Sequence[bool], strategy: MoveStrategy,
@@ -350,6 +378,7 @@ class SlotHistory(History):
         self._H = [v.H for v in self.views]
         n = len(self.views)
         self._loaded, self._rewritten, self._saved = [0] * n, [False] * n, [False] * n
+        self._expired = [False] * n  # no later load of this step reads w_{t-H} (History.expire)
         self._rest = True  # every view holds w_t, raw
         self._swap_blocks: Dict[tuple, List[tuple]] = {}  # views swapped together -> their blocks
         self._pieces: Dict[Tuple[int, int], list] = {}  # (view, row) -> the row's pieces, as _blocks cuts them
@@ -362,6 +391,17 @@ class SlotHistory(History):
             if not t - self._H[i] <= targets[i][0] <= t:
                 raise CorrectionError(f"stage {self.views[i].stage}: weight version {targets[i][0]} is not stored "
                                       f"at step {t}; this is a bug in a correction's delays (please report it)")
+            if targets[i][0] != t - self._H[i]:
+                continue
+            if not (self._saved[i] and not self._copy[i]):
+                self._expired[i] = False  # read again: it did not expire (the engine expected fewer passes)
+                continue
+            raise LoopError(f"stage {self.views[i].stage} reads w_(t-{self._H[i]}) again at step {t}, but "
+                            "memory='minimal' dropped that version when the pass the engine took for the step's "
+                            "last one ended (it expects as many training passes per step as the most any earlier "
+                            "step ran, or microbatch_passes' N): this step runs more forward/backward passes than "
+                            "that. Run the same number of passes in every step (fewer is fine), or use "
+                            "memory='fast' (one more version per delayed stage)")
         rewrite = [self.views[i] for i in pending if targets[i][1]]
         while pending:  # at most two rounds: a view between two stale versions passes through w_t
             moves = _Moves()
@@ -488,9 +528,14 @@ class SlotHistory(History):
                 self._saved[i] = True
         self._run(moves)
 
+    def expire(self, views):
+        for i in views:
+            self._expired[i] = True
+
     def advance(self, t):
         n = len(self.views)
         self._t, self._loaded, self._rewritten, self._saved, self._rest = t, [t] * n, [False] * n, [False] * n, True
+        self._expired = [False] * n
 
     def restart(self):
         if self._t != 0 or not self._rest:
@@ -545,6 +590,7 @@ class SlotHistory(History):
                     v.ring[version % M].copy_(ring[version % old])
         self._t = t
         self._loaded, self._rewritten, self._saved = (list(state[k]) for k in ("loaded", "rewritten", "saved"))
+        self._expired = [False] * len(self.views)  # the engine declares it again from its pass counts
         self._rest = all(v == self._t and not m for v, m in zip(self._loaded, self._rewritten))
 
     def _from_slot_tables(self, state: dict) -> dict:

@@ -66,7 +66,8 @@ Limits (documented, not checked):
 * a loss term that reads parameters directly (an explicit L2 penalty) sees
   whichever view is loaded when its backward runs;
 * call ``backward`` before the next training forward of a different step;
-  several forward/backward passes per step (gradient accumulation) are fine;
+  several forward/backward passes per step (gradient accumulation) are fine (``memory="minimal"``:
+  at most as many as the most any earlier step ran, else :class:`~staleopt.errors.LoopError`; checked);
 * create the optimizer after moving the model to its device (checked).
 """
 from __future__ import annotations
@@ -276,6 +277,10 @@ class PipelineOptimizer(torch.optim.Optimizer):
         self._memory = memory
         self._microbatch_passes = bool(microbatch_passes)
         self._passes, self._pass = 0, 0  # training forwards since zero_grad/step; index of the latest
+        # training forwards and backward passes of this step (None: unknown, resumed from an older checkpoint),
+        # and as many as a step is expected to run (microbatch_passes: N; else the most any step ran)
+        self._counts: Optional[List[int]] = [0, 0]
+        self._expected: Optional[Tuple[int, int]] = (microbatches, microbatches) if microbatch_passes else None
         self._foreach = foreach
         self._generator = torch.Generator()
         self._generator.manual_seed(0 if seed is None else int(seed))
@@ -761,6 +766,8 @@ class PipelineOptimizer(torch.optim.Optimizer):
     def _on_forward_start(self, module, args):
         if module.training and torch.is_grad_enabled():
             self._seen.add("forward")
+            if self._counts is not None:
+                self._counts[0] += 1
             if self._step == 0:
                 self._adopt_w0()
             elif self._replicas:  # a change of a tied parameter at rest reaches its replicas
@@ -819,13 +826,46 @@ class PipelineOptimizer(torch.optim.Optimizer):
             self._seen.add("backward-pending")
             self._watch_recomputation()
             queue_callback(_Callback(self._on_backward_end))
+            if self._counts is not None:
+                self._counts[1] += 1
+            if self._last_pass():
+                self._expire(self._plan())
         self._load(backward=True)
 
     def _on_backward_end(self):
         """At the end of every backward pass the parameters hold ``w_t`` again (at rest, docs/design.md §1)."""
         self._seen.discard("backward-pending")
         self._unwatch()
+        if self._last_pass():
+            self._expire()
         self._restore()
+
+    def _last_pass(self) -> bool:
+        """This step has run exactly as many training forwards and backward passes as expected
+        (``microbatch_passes``: ``N`` of each; else the most any earlier step ran): no later pass of it is
+        expected (one that comes anyway finds the dropped version, or, past the count, the safe path).
+        Never at step 0 (its ``w_0`` may still be adopted at ``step()``) nor in a step resumed without its
+        counts."""
+        counts, expected = self._counts, self._expected
+        return self._step > 0 and counts is not None and expected is not None and tuple(counts) == expected
+
+    def _expire(self, plan: Optional["_PassPlan"] = None) -> None:
+        """Tell the history that no later load of this step reads ``w_{t - H_i}`` (``memory="minimal"`` then
+        drops it as the parameters leave it: one copy instead of a swap, and ``push`` free; docs/engine.md);
+        with ``plan``, of the backward pass now starting, except the views its backward or recompute view
+        still reads it from. A pass the expectation missed that reads it again raises ``LoopError``."""
+        t = self._step
+        self._history.expire([v.index for v in self._stored if plan is None or
+                              t - v.H not in (plan.backward[v.index][0], plan.recompute[v.index][0])])
+
+    def _learn_passes(self) -> None:
+        """At the end of a step: a plain loop expects the most training passes any step ran (a shorter step,
+        such as an epoch's last accumulation, only keeps the safe path), then the next step counts afresh."""
+        counts = self._counts
+        if not self._microbatch_passes and counts is not None and counts[0] > 0:
+            old = self._expected
+            self._expected = tuple(counts) if old is None else (max(old[0], counts[0]), max(old[1], counts[1]))
+        self._counts = [0, 0]
 
     def _on_state_dict(self, *args):
         self._restore()
@@ -910,8 +950,10 @@ class PipelineOptimizer(torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         self._check_storage()
-        self._restore()
         t = self._step
+        if t > 0:
+            self._expire()  # no pass of this step follows
+        self._restore()
         if t == 0:
             self._adopt_w0()
         else:
@@ -942,6 +984,7 @@ class PipelineOptimizer(torch.optim.Optimizer):
         self._in_forward = False
         self._plans = None
         self._passes, self._pass = 0, 0
+        self._learn_passes()
         return loss
 
     # ------------------------------------------------------------------ checkpoints
@@ -990,6 +1033,7 @@ class PipelineOptimizer(torch.optim.Optimizer):
             "delays": None if self._plans is None else [plan.delays for plan in self._plans],
             "recompute": None if self._plans is None else [plan.recomp for plan in self._plans],
             "passes": (self._passes, self._pass),
+            "pass_counts": {"step": self._counts, "expected": self._expected},
             "history": self._history.state_dict(),
             "generator": self._generator.get_state(),
             "corrections": [k.state_dict() for k in self._corrections],
@@ -1032,6 +1076,10 @@ class PipelineOptimizer(torch.optim.Optimizer):
             [_PassPlan(self._step, (list(f), list(b)), list(r), self._views, self._corrections, self._plan_cache)
              for (f, b), r in zip(delays, recompute)]
         self._passes, self._pass = mine["passes"]
+        counts = mine["pass_counts"]  # None (an older checkpoint): this step's passes are unknown
+        self._counts = None if counts is None or counts["step"] is None else list(counts["step"])
+        if not self._microbatch_passes:
+            self._expected = None if counts is None or counts["expected"] is None else tuple(counts["expected"])
         self._generator.set_state(mine["generator"])
         for k, s in zip(self._corrections, mine["corrections"]):
             k.load_state_dict(s)
@@ -1074,7 +1122,7 @@ def _upgrade(mine: dict) -> dict:
     if version == 0:  # the ring bookkeeping and buffers were two top-level lists
         mine["history"] = {"slots": mine.pop("chunks"), "rings": mine["history"]}
     for key, default in (("delays", None), ("recompute", None), ("passes", (0, 0)), ("stage_groups", []),
-                         ("corrections", [])):
+                         ("corrections", []), ("pass_counts", None)):
         mine.setdefault(key, default)
     mine["format"] = PipelineOptimizer.FORMAT
     return mine

@@ -1,6 +1,7 @@
 """Per-stage step sizes (T1) over the base optimizer's parameter groups, keeping the optimizer's group state."""
 from __future__ import annotations
 
+import copy
 from typing import Dict, List, Optional, Tuple
 
 import torch
@@ -72,6 +73,12 @@ class StageGroups:
     per-stage groups replace the groups of every optimizer in the chain for the step
     (:func:`stepping_optimizers`), so the inner one steps them with the stage's ``lr`` and the
     wrapper's own keys (``lookahead_step``) live on in them as own keys.
+
+    While no group has own keys, the stages of a user group whose factors are equal step as one group
+    (as many groups as distinct factors, not stages: a foreach optimizer's launches per step follow the
+    distinct delays, and a torch optimizer's arithmetic per tensor does not depend on which tensors
+    share its group, so the result is the same bit for bit). A key such a step writes becomes the own
+    key of each of its stages, which step apart from then on.
     """
 
     def __init__(self, stage_of: Dict[int, int]):
@@ -80,6 +87,7 @@ class StageGroups:
         self._splits: List[_Split] = []
         self._own = False
         self._stepped: Optional[List[dict]] = None  # the group list the base optimizer steps over
+        self._merged: Dict[tuple, Tuple[List[dict], List[List[_Split]]]] = {}  # factor pattern -> groups, members
 
     def _sync(self, groups: List[dict]) -> List[_Split]:
         """Splits of ``groups``, reusing those of user groups seen before (same dict object)."""
@@ -98,6 +106,7 @@ class StageGroups:
             splits += [_Split(group, s, ps, shown) for s, ps in self._by_stage(group)]
         self._users, self._splits = list(groups), splits
         self._own = any(sp.own for sp in splits)
+        self._merged = {}
         return splits
 
     def _by_stage(self, group: dict) -> List[Tuple[int, list]]:
@@ -118,15 +127,19 @@ class StageGroups:
         if not self._own and all(f == 1.0 for f in factors):
             base.step()
             return
-        for sp in splits:
-            g, own, user = sp.group, sp.own, sp.user
-            for k, v in user.items():
-                if k != "params" and (k not in own or v is not sp.shown.get(k)):
-                    g[k] = v
-            g["lr"] = user["lr"] * (factors[sp.stage] if sp.stage >= 0 else 1.0)
-        if self._stepped is None or len(self._stepped) != len(splits) or \
-                any(a is not sp.group for a, sp in zip(self._stepped, splits)):
-            self._stepped = [sp.group for sp in splits]
+        if self._own:
+            for sp in splits:
+                g, own, user = sp.group, sp.own, sp.user
+                for k, v in user.items():
+                    if k != "params" and (k not in own or v is not sp.shown.get(k)):
+                        g[k] = v
+                g["lr"] = user["lr"] * (factors[sp.stage] if sp.stage >= 0 else 1.0)
+            stepped, members = [sp.group for sp in splits], [[sp] for sp in splits]
+        else:
+            stepped, members = self._merge(splits, factors)
+        if self._stepped is None or len(self._stepped) != len(stepped) or \
+                any(a is not b for a, b in zip(self._stepped, stepped)):
+            self._stepped = stepped
         driven = stepping_optimizers(base)  # a wrapper (timm's Lookahead) steps its inner optimizer's groups
         before = [o.param_groups for o in driven]
         for o in driven:
@@ -137,16 +150,47 @@ class StageGroups:
             for o, g in zip(reversed(driven), reversed(before)):
                 o.param_groups = g
         shown = set()
-        for sp in splits:  # a key the step wrote (not the value set from the user's group) becomes own
-            own, user = sp.own, sp.user
-            for k, v in sp.group.items():
-                if k not in own and k != "lr" and k != "params" and (k not in user or user[k] is not v):
-                    own.add(k)
-                    self._own = True
+        for group, sps in zip(stepped, members):  # a key the step wrote (not the value set from the user's
+            for k, v in group.items():           # group) becomes own, in each stage the group stepped
+                if k == "lr" or k == "params":
+                    continue
+                for n, sp in enumerate(sps):
+                    if k not in sp.own and (k not in sp.user or sp.user[k] is not v):
+                        sp.own.add(k)
+                        sp.group[k] = v if n == 0 else copy.deepcopy(v)  # (a tensor the step updates in place)
+                        self._own = True
+        for sp in splits:
             if sp.own and id(sp.shown) not in shown:  # the first stage of a user group shows its own keys
                 shown.add(id(sp.shown))
                 for k in sp.own:
                     sp.user[k] = sp.shown[k] = sp.group[k]
+
+    def _merge(self, splits: List[_Split], factors: List[float]) -> Tuple[List[dict], List[List[_Split]]]:
+        """One group per (user group, distinct factor) and the stages it steps; the groups persist while the
+        pattern of equal factors does (T1's factors are a function of the delays: a fixed pattern)."""
+        classes: Dict[tuple, int] = {}
+        pattern = []
+        for sp in splits:
+            f = factors[sp.stage] if sp.stage >= 0 else 1.0
+            pattern.append(classes.setdefault((id(sp.user), f), len(classes)))
+        key = tuple(pattern)
+        merged = self._merged.get(key)
+        if merged is None:
+            if len(self._merged) >= 16:  # random delays (Hogwild) draw ever new patterns
+                self._merged.clear()
+            members: List[List[_Split]] = [[] for _ in classes]
+            for sp, c in zip(splits, pattern):
+                members[c].append(sp)
+            groups = [{"params": [p for sp in sps for p in sp.group["params"]]} for sps in members]
+            merged = self._merged[key] = (groups, members)
+        groups, members = merged
+        for g, sps in zip(groups, members):
+            user = sps[0].user
+            for k, v in user.items():
+                if k != "params":
+                    g[k] = v
+            g["lr"] = user["lr"] * (factors[sps[0].stage] if sps[0].stage >= 0 else 1.0)
+        return merged
 
     def state(self, groups: List[dict]) -> List[dict]:
         """Every stage group's own keys (empty dicts while the optimizer writes no group state)."""

@@ -51,10 +51,11 @@ def _step(model, opt, x, y, mode=None):
         opt.step()
 
 
-#: weight copies per step in units of the delayed weights: (minimal, fast). dataflow and pipedream swap
-#: twice (3 copies each: a loop may run more passes in a step, so the forward view is kept) and push once;
-#: a view T2 rewrites in place keeps H + 1 rows in either mode and moves by plain copies.
-COPIES = {"dataflow": (7, 3), "pipedream": (7, 3), "pipemare-t1": (7, 3), "pipemare": (4, 4)}
+#: weight copies per step in units of the delayed weights: (minimal, fast). Minimal: dataflow and pipedream swap
+#: once (3 copies) and, the step's last pass over, copy the row the swap left holding w_t back (1), which
+#: drops w_(t-H) and makes push free; a view T2 rewrites in place keeps H + 1 rows in either mode and moves
+#: by plain copies.
+COPIES = {"dataflow": (4, 3), "pipedream": (4, 3), "pipemare-t1": (4, 3), "pipemare": (4, 4)}
 
 
 @pytest.mark.parametrize("memory", ["minimal", "fast"])
@@ -74,6 +75,152 @@ def test_weight_copies_per_step(method, memory):
         counts.append(mode.bytes / delayed)
     want = COPIES[method][memory == "fast"]
     assert counts == [want, want]
+
+
+def _accumulate(model, opt, x, y, passes, style, mode=None):
+    """One step of ``passes`` passes: forward then backward each (``"interleaved"``), or every forward first and
+    the summed loss's one backward (``"summed"``)."""
+    with mode if mode is not None else contextlib.nullcontext():
+        opt.zero_grad()
+        parts = list(zip(x.chunk(passes), y.chunk(passes)))
+        if style == "interleaved":
+            for xs, ys in parts:
+                (mse(model(xs), ys) / passes).backward()
+        else:
+            sum(mse(model(xs), ys) / passes for xs, ys in parts).backward()
+        opt.step()
+
+
+#: passes per step: a constant count, an epoch's shorter last accumulation (HF Trainer, Lightning), a step
+#: that repeats the longest count
+PASSES = [3, 3, 3, 1, 3, 3, 2, 3, 3]
+
+
+@pytest.mark.parametrize("style", ["interleaved", "summed"])
+@pytest.mark.parametrize("method", ["dataflow", "pipedream", "hogwild"])
+def test_the_last_pass_drops_the_expiring_version_exactly(method, style):
+    """``memory="minimal"`` learns the passes per step (the most any step ran) and, at the last one, drops
+    ``w_(t-H)`` instead of swapping it back: weights bit-equal to the reference engine's after every step;
+    a step of the learned count moves the weights 6 times per earlier pass plus 4 (interleaved; summed: 4 in
+    all), a shorter step the safe 6 per pass plus the push (summed: 7), and so does step 0 (whose every
+    training forward puts w_0 back to compare it: 6 per pass plus 1 in either style)."""
+    from staleopt.reference import ReferencePipelineOptimizer
+    data = batches(len(PASSES), in_dim=SIZES[0], out_dim=SIZES[-1], batch=6)
+    runs, copies = [], []
+    for cls in (ReferencePipelineOptimizer, staleopt.PipelineOptimizer):
+        model = mlp(SIZES, seed=7)
+        opt = cls(model, torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9), stages=4, schedule=method,
+                  seed=2)
+        delayed = sum(p.numel() * p.element_size() for v in opt.chunks if v.H for p in v.params)
+        weights = []
+        for (x, y), passes in zip(data, PASSES):
+            mode = _Moves()
+            _accumulate(model, opt, x, y, passes, style, mode)
+            weights.append([p.detach().clone() for p in model.parameters()])
+            copies.append(mode.bytes / delayed)
+        runs.append(weights)
+    for a, b in zip(*runs):
+        assert all(torch.equal(u, v) for u, v in zip(a, b))
+    if method == "hogwild":
+        return  # random delays: the forward view is not always w_(t-H)
+    counts = copies[len(PASSES):]
+    safe = {n: (6 * n + 1 if style == "interleaved" else 7) for n in set(PASSES)}
+    last = {n: (6 * n - 2 if style == "interleaved" else 4) for n in set(PASSES)}
+    assert counts == [6 * n + 1 if t == 0 else safe[n] if n < max(PASSES) else last[n]
+                      for t, n in enumerate(PASSES)]
+
+
+@pytest.mark.parametrize("style", ["interleaved", "summed"])
+def test_a_step_with_more_passes_than_any_before_refuses_the_dropped_version(style):
+    """After steps of 2 interleaved passes, a step of 3 finds ``w_(t-H)`` dropped at the end of its second:
+    ``LoopError`` naming the fixes, never a silently wrong view; ``memory="fast"`` (one more version) trains it.
+    Summed passes drop only once the backward pass starts, after every forward: a third forward only makes
+    the step miss the count (the safe path), and it trains as in ``"fast"``."""
+    data = batches(4, in_dim=SIZES[0], out_dim=SIZES[-1], batch=6)
+    runs = []
+    for memory in ("fast", "minimal"):
+        model = mlp(SIZES)
+        opt = staleopt.PipelineOptimizer(model, torch.optim.SGD(model.parameters(), lr=0.05), stages=4,
+                                         schedule="dataflow", memory=memory)
+        for x, y in data[:3]:
+            _accumulate(model, opt, x, y, 2, style)
+        if memory == "minimal" and style == "interleaved":
+            with pytest.raises(staleopt.errors.LoopError, match="same number of passes.*memory='fast'"):
+                _accumulate(model, opt, *data[3], 3, style)
+            return
+        _accumulate(model, opt, *data[3], 3, style)
+        runs.append([p.detach().clone() for p in model.parameters()])
+    assert all(torch.equal(a, b) for a, b in zip(*runs))
+
+
+def test_microbatch_passes_drop_at_the_nth_pass():
+    """``microbatch_passes=True`` declares ``N`` passes: the ``N``-th drops ``w_(t-H)`` from step 1 on (6 (N - 1)
+    + 4 copies; pb's microbatches share the delays). Under eq. (16) a step runs ``N`` passes per distinct delay:
+    one that reads ``w_(t-H)`` after the count was reached revokes the expiry (bit-equal to the reference,
+    ``tests/test_hogwild_eq16.py``)."""
+    model = mlp(SIZES)
+    opt = staleopt.PipelineOptimizer(model, torch.optim.SGD(model.parameters(), lr=0.05), stages=4,
+                                     schedule="pb", microbatches=2, microbatch_passes=True)
+    delayed = sum(p.numel() * p.element_size() for v in opt.chunks if v.H for p in v.params)
+    counts = []
+    for x, y in batches(4, in_dim=SIZES[0], out_dim=SIZES[-1], batch=6):
+        mode = _Moves()
+        _accumulate(model, opt, x, y, 2, "interleaved", mode)
+        counts.append(mode.bytes / delayed)
+    assert counts == [13, 10, 10, 10]
+
+
+def test_a_checkpoint_mid_step_keeps_the_learned_passes():
+    """Saved after the first of a step's two passes, the checkpoint carries the step's counts and the passes
+    learned: the resumed run drops at the same pass (the same copies) and trains bit for bit alike; a checkpoint
+    without the counts (an older release) takes the safe path in that step and learns afresh."""
+    data = batches(6, in_dim=SIZES[0], out_dim=SIZES[-1], batch=6)
+
+    def build():
+        model = mlp(SIZES, seed=3)
+        return model, staleopt.PipelineOptimizer(model, torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9),
+                                                 stages=4, schedule="pipedream")
+
+    def finish(model, opt, x, y, mode):
+        with mode:
+            (mse(model(x[3:]), y[3:]) / 2).backward()
+            opt.step()
+
+    model, opt = build()
+    for x, y in data[:3]:
+        _accumulate(model, opt, x, y, 2, "interleaved")
+    x, y = data[3]
+    opt.zero_grad()
+    (mse(model(x[:3]), y[:3]) / 2).backward()
+    state = copy.deepcopy(opt.state_dict())
+    grads = [p.grad.clone() for p in model.parameters()]
+    weights = copy.deepcopy(model.state_dict())
+    runs = []
+    for strip in (None, False, True):
+        if strip is None:
+            m, o = model, opt
+        else:
+            m, o = build()
+            m.load_state_dict(weights)
+            saved = copy.deepcopy(state)
+            if strip:
+                del saved["staleopt"]["pass_counts"]
+            o.load_state_dict(saved)
+            for p, g in zip(m.parameters(), grads):
+                p.grad = g.clone()
+        delayed = sum(p.numel() * p.element_size() for v in o.chunks if v.H for p in v.params)
+        mode = _Moves()
+        finish(m, o, x, y, mode)
+        copies = [mode.bytes / delayed]
+        for x2, y2 in data[4:]:
+            mode = _Moves()
+            _accumulate(m, o, x2, y2, 2, "interleaved", mode)
+            copies.append(mode.bytes / delayed)
+        runs.append(([p.detach().clone() for p in m.parameters()], copies))
+    assert runs[0][1] == runs[1][1] == [4, 10, 10]
+    assert runs[2][1] == [7, 13, 10]
+    for weights_, _ in runs[1:]:
+        assert all(torch.equal(a, b) for a, b in zip(runs[0][0], weights_))
 
 
 def test_checkpoint_of_the_spare_row_layout_resumes_exactly():
@@ -300,3 +447,68 @@ def test_weight_sized_temporaries_go_in_bounded_blocks(monkeypatch, method, base
             _step(model, opt, x, y)
         runs.append([p.detach().clone() for p in model.parameters()])
     assert all(torch.equal(a, b) for a, b in zip(*runs))
+
+
+def _t1_run(P, tau, steps=6, mode=None):
+    """``steps`` steps of a custom schedule with T1 annealing (``tau`` per stage) over SGD with momentum
+    (foreach); the ops the last step dispatched and the weights."""
+    from staleopt import schedules
+    from staleopt.corrections import LRReschedule
+    sizes = (5,) + (6,) * 8 + (3,)  # nine layers, whatever P
+    model = mlp(sizes)
+    opt = staleopt.PipelineOptimizer(model, torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, foreach=True),
+                                     stages=P, schedule=schedules.get("custom", tau_fwd=tau, tau_bkwd=[0] * P),
+                                     corrections=[LRReschedule(100)])
+    data = batches(steps, in_dim=sizes[0], out_dim=sizes[-1])
+    for x, y in data[:-1]:
+        _step(model, opt, x, y)
+    mode = _Moves()
+    _step(model, opt, *data[-1], mode)
+    return mode.ops, [p.detach().clone() for p in model.parameters()]
+
+
+def test_t1_launches_follow_the_distinct_factors_not_the_stages(monkeypatch):
+    """While T1 anneals, the stages of equal factor (equal delays) step as one parameter group: the ops per step
+    are the same at P = 3 and P = 9 when both have two distinct delays, and the weights equal those of one
+    group per stage bit for bit."""
+    assert _t1_run(3, [2, 2, 1])[0] == _t1_run(9, [2] * 8 + [1])[0]
+    merged = _t1_run(9, [3, 3, 2, 2, 2, 1, 1, 1, 1])[1]
+    from staleopt.stage_lr import StageGroups
+
+    def per_stage(self, splits, factors):
+        groups = [{**sp.user, "params": sp.group["params"],
+                   "lr": sp.user["lr"] * (factors[sp.stage] if sp.stage >= 0 else 1.0)} for sp in splits]
+        return groups, [[sp] for sp in splits]
+    monkeypatch.setattr(StageGroups, "_merge", per_stage)
+    apart = _t1_run(9, [3, 3, 2, 2, 2, 1, 1, 1, 1])[1]
+    assert all(torch.equal(a, b) for a, b in zip(merged, apart))
+
+
+def _engine_ops(method, P, layers, corrections):
+    """Ops the wrapper adds to one step (the 13th), against the base optimizer alone on the same model."""
+    sizes = (5,) + (6,) * (layers - 1) + (3,)
+    data = batches(13, in_dim=sizes[0], out_dim=sizes[-1])
+    counts = []
+    for wrapped in (False, True):
+        model = mlp(sizes)
+        base = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, weight_decay=1e-3, foreach=True)
+        opt = staleopt.PipelineOptimizer(model, base, stages=P, schedule=method, corrections=corrections) \
+            if wrapped else base
+        for x, y in data[:12]:
+            _step(model, opt, x, y)
+        mode = _Moves()
+        _step(model, opt, *data[12], mode)
+        counts.append(mode.ops)
+    return counts[1] - counts[0]
+
+
+@pytest.mark.parametrize("name", ["nesterov", "gap-aware", "dc-asgd", "dc-asgd-a"])
+def test_the_corrections_since_the_seeds_launch_as_many_ops_whatever_the_tensors(name):
+    """Nesterov's look-ahead, gap-aware damping and DC-ASGD are a fixed number of foreach calls over all stages:
+    the ops the wrapper adds to a step are the same for 6 layers in 3 stages as for 12 layers in 6 (twice the
+    tensors, twice the stages)."""
+    from staleopt.corrections import DelayCompensation, GapAware, NesterovLookahead
+    make = {"nesterov": lambda: [NesterovLookahead(0.5, 0.95)], "gap-aware": lambda: [GapAware(0.9)],
+            "dc-asgd": lambda: [DelayCompensation(0.5)], "dc-asgd-a": lambda: [DelayCompensation(0.5, 0.9)]}[name]
+    with pytest.warns(UserWarning) if name == "nesterov" else contextlib.nullcontext():
+        assert _engine_ops("dataflow", 3, 6, make()) == _engine_ops("dataflow", 6, 12, make())

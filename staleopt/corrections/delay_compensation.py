@@ -5,6 +5,7 @@ from typing import Dict, Optional
 
 import torch
 
+from .. import history
 from ..errors import CorrectionError
 from .base import Correction
 from .stale_weights import StaleWeights
@@ -70,22 +71,42 @@ class DelayCompensation(Correction):
             self._ms = {c.index: c.zeros() for c in self._stale.views}
 
     def before_update(self, delays, step):
+        """``g += lam g * g * (w_t - w_{t-tau})`` (DC-ASGD-a: ``lam / sqrt(MeanSquare + eps)``, MeanSquare updated
+        first, at every delayed view): a fixed number of foreach calls over all stages, block by block."""
         tf = delays[0]
         m = self.mean_square_decay
+        grads, ws, ss, mss, delayed = [], [], [], [], []
         for c in self._stale.views:
             tau = tf[c.stage]
             stale = self._stale.version(c, step, tau)
-            for j, (p, w, s) in enumerate(zip(c.params, c.data, stale)):
-                g = p.grad
-                if g is None:
-                    continue
-                lam = self.lam
-                if m is not None:
-                    ms = self._ms[c.index][1][j]
-                    ms.mul_(m).addcmul_(g, g, value=1.0 - m)
-                    lam = self.lam / ms.add(self.eps).sqrt_()
-                if tau > 0:
-                    g.add_(g * g * (w - s) * lam)
+            mine = self._ms[c.index][1] if m is not None else [None] * len(c.params)
+            for p, w, s, ms in zip(c.params, c.data, stale, mine):
+                if p.grad is not None:
+                    grads.append(p.grad)
+                    ws.append(w)
+                    ss.append(s)
+                    mss.append(ms)
+                    delayed.append(tau > 0)
+        for a, b in history.blocks(grads):  # the temporaries are weight-sized: bounded blocks
+            g, w, s, ms, on = grads[a:b], ws[a:b], ss[a:b], mss[a:b], delayed[a:b]
+            if m is not None:
+                torch._foreach_mul_(ms, m)
+                torch._foreach_addcmul_(ms, g, g, value=1.0 - m)
+            if not all(on):
+                g, w, s, ms = ([x for x, keep in zip(xs, on) if keep] for xs in (g, w, s, ms))
+            if not g:
+                continue
+            d = torch._foreach_mul(g, g)
+            torch._foreach_mul_(d, torch._foreach_sub(w, s))
+            if m is None:
+                torch._foreach_mul_(d, self.lam)
+            else:
+                lam = torch._foreach_add(ms, self.eps)
+                torch._foreach_sqrt_(lam)
+                torch._foreach_reciprocal_(lam)  # (lam / x is x.reciprocal() * lam)
+                torch._foreach_mul_(lam, self.lam)
+                torch._foreach_mul_(d, lam)
+            torch._foreach_add_(g, d)
 
     def after_update(self, chunks, delays, step):
         self._stale.refresh(step)

@@ -5,6 +5,7 @@ from typing import Dict
 
 import torch
 
+from .. import history
 from ..errors import CorrectionError
 from .base import Correction
 from .stale_weights import StaleWeights
@@ -73,6 +74,7 @@ class GapAware(Correction):
         self.from_direction = type(base) is torch.optim.SGD
         self._group_of = {id(p): k for k, g in enumerate(base.param_groups) for p in g["params"]}
         self._max_lr = [float(g["lr"]) for g in base.param_groups]
+        self._wd0: Dict[tuple, torch.Tensor] = {}  # (weight decay, device) -> 0-d tensor
 
     def _scale(self, view):
         """Per parameter: ``C`` of ``view``'s elements, from the running mean square ``v`` (module docstring)."""
@@ -98,31 +100,76 @@ class GapAware(Correction):
         """The authors' SGD statistics, at the start of a step: ``eta_max`` and ``v`` from the direction."""
         base = self.engine.base_optimizer
         self._max_lr = [max(m, float(g["lr"])) for m, g in zip(self._max_lr, base.param_groups)]
+        vs, moved, ds = [], [], []
         for c in self._stale.views:
             for p, v in zip(c.params, self._v[c.index][1]):
                 if p.grad is None:
                     continue
                 d = p.grad if self._group(p)["momentum"] == 0 else base.state[p].get("momentum_buffer")
-                v.mul_(self.beta)
+                vs.append(v)
                 if d is not None:                      # no buffer before the first step: d = 0
-                    v.addcmul_(d, d, value=1.0 - self.beta)
+                    moved.append(v)
+                    ds.append(d)
+        if vs:
+            torch._foreach_mul_(vs, self.beta)
+        if moved:
+            torch._foreach_addcmul_(moved, ds, ds, value=1.0 - self.beta)
         self._k += 1
 
     def before_update(self, delays, step):
+        """``g /= G`` (over SGD with weight decay ``lambda``: ``g += lambda w (1/G - 1)``, the decay undamped) at
+        every view with ``tau > 0``: a fixed number of foreach calls over all stages, block by block."""
         if self.from_direction:
             self._measure_direction()
         tf = delays[0]
+        grads, ws, ss, vs, lrs, wds = [], [], [], [], [], []
         for c in self._stale.views:
             tau = tf[c.stage]
             if tau == 0:
                 continue
-            for p, w, G in zip(c.params, c.data, self.gap(c, step, tau)):
+            stale = self._stale.version(c, step, tau)
+            for p, w, s, v in zip(c.params, c.data, stale, self._v[c.index][1]):
                 if p.grad is None:
                     continue
-                p.grad.div_(G)
-                wd = self._group(p)["weight_decay"] if self.from_direction else 0
-                if wd:
-                    p.grad.add_(w * (1.0 / G - 1.0), alpha=wd)
+                group = self._group(p)
+                grads.append(p.grad)
+                ws.append(w)
+                ss.append(s)
+                vs.append(v)
+                lrs.append(self._max_lr[self._group_of[id(p)]])
+                wds.append(group["weight_decay"] if self.from_direction else 0)
+        correction = 1.0 - self.beta ** self._k
+        for a, b in history.blocks(grads):  # the temporaries are weight-sized: bounded blocks
+            g = grads[a:b]
+            if self._k == 0:  # no statistics yet: G = 1
+                G = [torch.ones_like(w) for w in ws[a:b]]
+            else:
+                scale = torch._foreach_div(vs[a:b], correction)
+                torch._foreach_sqrt_(scale)
+                torch._foreach_add_(scale, self.eps)
+                if self.from_direction:
+                    torch._foreach_mul_(scale, lrs[a:b])
+                G = torch._foreach_sub(ws[a:b], ss[a:b])
+                torch._foreach_abs_(G)
+                torch._foreach_div_(G, scale)
+                torch._foreach_add_(G, 1.0)
+            torch._foreach_div_(g, G)
+            decayed = [k for k in range(b - a) if wds[a + k]]
+            if decayed:
+                inv = torch._foreach_reciprocal([G[k] for k in decayed])  # (1.0 / G is G.reciprocal() * 1.0)
+                torch._foreach_sub_(inv, 1.0)
+                torch._foreach_mul_(inv, [ws[a + k] for k in decayed])
+                torch._foreach_addcmul_([g[k] for k in decayed], inv, [self._decay0(wds[a + k], g[k].device)
+                                                                       for k in decayed])
+
+    def _decay0(self, wd: float, device) -> torch.Tensor:
+        """``wd`` as a 0-d float64 tensor on ``device``, made once (``addcmul_`` with it rounds as
+        ``add_(alpha=wd)``)."""
+        key = (wd, device)
+        t = self._wd0.get(key)
+        if t is None:
+            t = self._wd0[key] = torch.tensor(wd, dtype=torch.float64, device=device)
+        return t
 
     def after_update(self, chunks, delays, step):
         if not self.from_direction:

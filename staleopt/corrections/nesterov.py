@@ -74,6 +74,9 @@ class NesterovLookahead(Correction):
                           "torch.optim.SGD(params, lr) without momentum", stacklevel=4)
         self.gammas = self.stage_momenta(engine.max_delays[0])
         self._m = {c.index: c.zeros() for c in engine.chunks}
+        # gamma_i as a 0-d float64 tensor per view (addcmul_ with it rounds exactly as add_(alpha=gamma_i))
+        self._gamma0 = {c.index: torch.tensor(self.gammas[c.stage], dtype=torch.float64, device=c.params[0].device)
+                        for c in engine.chunks}
 
     def stage_momenta(self, tau: List[int]) -> List[float]:
         """``gamma_i`` of every stage for asynchronous forward delays ``tau``."""
@@ -83,12 +86,20 @@ class NesterovLookahead(Correction):
         return [self.momentum + t * span for t in tau]
 
     def before_update(self, delays, step):
+        """``m = gamma_i m + g``, ``g += gamma_i m``: three foreach calls over all stages."""
+        ms, grads, gammas, gamma0 = [], [], [], []
         for c in self.engine.chunks:
-            gamma = self.gammas[c.stage]
+            gamma, g0 = self.gammas[c.stage], self._gamma0[c.index]
             for p, m in zip(c.params, self._m[c.index][1]):
                 if p.grad is not None:
-                    m.mul_(gamma).add_(p.grad)
-                    p.grad.add_(m, alpha=gamma)
+                    ms.append(m)
+                    grads.append(p.grad)
+                    gammas.append(gamma)
+                    gamma0.append(g0)
+        if ms:
+            torch._foreach_mul_(ms, gammas)
+            torch._foreach_add_(ms, grads)
+            torch._foreach_addcmul_(grads, ms, gamma0)
 
     def momentum_buffer(self, stage: int) -> torch.Tensor:
         """The flat momentum ``m`` of ``stage`` (concatenated over its views)."""
