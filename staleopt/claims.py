@@ -43,7 +43,7 @@ from . import metrics, speedup, stats
 from .errors import ConfigError
 
 __all__ = ["Claim", "Beats", "Matches", "Diverges", "NeverDiverges", "Degrades", "LessMemory", "Faster", "DEMO_CLAIMS",
-           "DEMO_TARGET", "evaluate", "format_table", "CLAIM_COLUMNS", "VERDICTS"]
+           "DEMO_TARGET", "LM_DEMO_CLAIMS", "evaluate", "format_table", "CLAIM_COLUMNS", "VERDICTS"]
 
 #: Columns of :func:`evaluate`'s table (and of ``claims.csv``).
 CLAIM_COLUMNS = ("claim", "evidence", "verdict")
@@ -269,6 +269,20 @@ DEMO_CLAIMS: Tuple[Claim, ...] = (
     LessMemory("pipemare", "pipedream"),
     # ... but activations dominate: dataflow delays keep ~2(P - i) microbatches in flight at stage i, 1F1B P - i
     LessMemory("pipedream", "pipemare", total=True),
+)
+
+
+#: ``staleopt demo --task lm``'s claims, in test perplexity (lower is better; docs/language-models.md says why each
+#: threshold and what a one-seed exploration showed before they were set), at P = 15 (every unit a stage) and 8:
+LM_DEMO_CLAIMS: Tuple[Claim, ...] = (
+    Beats("gpipe", "dataflow", "max", 2.0),          # uncorrected dataflow delays cripple the language model
+    Beats("pipemare", "dataflow", "max", 1.0),       # T1 + T2 recover part of it (PipeMare §3)
+    Beats("pipemare-w", "pipemare", "max", 0.5),     # synchronous warmup closes more (PipeMare §4.3, Transformer)
+    NeverDiverges(("gpipe", "pipedream", "pipemare", "pipemare-w")),
+    Matches("pipedream", "gpipe", "max", 0.25),      # stashing on 1F1B's delays stays close (PipeDream §3.3)
+    Faster("pipedream", "gpipe", 8, 1.25),           # full utilization pays in time to perplexity
+    LessMemory("pipemare", "pipedream"),             # no stashed versions (PipeMare Table 1)
+    LessMemory("pipedream", "pipemare", total=True),  # ... but activations in flight dominate
 )
 
 

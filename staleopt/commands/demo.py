@@ -1,4 +1,5 @@
-"""``staleopt demo``: the headline sweep on MNIST-1D, its tables, its claims (evaluated from the runs) and figures."""
+"""``staleopt demo``: the headline sweep on MNIST-1D (``--task lm``: a GPT on ``text-markov``), its tables, its claims
+(evaluated from the runs) and figures."""
 from __future__ import annotations
 
 import argparse
@@ -13,12 +14,15 @@ from typing import Optional
 from ..errors import ConfigError
 from ..validate import check_int
 
-__all__ = ["register", "run", "DEFAULT_SWEEP", "QUICK_SWEEP", "complete", "pivot", "speedup_pivot", "provenance", "markdown"]
+__all__ = ["register", "run", "DEFAULT_SWEEP", "QUICK_SWEEP", "LM_SWEEP", "complete", "pivot", "speedup_pivot",
+           "provenance", "markdown"]
 
 #: The demo's sweep file, in the repository next to the package.
 DEFAULT_SWEEP = Path(__file__).resolve().parents[2] / "experiments" / "demo.toml"
 #: ``staleopt demo --quick``'s: the same recipe with 4 of its methods and 1 of its seeds (under a minute on 2 cores).
 QUICK_SWEEP = DEFAULT_SWEEP.with_name("demo-quick.toml")
+#: ``staleopt demo --task lm``'s: the demo's methods on a GPT language model (docs/language-models.md).
+LM_SWEEP = DEFAULT_SWEEP.with_name("demo-lm.toml")
 
 EXAMPLES = """\
 Runs experiments/demo.toml: gpipe, pipedream, pipemare-stash (PipeMare Fig. 2's
@@ -40,6 +44,7 @@ are kept.
 examples:
   staleopt demo                          # runs/demo, 2 workers
   staleopt demo --quick                  # a preview in under a minute: 4 methods, 1 seed -> runs/demo-quick
+  staleopt demo --task lm                # the language-model demo: a GPT on text-markov, perplexity -> runs/demo-lm
   staleopt demo --out /tmp/demo --workers 4
   staleopt demo --out /tmp/demo-2t --worker-threads 2   # other float rounding: do the claims still hold?
   staleopt demo --sweep experiments/my_sweep.toml --out runs/mine
@@ -51,7 +56,11 @@ def register(subparsers) -> None:
     p = subparsers.add_parser("demo", help="run the MNIST-1D stages sweep and draw accuracy vs stages",
                               description="The main demo: a resumable sweep, its table and figures.\n\n" + EXAMPLES,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", default=None, help="sweep directory (default runs/demo, runs/demo-quick with --quick)")
+    p.add_argument("--out", default=None, help="sweep directory (default runs/demo, runs/demo-quick with --quick, "
+                                                "runs/demo-lm with --task lm)")
+    p.add_argument("--task", choices=("classification", "lm"), default="classification",
+                   help=f"classification (default: MNIST-1D, accuracy) or lm ({LM_SWEEP.name}: a GPT with tied "
+                        "embeddings on text-markov, test perplexity, its own claims)")
     p.add_argument("--quick", action="store_true",
                    help=f"the same story in under a minute on 2 cores: {QUICK_SWEEP.name} (4 of the demo's methods, "
                         "1 seed); a preview, its claims are not the demo's")
@@ -60,8 +69,8 @@ def register(subparsers) -> None:
     p.add_argument("--workers", type=int, default=2, help="parallel runs (default 2)")
     p.add_argument("--worker-threads", type=int, default=1, help="torch threads per run (default 1)")
     p.add_argument("--target", type=float, default=None,
-                   help="accuracy of the time-to-accuracy table, figure and claims (default 0.85, "
-                        "staleopt.claims.DEMO_TARGET)")
+                   help="accuracy (perplexity with --task lm) of the time-to-target table, figure and claims "
+                        "(default 0.85, staleopt.claims.DEMO_TARGET; --task lm: GPipe's best perplexity + 1%%)")
     p.add_argument("--no-bar", action="store_true", help="no progress bar")
     p.add_argument("--from-records", action="store_true",
                    help="train nothing: rebuild OUT's tables, claims and figures from OUT/records.csv and the "
@@ -196,26 +205,52 @@ def _from_records(args) -> int:
     if not (out / "records.csv").is_file():
         raise ConfigError(f"--from-records reads {out / 'records.csv'}, which does not exist: run the demo first")
     info = json.loads((out / "run.json").read_text()) if (out / "run.json").is_file() else {}
-    target = args.target if args.target is not None else info.get("target", claims.DEMO_TARGET)
-    records = complete(pd.read_csv(out / "records.csv", **_EXACT_FLOATS),
-                       Path(args.sweep) if args.sweep else QUICK_SWEEP if args.quick else DEFAULT_SWEEP)
-    result = write_report(records, out, target=target, figures=args.figures, write_records=False)
+    records = complete(pd.read_csv(out / "records.csv", **_EXACT_FLOATS), _sweep_file(args))
+    default = _default_target(args, records)
+    target = args.target if args.target is not None else info.get("target", default)
+    result = write_report(records, out, target=target, figures=args.figures, write_records=False,
+                          claims=_claims(args))
     _show(result)
     print(f"\nwrote {', '.join(map(str, result.figures + result.files[1:]))}")
     return 0
 
 
+def _sweep_file(args) -> Path:
+    if getattr(args, "task", "classification") == "lm":
+        return Path(args.sweep) if args.sweep else LM_SWEEP
+    return Path(args.sweep) if args.sweep else QUICK_SWEEP if args.quick else DEFAULT_SWEEP
+
+
+def _claims(args):
+    from .. import claims
+    return claims.LM_DEMO_CLAIMS if getattr(args, "task", "classification") == "lm" else None
+
+
+def _default_target(args, records):
+    """The demo's accuracy target (:data:`staleopt.claims.DEMO_TARGET`); a language model's: GPipe's mean best
+    perplexity plus 1% (:func:`staleopt.speedup.default_target`)."""
+    from .. import claims
+    if getattr(args, "task", "classification") != "lm":
+        return claims.DEMO_TARGET
+    from ..speedup import default_target
+    return default_target(records)
+
+
 def run(args) -> int:
-    from .. import claims, sweep
+    from .. import sweep
     from ..compare import write_report
 
     if args.quick and args.sweep:
         raise ConfigError("--quick runs its own sweep file; pass --quick or --sweep FILE, not both")
+    if args.quick and getattr(args, "task", "classification") == "lm":
+        raise ConfigError("--quick previews the classification demo; --task lm runs the language-model demo "
+                          "(experiments/demo-lm.toml, about 10 minutes on 2 cores): pass one of the two")
     if args.out is None:
-        args.out = "runs/demo-quick" if args.quick else "runs/demo"
+        args.out = {"lm": "runs/demo-lm"}.get(getattr(args, "task", "classification"),
+                                              "runs/demo-quick" if args.quick else "runs/demo")
     if args.from_records:
         return _from_records(args)
-    path = Path(args.sweep) if args.sweep else QUICK_SWEEP if args.quick else DEFAULT_SWEEP
+    path = _sweep_file(args)
     if not path.is_file():
         raise ConfigError(f"demo sweep file {path} not found: run from a checkout of the repository "
                           "(experiments/demo.toml) or pass --sweep FILE")
@@ -232,8 +267,8 @@ def run(args) -> int:
     summary = sweep.summarize(records, by=["method", "stages"])
     if summary.empty:
         raise ConfigError(f"no run of {path} finished; see the error.txt files under {out / 'runs'}")
-    target = args.target if args.target is not None else claims.DEMO_TARGET   # the preview's too: one target
-    result = write_report(records, out, target=target, figures=args.figures)
+    target = args.target if args.target is not None else _default_target(args, records)  # the preview's too
+    result = write_report(records, out, target=target, figures=args.figures, claims=_claims(args))
     print(f"\n{spec.name or path.stem}: {report.total} runs ({len(report.skipped)} already done, "
           f"{len(report.finished)} run now, {len(report.failed)} failed) in {elapsed:.0f} s "
           f"with {args.workers} worker(s) x {args.worker_threads} thread(s)")
@@ -249,32 +284,36 @@ def run(args) -> int:
 
 def markdown(directory) -> str:
     """The README's demo block from a demo's output files (``summary.csv``, ``speedup.csv``, ``claims.csv``,
-    ``run.json``; the committed copies are in docs/demo/): accuracy table, time to accuracy, claims."""
+    ``run.json``; the committed copies are in docs/demo/ and docs/demo-lm/): the table of the best test metric
+    (accuracy, or perplexity for a language model), time to its target, claims."""
     import pandas as pd
-    from .. import claims
+    from .. import claims, metrics
     from ..stats import interval_caption
     directory = Path(directory)
     summary = pd.read_csv(directory / "summary.csv")
     info = json.loads((directory / "run.json").read_text())
     fast = pd.read_csv(directory / "speedup.csv")
     verdicts = pd.read_csv(directory / "claims.csv")
+    m = next((x for x in metrics.METRICS.values() if x.best_column in summary.columns), metrics.ACCURACY)
     seeds = int(summary["runs"].max())
     took = (f"{info['seconds'] / 60:.1f} minutes" if info["runs_trained_now"] == info["runs"] else
             f"{info['runs']} runs trained over several launches")
-    lines = [f"Best test accuracy over epochs, {interval_caption(seeds)} (`div`: runs that diverged); "
-             f"`staleopt demo` on {info['date']}, {info['cores']} cores ({info['cpu']}), torch {info['torch']}, "
+    lines = [f"Best test {m.noun} over epochs ({'higher' if m.higher_is_better else 'lower'} is better), "
+             f"{interval_caption(seeds, bounds=m.bounds)} (`div`: runs that diverged); "
+             f"`staleopt demo{' --task lm' if m is not metrics.ACCURACY else ''}` on {info['date']}, "
+             f"{info['cores']} cores ({info['cpu']}), torch {info['torch']}, "
              f"{info['workers']} workers x {info['worker_threads']} thread, {took}. The last digits "
              "depend on the CPU (float rounding); docs/demo.md says how long the demo takes and which claims "
              "were checked on seeds and a thread count the demo does not use.", ""]
     table = pivot(summary)
     lines.append("| method | " + " | ".join(table.columns) + " |")
     lines.append("| --- |" + " --- |" * len(table.columns))
-    lines += [f"| {m} | " + " | ".join(row) + " |" for m, row in zip(table.index, table.values.tolist())]
+    lines += [f"| {m_} | " + " | ".join(row) + " |" for m_, row in zip(table.index, table.values.tolist())]
     sp = speedup_pivot(fast)
-    lines += ["", f"Time to accuracy {info['target']:.3f}: speedup over GPipe at the same `P` in simulated pipeline time, steps to the target / pipeline "
-              "utilization (`(k/n)`: only k of n seeds reached it):", "",
-              "| method | " + " | ".join(sp.columns) + " |", "| --- |" + " --- |" * len(sp.columns)]
-    lines += [f"| {m} | " + " | ".join(row) + " |" for m, row in zip(sp.index, sp.values.tolist())]
+    lines += ["", f"Time to {m.noun} {m.format(info['target'])}: speedup over GPipe at the same `P` in simulated "
+              "pipeline time, steps to the target / pipeline utilization (`(k/n)`: only k of n seeds reached it):",
+              "", "| method | " + " | ".join(sp.columns) + " |", "| --- |" + " --- |" * len(sp.columns)]
+    lines += [f"| {m_} | " + " | ".join(row) + " |" for m_, row in zip(sp.index, sp.values.tolist())]
     lines += ["", "Claims, evaluated from the run (`staleopt demo` prints them and writes `claims.csv`):", "",
               claims.format_table(verdicts), ""]
     return "\n".join(lines)

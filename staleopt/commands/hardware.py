@@ -158,7 +158,8 @@ def run(args) -> int:
     model = models.get(args.model, **kwargs)
     example = None
     if args.microbatch_size is not None:
-        example = torch.zeros(1, *models.info(args.model).input_shape)
+        info = models.info(args.model)  # a language model reads int64 tokens
+        example = torch.zeros(1, *info.input_shape, dtype=torch.long if info.lm else torch.float32)
     rows = rows_for(model, methods, stages_list, args, example)
     print(format_table(rows, args.model) if len(stages_list) == 1 else format_sweep(rows, args.model))
     if example is None:
