@@ -83,6 +83,11 @@ def demo_claims() -> str:
     return demo.markdown(ROOT / "docs" / "demo")
 
 
+def demo_lm_claims() -> str:
+    """The language-model demo's tables and claims from its committed run (docs/demo-lm/, ``staleopt demo --task lm``)."""
+    return demo.markdown(ROOT / "docs" / "demo-lm")
+
+
 def ledger_pipemare(path: Path = ROOT / "docs" / "reproductions.csv") -> str:
     """The PipeMare rows of the reproduction ledger at every run length, from the rows file that
     ``staleopt reproduce --doc docs/reproductions.md`` writes beside the page (docs/reproductions.csv)."""
@@ -168,6 +173,7 @@ def api_reference() -> str:
 
 GENERATORS: Dict[str, Callable[[], str]] = {"methods-table": methods_table, "models-table": models_table,
                                             "hardware-table": hardware_table, "demo-claims": demo_claims,
+                                            "demo-lm-claims": demo_lm_claims,
                                             "ledger-pipemare": ledger_pipemare, "api-reference": api_reference}
 
 

@@ -47,7 +47,8 @@ from .errors import SharedParameterError, StageError, StageOrderError
 from .validate import check_int
 
 __all__ = ["Unit", "Stage", "SharedParameter", "Partition", "Dataflow", "units_of", "dataflow", "execution_order",
-           "partition_model", "registered_shared", "refuse_shared", "leaf_variable"]
+           "partition_model", "registered_shared", "refuse_shared", "leaf_variable", "Registration", "param_name",
+           "foreign_registrations"]
 
 
 @dataclass(frozen=True)
@@ -278,7 +279,7 @@ class Partition:
         for a, b, j in flow.shared:
             if unit_stage[a] is not None and unit_stage[b] is not None and unit_stage[b] > unit_stage[a]:
                 uses.setdefault((a, j), set()).add(b)
-        return [SharedParameter(_param_name(self.units[a], j), unit_stage[a],
+        return [SharedParameter(param_name(self.units[a], j), unit_stage[a],
                                 tuple((f"the forward pass, on data computed by {self.units[b].name!r}", unit_stage[b])
                                       for b in sorted(bs)))
                 for (a, j), bs in sorted(uses.items())]
@@ -318,7 +319,7 @@ class Partition:
         return "\n".join(lines)
 
 
-def _param_name(unit: Unit, j: int) -> str:
+def param_name(unit: Unit, j: int) -> str:
     return f"{unit.name}.{unit.param_names[j]}" if unit.param_names else f"{unit.name}[{j}]"
 
 
@@ -337,15 +338,31 @@ def refuse_shared(shared: Sequence[SharedParameter]) -> None:
             "owner's delay at every use with PipelineOptimizer(..., shared_parameters='first-owner')")
 
 
-def registered_shared(model: nn.Module, stages: Sequence[Stage]) -> List[SharedParameter]:
-    """Parameters registered by a module (or a second registration of a module) in another stage than the
-    unit that owns them: such a module sits in the stage of its own unit, else of the last unit registered
-    before it (registration order, as the partition's)."""
+@dataclass(frozen=True)
+class Registration:
+    """``module`` (named ``name``, sitting in ``stage``) registers as ``key`` the parameter ``j`` of ``unit``,
+    which a module of another stage owns."""
+
+    name: str
+    module: nn.Module
+    key: str
+    unit: Unit
+    j: int
+    stage: int
+
+    @property
+    def param(self) -> nn.Parameter:
+        return self.unit.params[self.j]
+
+
+def foreign_registrations(model: nn.Module, stages: Sequence[Stage]) -> List[Registration]:
+    """Every registration of a trainable parameter by a module (or a second registration of a module) in another
+    stage than the unit that owns it: such a module sits in the stage of its own unit, else of the last unit
+    registered before it (registration order, as the partition's)."""
     owner = {id(p): (u, j) for s in stages for u in s.units for j, p in enumerate(u.params)}
     stage_of = {id(u): s.index for s in stages for u in s.units}
     by_name = {u.name: u for s in stages for u in s.units}
-    uses: Dict[int, Dict[str, int]] = {}
-    anchor = None
+    found, anchor = [], None
     for name, module in model.named_modules(remove_duplicate=False):
         name = name or "<root>"
         mine = by_name.get(name)
@@ -353,18 +370,23 @@ def registered_shared(model: nn.Module, stages: Sequence[Stage]) -> List[SharedP
             anchor = mine
         else:
             mine = None
-        for p in module.parameters(recurse=False):
-            u = owner.get(id(p), (None,))[0]
-            if u is None or u is mine:
-                continue
-            here = 0 if anchor is None else stage_of[id(anchor)]
-            if here != stage_of[id(u)]:
-                uses.setdefault(id(p), {})[repr(name)] = here
-    out = []
-    for pid, where in uses.items():
-        u, j = owner[pid]
-        out.append(SharedParameter(_param_name(u, j), stage_of[id(u)], tuple(where.items())))
-    return out
+        here = 0 if anchor is None else stage_of[id(anchor)]
+        for key, p in module._parameters.items():
+            u, j = owner.get(id(p), (None, 0))
+            if u is not None and u is not mine and here != stage_of[id(u)]:
+                found.append(Registration(name, module, key, u, j, here))
+    return found
+
+
+def registered_shared(model: nn.Module, stages: Sequence[Stage]) -> List[SharedParameter]:
+    """The parameters :func:`foreign_registrations` finds, each with the places that register it."""
+    stage_of = {id(u): s.index for s in stages for u in s.units}
+    uses: Dict[Tuple[int, int], Dict[str, int]] = {}
+    units: Dict[Tuple[int, int], Tuple[Unit, int]] = {}
+    for r in foreign_registrations(model, stages):
+        uses.setdefault((id(r.unit), r.j), {})[repr(r.name)] = r.stage
+        units[(id(r.unit), r.j)] = (r.unit, r.j)
+    return [SharedParameter(param_name(*units[k]), stage_of[k[0]], tuple(where.items())) for k, where in uses.items()]
 
 
 def execution_order(model: nn.Module, units: Sequence[Unit], example_input: Any) -> List[Unit]:

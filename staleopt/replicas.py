@@ -37,7 +37,7 @@ import torch
 from torch import nn
 
 from .errors import CorrectionError
-from .partition import Partition, SharedParameter, Stage, Unit
+from .partition import Partition, Registration, SharedParameter, Stage, Unit, param_name, foreign_registrations
 
 __all__ = ["Replica", "ReplicaRead", "Replicas", "plan_replicas", "refuse_with_replicas"]
 
@@ -84,46 +84,28 @@ def plan_replicas(model: nn.Module, partition: Partition,
     ``allocate=False`` (memory reports) gives each replica the tied parameter itself as its ``tensor``.
 
     A module that registers a parameter owned by a unit of another stage sits in the stage of its own unit,
-    else of the last unit registered before it (as :func:`staleopt.partition.registered_shared` places it).
+    else of the last unit registered before it (:func:`staleopt.partition.foreign_registrations`).
     It gets a replica when it is one module object in one stage; a module object registered in two stages
     (or the owner's module registered again elsewhere) cannot, and neither can a use only the forward pass
     shows (found later, by :meth:`Partition.check`)."""
-    owner = {id(p): (u, j, s.index) for s in partition for u in s.units for j, p in enumerate(u.params)}
-    stage_of_unit = {id(u): s.index for s in partition for u in s.units}
-    by_name = {u.name: u for s in partition for u in s.units}
-    uses: Dict[Tuple[int, str], List[Tuple[str, nn.Module, int]]] = {}  # (id(module), key) -> [(name, module, stage)]
-    anchor = None
-    for name, module in model.named_modules(remove_duplicate=False):
-        name = name or "<root>"
-        mine = by_name.get(name)
-        if mine is not None and any(p is q for q in module.parameters(recurse=False) for p in mine.params):
-            anchor = mine
-        else:
-            mine = None
-        here = 0 if anchor is None else stage_of_unit[id(anchor)]
-        for key, p in module._parameters.items():
-            if p is None or id(p) not in owner:
-                continue
-            u, _, s = owner[id(p)]
-            if u is mine or here == s:
-                continue
-            uses.setdefault((id(module), key), []).append((name, module, here))
+    uses: Dict[Tuple[int, str], List[Registration]] = {}  # (id(module), key) -> where it is registered
+    for r in foreign_registrations(model, partition.stages):
+        uses.setdefault((id(r.module), r.key), []).append(r)
     replicas, refused, served = [], {}, set()
-    for (mid, key), found in uses.items():
-        name, module, stage = found[0]
-        p = module._parameters[key]
-        u, j, s = owner[id(p)]
-        pname = f"{u.name}.{u.param_names[j]}" if u.param_names else f"{u.name}[{j}]"
+    for found in uses.values():
+        first = found[0]
+        u, p, pname = first.unit, first.param, param_name(first.unit, first.j)
+        owner_stage = partition.stage_of(p)
         owner_module = model if u.name == "<root>" else model.get_submodule(u.name)
-        if len({st for _, _, st in found}) == 1 and module is not owner_module:
+        if len({r.stage for r in found}) == 1 and first.module is not owner_module:
             with torch.no_grad():
                 tensor = p.detach().clone() if allocate else p
-            replicas.append(Replica(pname, p, tensor, module, name, key, stage, s))
-            served.add((pname, stage))
+            replicas.append(Replica(pname, p, tensor, first.module, first.name, first.key, first.stage, owner_stage))
+            served.add((pname, first.stage))
         else:
-            for where, _, st in found:
-                refused.setdefault(pname, (s, []))[1].append((f"{where!r} (one module object registered in "
-                                                              "several places)", st))
+            for r in found:
+                refused.setdefault(pname, (owner_stage, []))[1].append(
+                    (f"{r.name!r} (one module object registered in several places)", r.stage))
     for sp in partition.shared:  # uses the registrations or an example forward found that no replica serves
         known = {st for _, st in refused.get(sp.name, (0, []))[1]}
         rest = [(where, st) for where, st in sp.uses if (sp.name, st) not in served and st not in known]

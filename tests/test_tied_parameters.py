@@ -10,6 +10,8 @@ import staleopt
 from staleopt import schedules
 from staleopt.reference import ReferencePipelineOptimizer
 
+from test_silent_round3 import Twice
+
 V, D, B = 7, 5, 6
 
 
@@ -149,15 +151,6 @@ def test_a_change_at_rest_reaches_the_replicas():
     new.zero_grad()
     _mse(new(x), y).backward()
     torch.testing.assert_close(got, new.tok.weight.grad, atol=1e-15, rtol=0)
-
-
-class Twice(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.a, self.b, self.c = nn.Linear(4, 4), nn.Linear(4, 4), nn.Linear(4, 4)
-
-    def forward(self, x):
-        return self.a(self.c(self.b(self.a(x))))
 
 
 class RawUse(TiedNet):
