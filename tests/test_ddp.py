@@ -77,6 +77,40 @@ def _train_rank(rank: int, world: int, wrap: str, accumulate: int, passes: bool 
     return _flat(model), opt.state_dict()["staleopt"]["history"]["rings"]
 
 
+class _Tied(torch.nn.Module):
+    """Token embedding (stage 0) tied to the output layer (stage 2: a replica, staleopt.replicas)."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.tok, self.l1, self.l2 = torch.nn.Embedding(7, 5), torch.nn.Linear(5, 5), torch.nn.Linear(5, 5)
+        self.head = torch.nn.Linear(5, 7, bias=False)
+        self.head.weight = self.tok.weight
+
+    def forward(self, x):
+        return self.head(torch.tanh(self.l2(torch.tanh(self.l1(self.tok(x))))))
+
+
+def _tied_batches():
+    g = torch.Generator().manual_seed(4)
+    return [(torch.randint(0, 7, (8,), generator=g), torch.randn(8, 7, generator=g)) for _ in range(STEPS)]
+
+
+def _train_tied(rank=None, world: int = 2):
+    """The tied model under dataflow at 3 stages; ``rank``: that rank's half of every batch under DDP."""
+    model = _Tied()
+    target = model if rank is None else DDP(model)
+    opt = staleopt.PipelineOptimizer(target, _base(model), stages=STAGES, schedule="dataflow")
+    assert len(opt.replicas) == 1
+    for x, y in _tied_batches():
+        if rank is not None:
+            x, y = x.chunk(world)[rank], y.chunk(world)[rank]
+        opt.zero_grad()
+        mse(target(x), y).backward()
+        opt.step()
+    return _flat(model)
+
+
 def _worker(rank: int, world: int, port: int, out: str):
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
@@ -84,6 +118,7 @@ def _worker(rank: int, world: int, port: int, out: str):
         results = {f"{wrap}/{acc}": _train_rank(rank, world, wrap, acc)
                    for wrap in ("ddp", "module") for acc in (1, 2)}
         results["passes"] = _train_rank(rank, world, "ddp", 2, passes=True)
+        results["tied"] = _train_tied(rank, world)
         torch.save(results, os.path.join(out, f"rank{rank}.pt"))
     finally:
         dist.destroy_process_group()
@@ -142,3 +177,12 @@ def test_no_sync_microbatch_passes_with_per_microbatch_delays(ranks):
         for a, b in zip(hist, history):
             assert (a is None and b is None) or torch.allclose(a, b, rtol=0, atol=1e-6)
     assert torch.equal(ranks[0]["passes"][0], ranks[1]["passes"][0])
+
+
+def test_a_tied_weight_replica_gradient_is_all_reduced(ranks):
+    """The replica's gradient reaches the tied parameter through autograd, so DDP's all-reduce carries both
+    uses: 2 ranks equal one process on the full batch."""
+    weights = _train_tied()
+    for r in ranks:
+        assert torch.allclose(r["tied"], weights, rtol=0, atol=1e-6), (r["tied"] - weights).abs().max()
+    assert torch.equal(ranks[0]["tied"], ranks[1]["tied"])
