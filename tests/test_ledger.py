@@ -31,18 +31,20 @@ def test_every_experiment_loads_and_every_check_selects_runs(scale):
                 assert spec.selects([e.row(r) for r in runs], sel)
             assert len({r.seed for r in runs}) >= 3     # >= 3 seeds everywhere
     models = {(c.model, c.data) for e in exps for c in e.configs}
-    expected = {("resnet20", "cifar10")} if scale == "paper" else {("resnet1d", "mnist1d"), ("transformer", "mnist1d")}
+    expected = {("resnet20", "cifar10"), ("gpt", "text-wikitext103")} if scale == "paper" else \
+        {("resnet1d", "mnist1d"), ("transformer", "mnist1d"), ("gpt", "text-markov")}
     assert models == expected
 
 
 def test_paper_scale_is_the_same_runs_on_cifar10():
     """Same experiments, checks and (method, stages, seed) runs at both scales; only the recipe differs
-    (the Transformer's largest stage count is 28, ResNet-20's 39)."""
+    (the largest stage counts: the Transformer's 28, ResNet-20's 39, the CPU GPT's 15, the paper GPT's 51)."""
     cpu, paper = spec.load_all("cpu"), spec.load_all("paper")
+    largest = {("transformer", 28), ("resnet20", 39), ("gpt", 15), ("gpt", 51)}
 
     def keys(exps):   # the paper scale trains 3 seeds, the CPU scale 5
-        return sorted({(e.name, c.method, "max" if (c.model, c.stages) in {("transformer", 28), ("resnet20", 39)}
-                        and e.name == "pipemare-warmup" else c.stages, c.optimizer)
+        return sorted({(e.name, c.method, "max" if (c.model, c.stages) in largest
+                        and e.name in ("pipemare-warmup", "lm-pipemare") else c.stages, c.optimizer)
                        for e in exps for c in e.configs})
     assert keys(cpu) == keys(paper)
     assert [c.id for e in cpu for c in e.checks] == [c.id for e in paper for c in e.checks]
