@@ -47,8 +47,9 @@ class StageOrderError(StageError):
 
 
 class SharedParameterError(StageError):
-    """A trainable parameter is used by more than one stage (tied weights, a module applied twice): the engine
-    keeps it at its first owner's stage, so every use would read that stage's delay."""
+    """A trainable parameter is used by more than one stage in a way no replica can serve (one module object
+    applied or registered in two stages, a direct read by a later stage; staleopt.replicas), or at all with
+    ``shared_parameters="error"``."""
 
 
 class LoopError(StaleoptError, ValueError):

@@ -311,8 +311,10 @@ class Partition:
             shown = mods[0] if len(mods) == 1 else f"{mods[0]} .. {mods[-1]}"
             rows.append((str(s.index), str(len(s.units)), shown, f"{s.numel:,}", f"{s.nbytes:,}"))
         widths = [max(len(r[c]) for r in rows) for c in range(5)]
+        copies = sum(r.tensor.numel() for r in self.replicas)
         lines = [f"Partition({len(self.stages)} stages, {len(self.units)} units, "
-                 f"{sum(s.numel for s in self.stages):,} parameters)"]
+                 f"{sum(s.numel for s in self.stages):,} parameters"
+                 + (f", {copies:,} of them in {len(self.replicas)} replica(s) of tied weights" if copies else "") + ")"]
         for r in rows:
             lines.append("  " + "  ".join(v.ljust(w) if c == 2 else v.rjust(w)
                                           for c, (v, w) in enumerate(zip(r, widths))))
