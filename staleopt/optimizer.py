@@ -86,7 +86,7 @@ from ._torch_compat import (current_autograd_node, disable_dynamo, flatten, opti
                             optimizer_state_dict_hooks, queue_callback)
 from .corrections.base import Correction
 from .errors import (CheckpointError, ConfigError, CorrectionError, DetachedError, LoopError, OptimizerMismatchError,
-                     RecomputeNotice, SegmentError)
+                     RecomputeNotice, SegmentError, SharedParameterError)
 from .history import STRATEGIES, History, SlotHistory, StageView
 from .partition import Partition, dataflow, partition_model, refuse_shared
 from .recompute import RecomputeWindow, reached_parameters
@@ -812,6 +812,17 @@ class PipelineOptimizer(torch.optim.Optimizer):
         self._copies_weights = bool(flow.copied)
         try:
             self._partition.check(flow, self._shared_parameters)
+        except SharedParameterError as e:
+            self._restore()
+            tied = {r.name for r in self._replicas.items}
+            if any(name in str(e) for name in tied):  # the graph read a replicated weight without its replica
+                raise SharedParameterError(
+                    f"{e}. (The graph reads the tied weight(s) {sorted(tied)} without the replica that "
+                    "staleopt.replicas puts in the later stage's module: the forward reads it directly, or a "
+                    "torch.compile'd forward traced the whole model into one graph, which hides the replica's read; "
+                    "then compile the blocks between the tied modules (torch.compile on each block) instead of the "
+                    "whole model, or run its forward eagerly.)") from None
+            raise
         except Exception:
             self._restore()
             raise

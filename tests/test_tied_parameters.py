@@ -170,6 +170,22 @@ def test_uses_no_replica_can_serve_are_refused(cls):
     opt.remove_hooks()
 
 
+@pytest.mark.parametrize("wrap", ["compiled", "original"])
+def test_a_compiled_whole_model_hides_the_replica_and_is_refused(wrap):
+    """torch.compile over the whole model puts the forward in one graph node: the replica's read is not visible,
+    so the first training forward refuses instead of training with unknown views (the message says what to do)."""
+    torch._dynamo.reset()
+    model = TiedNet()
+    call = torch.compile(model, backend="aot_eager")
+    opt = staleopt.PipelineOptimizer(call if wrap == "compiled" else model,
+                                     torch.optim.SGD(model.parameters(), lr=0.1), stages=3)
+    x, y = _data(1)[0]
+    with pytest.raises(staleopt.errors.SharedParameterError, match=r"torch.compile on each block"):
+        _mse(call(x), y).backward()
+    opt.remove_hooks()
+    torch._dynamo.reset()
+
+
 @pytest.mark.parametrize("correction", ["DelayCompensation", "GapAware", "NesterovLookahead"])
 def test_corrections_that_rewrite_gradients_are_refused_with_replicas(correction):
     model = TiedNet()
