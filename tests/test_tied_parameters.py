@@ -186,6 +186,26 @@ def test_a_compiled_whole_model_hides_the_replica_and_is_refused(wrap):
     torch._dynamo.reset()
 
 
+def test_compiled_blocks_between_the_tied_modules_train_as_eager():
+    """The fix the refusal names: compile the blocks, keep the tied modules eager; bit for bit."""
+    weights = []
+    for compiled in (False, True):
+        torch._dynamo.reset()
+        model = TiedNet()
+        if compiled:
+            model.l1, model.l2 = (torch.compile(m, backend="aot_eager") for m in (model.l1, model.l2))
+        opt = staleopt.PipelineOptimizer(model, torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9),
+                                         stages=3, schedule="dataflow")
+        assert len(opt.replicas) == 1
+        for x, y in _data(8):
+            opt.zero_grad()
+            _mse(model(x), y).backward()
+            opt.step()
+        weights.append([p.detach().clone() for p in model.parameters()])
+    torch._dynamo.reset()
+    assert all(torch.equal(a, b) for a, b in zip(*weights))
+
+
 @pytest.mark.parametrize("correction", ["DelayCompensation", "GapAware", "NesterovLookahead"])
 def test_corrections_that_rewrite_gradients_are_refused_with_replicas(correction):
     model = TiedNet()
