@@ -51,8 +51,9 @@ after is recorded in ``meta.json``.
    checked to produce the same weights before they are timed.
 4. **Growth.** Engine time and memory of staleopt ``dataflow`` and ``pipemare``
    and of the hand-rolled ``dataflow`` simulation as the stage count ``P``
-   grows (1 to the model's unit count) and as the ResNet-20 width grows;
-   plotted in ``growth.png``.
+   grows (1 to the model's unit count), as the ResNet-20 width grows (both
+   plotted in ``growth.png``), and for deeper CIFAR ResNets (ResNet-56 at
+   ``P`` = 111, ResNet-110 at ``P`` = 214: ops and copies per step at that ``P``).
 
 5. **Where the time goes.** In the engine-bound setting (ResNet-20, batch 4,
    ``P`` = 39, dataflow delays, one thread) the engine time of ``dataflow``
@@ -666,15 +667,18 @@ def bench_model(key: str, spec: ModelSpec, rounds: int, steps: int, log) -> Tupl
 
 
 def bench_growth(spec: ModelSpec, stage_counts: Sequence[int], widths: Sequence[int], batch: int, steps: int,
-                 log) -> List[dict]:
+                 log, deep: Sequence[Tuple[int, int]] = ()) -> List[dict]:
     """Engine time and memory vs P, and vs width at the max P: staleopt ``dataflow`` (the same
-    simulation as the hand-rolled loop), staleopt ``pipemare`` (T1 + T2) and hand-rolled ``dataflow``."""
+    simulation as the hand-rolled loop), staleopt ``pipemare`` (T1 + T2) and hand-rolled ``dataflow``;
+    ``deep``: ``(depth, P)`` of deeper CIFAR ResNets (axis ``depth``: ResNet-56 at P = 111, ResNet-110 at 214)."""
     rows = []
-    configs = [("stages", P, spec) for P in stage_counts]
+    configs = [("stages", P, spec, P) for P in stage_counts]
     for w in widths:
-        configs.append(("width", w, ModelSpec(f"width {w}", spec.name, spec.batch, {**spec.kwargs, "width": w})))
-    for axis, value, s in configs:
-        P = value if axis == "stages" else s.max_stages
+        s = ModelSpec(f"width {w}", spec.name, spec.batch, {**spec.kwargs, "width": w})
+        configs.append(("width", w, s, s.max_stages))
+    for depth, P in deep:
+        configs.append(("depth", depth, ModelSpec(f"ResNet-{depth}", f"resnet{depth}", spec.batch, spec.kwargs), P))
+    for axis, value, s, P in configs:
         x, y = s.batch_of(batch)
         vs = [Variant("plain", s, P, x, y, "plain"), Variant("dataflow", s, P, x, y, "staleopt", "dataflow"),
               Variant("pipemare", s, P, x, y, "staleopt", "pipemare"),
@@ -935,8 +939,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         maxP = spec.max_stages
         Ps = sorted({p for p in ((1, maxP) if args.quick else (1, 2, 4, 8, 16, 32, maxP)) if p <= maxP})
         widths = (2,) if args.quick else (8, 16, 32)
+        deep = () if args.quick else ((56, 111), (110, 214))  # issue 23: growth up to 214 stages
         growth = pd.DataFrame(bench_growth(spec, Ps, widths, batch=min(spec.batch, 8), steps=2 if args.quick else 4,
-                                           log=log))
+                                           log=log, deep=deep))
         growth.to_csv(out / "growth.csv", index=False)
         plot_growth(growth, out / "growth.png")
     goal = goals(step, hand, growth)

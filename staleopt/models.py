@@ -508,7 +508,7 @@ _REGISTRY: Dict[str, ModelInfo] = {m.name: m for m in [
     ModelInfo("gpt", _gpt, (128,), "decoder-only Transformer LM (GPT-2 layout): 2 layers, d 64, 4 heads, "
               "tied embedding/head", lm=True),
     ModelInfo("lenet5", LeNet5, (3, 32, 32), "LeNet-5 (LeCun et al. 1998), ReLU + max-pool"),
-    _resnet(20), _resnet(32), _resnet(56),
+    _resnet(20), _resnet(32), _resnet(56), _resnet(110),
     ModelInfo("resnet50-cifar", resnet50_cifar, (3, 32, 32),
               "torchvision ResNet-50, 3x3 stem, no max-pool (PipeMare CIFAR-10 setup)"),
 ]}
