@@ -55,8 +55,8 @@ seed, the gap at the longest horizon is nearer 0 than at the shortest with a
 95% interval that excludes no change, "widening" when farther, "absent" when
 the gap's interval includes 0 at both ends, "persisting" otherwise. A claim that holds only at the longer horizons says so in its row.
 `make reproduce` runs the quick tier (1x only: 160 runs took 25.6 minutes on 2
-cores on 2026-11-23, before AsyncPP's 20 runs were added; each launch prints
-its estimated cost first);
+cores on 2026-11-23, before AsyncPP's 20 runs and the language models' 27 were
+added, 207 now; each launch prints its estimated cost first);
 `make reproduce-ladder` runs every horizon and writes this page.
 
 **Another machine, other numbers at 1x.** A run is bit-for-bit deterministic
