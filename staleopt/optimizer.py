@@ -765,12 +765,13 @@ class PipelineOptimizer(torch.optim.Optimizer):
 
     def _on_forward_start(self, module, args):
         if module.training and torch.is_grad_enabled():
+            first = "forward" not in self._seen  # the step's first training forward: the weights are at rest
             self._seen.add("forward")
             if self._counts is not None:
                 self._counts[0] += 1
             if self._step == 0:
                 self._adopt_w0()
-            elif self._replicas:  # a change of a tied parameter at rest reaches its replicas
+            elif first and self._replicas:  # a change of a tied parameter at rest reaches its replicas
                 self._restore()
                 self._replicas.follow()
             if self._microbatch_passes:
@@ -815,7 +816,7 @@ class PipelineOptimizer(torch.optim.Optimizer):
         except SharedParameterError as e:
             self._restore()
             tied = {r.name for r in self._replicas.items}
-            if any(name in str(e) for name in tied):  # the graph read a replicated weight without its replica
+            if tied & {sp.name for sp in self._partition.shared_in(flow)}:  # read without its replica
                 raise SharedParameterError(
                     f"{e}. (The graph reads the tied weight(s) {sorted(tied)} without the replica that "
                     "staleopt.replicas puts in the later stage's module: the forward reads it directly, or a "
@@ -967,7 +968,7 @@ class PipelineOptimizer(torch.optim.Optimizer):
         self._restore()
         if t == 0:
             self._adopt_w0()
-        else:
+        elif "forward" not in self._seen:  # (a training forward of this step made the replicas follow)
             self._replicas.follow()
         delays = self._step_plans()[0].delays  # microbatch 0's: the step's nominal delays
         self._check_recomputed()

@@ -143,7 +143,7 @@ class Replicas:
         for group in self._by_module.values():
             module = group[0].module
             handles.append(module.register_forward_pre_hook(_Substitute(self, group, active)))
-            handles.append(module.register_forward_hook(_PutBack(self, module), always_call=True))
+            handles.append(module.register_forward_hook(_PutBack(self), always_call=True))
         return handles
 
     def follow(self) -> None:
@@ -169,8 +169,8 @@ class _Substitute:
 
 
 class _PutBack:
-    def __init__(self, owner: Replicas, module: nn.Module):
-        self.owner, self.module_id = owner, id(module)
+    def __init__(self, owner: Replicas):
+        self.owner = owner
 
     def __call__(self, module, args, output):
         self.owner.put_back(module)

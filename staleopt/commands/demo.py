@@ -216,21 +216,21 @@ def _from_records(args) -> int:
 
 
 def _sweep_file(args) -> Path:
-    if getattr(args, "task", "classification") == "lm":
-        return Path(args.sweep) if args.sweep else LM_SWEEP
-    return Path(args.sweep) if args.sweep else QUICK_SWEEP if args.quick else DEFAULT_SWEEP
+    if args.sweep:
+        return Path(args.sweep)
+    return LM_SWEEP if args.task == "lm" else QUICK_SWEEP if args.quick else DEFAULT_SWEEP
 
 
 def _claims(args):
     from .. import claims
-    return claims.LM_DEMO_CLAIMS if getattr(args, "task", "classification") == "lm" else None
+    return claims.LM_DEMO_CLAIMS if args.task == "lm" else None
 
 
 def _default_target(args, records):
     """The demo's accuracy target (:data:`staleopt.claims.DEMO_TARGET`); a language model's: GPipe's mean best
     perplexity plus 1% (:func:`staleopt.speedup.default_target`)."""
     from .. import claims
-    if getattr(args, "task", "classification") != "lm":
+    if args.task != "lm":
         return claims.DEMO_TARGET
     from ..speedup import default_target
     return default_target(records)
@@ -242,12 +242,11 @@ def run(args) -> int:
 
     if args.quick and args.sweep:
         raise ConfigError("--quick runs its own sweep file; pass --quick or --sweep FILE, not both")
-    if args.quick and getattr(args, "task", "classification") == "lm":
+    if args.quick and args.task == "lm":
         raise ConfigError("--quick previews the classification demo; --task lm runs the language-model demo "
                           "(experiments/demo-lm.toml, about 10 minutes on 2 cores): pass one of the two")
     if args.out is None:
-        args.out = {"lm": "runs/demo-lm"}.get(getattr(args, "task", "classification"),
-                                              "runs/demo-quick" if args.quick else "runs/demo")
+        args.out = "runs/demo-lm" if args.task == "lm" else "runs/demo-quick" if args.quick else "runs/demo"
     if args.from_records:
         return _from_records(args)
     path = _sweep_file(args)
