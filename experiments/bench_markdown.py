@@ -1,6 +1,6 @@
 """Markdown tables for docs/performance.md from the CSVs of experiments/bench_overhead.py.
 
-    python experiments/bench_markdown.py runs/bench     # tables 1 (step time) and 7 (recompute), and the run's meta
+    python experiments/bench_markdown.py runs/bench     # tables 1, 4, 6 and 7 of the run, and its meta
 
 Prints the tables as written in docs/performance.md, so a dated section copies the run's numbers
 instead of retyping them.
@@ -15,7 +15,7 @@ from typing import List, Optional, Sequence
 
 import pandas as pd
 
-__all__ = ["main", "step_table", "recompute_table", "meta_line"]
+__all__ = ["main", "step_table", "recompute_table", "growth_table", "goals_table", "meta_line"]
 
 #: Table 1's rows: per model, the variants shown (the CSV has every variant); the same in every dated section.
 STEP_ROWS = {"resnet20-tiny": ("pipemare", "pipedream", "pipeoptim", "dataflow", "dataflow (memory=fast)"),
@@ -72,6 +72,33 @@ def recompute_table(rec: pd.DataFrame) -> str:
     return "\n".join(lines)
 
 
+def _mb(nbytes: float) -> str:
+    return f"{nbytes / 2**20:,.1f} MiB"
+
+
+def growth_table(growth: pd.DataFrame) -> str:
+    """Table 4: per axis (stages, width, depth, size) and value, the engine time per step, its ops and weight
+    copies, and the stale-weight memory of staleopt ``dataflow`` and ``pipemare`` and of the hand-rolled deque."""
+    lines = ["| axis | value | P | parameters | plain step | dataflow engine / step | pipemare engine / step "
+             "| hand-rolled / step | one weight copy | ops / step (dataflow, pipemare) | dataflow memory "
+             "| pipemare memory | hand-rolled memory |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for _, r in growth.iterrows():
+        lines.append(f"| {r.axis} | {r.value} | {r.stages} | {r.params / 1e6:.2f} M | {_ms(r.plain_ms)} | "
+                     f"{_ms(r.dataflow_engine_ms)} | {_ms(r.pipemare_engine_ms)} | {_ms(r.hand_engine_ms)} | "
+                     f"{_ms(r.weights_copy_ms)} | {r.dataflow_ops:.0f}, {r.pipemare_ops:.0f} | "
+                     f"{_mb(r.dataflow_bytes)} | {_mb(r.pipemare_bytes)} | {_mb(r.hand_bytes)} |")
+    return "\n".join(lines)
+
+
+def goals_table(goals: pd.DataFrame) -> str:
+    """Table 6: each goal, its target and the measured value."""
+    lines = ["| goal | target | measured | met |", "|---|---:|---:|---|"]
+    for _, r in goals.iterrows():
+        lines.append(f"| {r.goal} | {r.target:g} | {r.measured:.3g} | {'yes' if r.met else '**no**'} |")
+    return "\n".join(lines)
+
+
 def meta_line(meta: dict) -> str:
     """Date, machine, torch, threads, load before/after, clock and run time of the run."""
     return (f"{meta['date']}; {meta['machine']}; torch {meta['torch']}, {meta['threads']} thread(s); "
@@ -86,6 +113,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     out = Path(args.out)
     parts: List[str] = [meta_line(json.loads((out / "meta.json").read_text())),
                         step_table(pd.read_csv(out / "step.csv")), recompute_table(pd.read_csv(out / "recompute.csv"))]
+    if (out / "growth.csv").exists():
+        parts.append(growth_table(pd.read_csv(out / "growth.csv")))
+    parts.append(goals_table(pd.read_csv(out / "goals.csv")))
     print("\n\n".join(parts))
     return 0
 

@@ -206,9 +206,11 @@ class History:
 class _Moves:
     """The data movements of one round of a phase, collected over all views and run batched.
 
-    ``swaps`` lists ``(view, row)``: the parameters and that row exchange contents (through a
+    Symbolic, so that a round planned once replays at any step (:meth:`SlotHistory.load`): a
+    reference ``(i, r)`` names view ``i``'s parameters (``r`` None) or the row of its version
+    ``t - r``. ``swaps`` lists ``(i, r)``: the parameters and that row exchange contents (through a
     temporary buffer, block by block, :meth:`SlotHistory._swap`); then ``copies[0]`` and
-    ``copies[1]`` run in this order (each a pair of destination and source tensor lists). Views
+    ``copies[1]`` run in this order (each a pair of destination and source reference lists). Views
     touch disjoint memory, so batching over views is exact.
     """
 
@@ -217,6 +219,16 @@ class _Moves:
     def __init__(self):
         self.swaps: List[Tuple[int, int]] = []
         self.copies: Tuple[Tuple[list, list], ...] = (([], []), ([], []))
+
+
+class _Program:
+    """What one :meth:`SlotHistory.load` does from one state to one set of targets, both relative to ``t``:
+    its rounds of :class:`_Moves`, the views it hands back to be rewritten, and the state it leaves."""
+
+    __slots__ = ("rounds", "rewrite", "state", "rest")
+
+    def __init__(self, rounds, rewrite, state, rest):
+        self.rounds, self.rewrite, self.state, self.rest = rounds, rewrite, state, rest
 
 
 def _copy(dst: List[torch.Tensor], src: List[torch.Tensor], foreach: bool) -> None:
@@ -262,13 +274,13 @@ class CopyMoves(MoveStrategy):
         c1, c2 = moves.copies
         newly = [i for i in pending if not saved[i] and (targets[i][0] != t or targets[i][1])]
         for i in newly:  # save w_t to its row once
-            c1[0].extend(h._slot_views[i][t % h._M[i]])
-            c1[1].extend(h.views[i].data)
+            c1[0].append((i, 0))
+            c1[1].append((i, None))
         for i in pending:  # then copy the wanted row in (a raw view to be rewritten is already there)
             v = targets[i][0]
             if loaded[i] != v or rewritten[i]:
-                c2[0].extend(h.views[i].data)
-                c2[1].extend(h._slot_views[i][v % h._M[i]])
+                c2[0].append((i, None))
+                c2[1].append((i, t - v))
 
         def commit():
             for i in newly:
@@ -311,18 +323,18 @@ class SwapMoves(MoveStrategy):
             if m:
                 raise CorrectionError(f"stage {h.views[i].stage}: a correction rewrites a view the history did "
                                       "not reserve a row for (please report this)")
-            L, M = loaded[i], h._M[i]
+            L = loaded[i]
             if h._saved[i]:  # w_t is stored (w_{t-H} was dropped): a plain copy of the wanted row
-                dst.extend(h.views[i].data)
-                src.extend(h._slot_views[i][v % M])
+                dst.append((i, None))
+                src.append((i, t - v))
                 done.append((i, v))
             elif L == t - h._H[i] and h._expired[i]:  # drop w_{t-H}: its row holds w_t since the swap
-                dst.extend(h.views[i].data)
-                src.extend(h._slot_views[i][L % M])
+                dst.append((i, None))
+                src.append((i, t - L))
                 dropped.append(i)
                 done.append((i, t))
             else:  # one swap: from w_t to w_v, or from w_L back to w_t (then, if v != t, another round to w_v)
-                moves.swaps.append((i, (v if L == t else L) % M))
+                moves.swaps.append((i, t - (v if L == t else L)))
                 done.append((i, v if L == t else t))
 
         def commit():
@@ -359,7 +371,6 @@ class SlotHistory(History):
         self._M: List[int] = []  # rows of the modular ring per view
         self._copy: List[bool] = []  # the view moves by plain copies (M = H + 1): no swaps
         self._slot_views: List[List[List[torch.Tensor]]] = []  # [view][row] -> per-parameter tensors
-        self._rows: List[List[torch.Tensor]] = []  # [view][row] -> the row, flat
         for v in self.views:
             M = strategy.rows(v.H, rewritten[v.stage])
             views: List[List[torch.Tensor]] = []
@@ -373,7 +384,6 @@ class SlotHistory(History):
             self._M.append(M)
             self._copy.append(bool(M) and M == v.H + 1)
             self._slot_views.append(views)
-            self._rows.append([v.ring[s] for s in range(M)])
         self._delayed = [v.index for v in self.views if v.ring is not None]
         self._H = [v.H for v in self.views]
         n = len(self.views)
@@ -381,10 +391,50 @@ class SlotHistory(History):
         self._expired = [False] * n  # no later load of this step reads w_{t-H} (History.expire)
         self._rest = True  # every view holds w_t, raw
         self._swap_blocks: Dict[tuple, List[tuple]] = {}  # views swapped together -> their blocks
-        self._pieces: Dict[Tuple[int, int], list] = {}  # (view, row) -> the row's pieces, as _blocks cuts them
+        self._pieces: List[list] = [[None] * M for M in self._M]  # [view][row] -> its pieces, as _blocks cuts them
+        self._data = [v.data for v in self.views]
+        self._programs: Dict[tuple, _Program] = {}  # (targets, state) relative to t -> what load does
 
     # ------------------------------------------------------------------ API
     def load(self, targets):
+        t = self._t
+        key = (tuple([t - v for v, _ in targets]), tuple([m for _, m in targets]), self._state())
+        program = self._programs.get(key)
+        if program is None:  # planned once per (state, targets) relative to t, then replayed
+            before = key[2]
+            program = self._plan_load(targets)
+            self._set_state(before)  # (the state moves on once the data has moved)
+            if len(self._programs) >= 256:  # random delays (Hogwild) meet ever new ones
+                self._programs.clear()
+            self._programs[key] = program
+        data, slots, M = self._data, self._slot_views, self._M
+        with torch.no_grad():
+            for moves in program.rounds:
+                if moves.swaps:
+                    self._swap([(i, (t - r) % M[i]) for i, r in moves.swaps])
+                for dst, src in moves.copies:
+                    if dst:
+                        _copy(list(chain.from_iterable([data[i] if r is None else slots[i][(t - r) % M[i]]
+                                                        for i, r in dst])),
+                              list(chain.from_iterable([data[i] if r is None else slots[i][(t - r) % M[i]]
+                                                        for i, r in src])), self._foreach)
+        self._set_state(program.state)
+        self._rest = program.rest
+        return [self.views[i] for i in program.rewrite]
+
+    def _state(self) -> tuple:
+        """The bookkeeping relative to ``t``: ``(t - loaded, rewritten, saved, expired)`` per view."""
+        t = self._t
+        return (tuple([t - v for v in self._loaded]), tuple(self._rewritten), tuple(self._saved),
+                tuple(self._expired))
+
+    def _set_state(self, state: tuple) -> None:
+        t = self._t
+        self._loaded = [t - r for r in state[0]]
+        self._rewritten, self._saved, self._expired = list(state[1]), list(state[2]), list(state[3])
+
+    def _plan_load(self, targets) -> _Program:
+        """Check ``targets`` and plan the rounds of moves that reach them (updating the bookkeeping as if they ran)."""
         t, loaded, rewritten = self._t, self._loaded, self._rewritten
         pending = [i for i in self._delayed if (loaded[i], rewritten[i]) != targets[i]]
         for i in pending:
@@ -402,22 +452,14 @@ class SlotHistory(History):
                             "step ran, or microbatch_passes' N): this step runs more forward/backward passes than "
                             "that. Run the same number of passes in every step (fewer is fine), or use "
                             "memory='fast' (one more version per delayed stage)")
-        rewrite = [self.views[i] for i in pending if targets[i][1]]
+        rewrite = tuple(i for i in pending if targets[i][1])
+        rounds = []
         while pending:  # at most two rounds: a view between two stale versions passes through w_t
             moves = _Moves()
-            commit = self._strategy.plan(self, pending, targets, moves)
-            self._run(moves)
-            commit()  # bookkeeping only once the data has moved
+            self._strategy.plan(self, pending, targets, moves)()
+            rounds.append(moves)
             pending = [i for i in pending if (loaded[i], rewritten[i]) != targets[i]]
-        self._rest = all(v == t and not m for v, m in targets)
-        return rewrite
-
-    def _run(self, moves: _Moves) -> None:
-        with torch.no_grad():
-            if moves.swaps:
-                self._swap(moves.swaps)
-            for dst, src in moves.copies:
-                _copy(dst, src, self._foreach)
+        return _Program(tuple(rounds), rewrite, self._state(), all(v == t and not m for v, m in targets))
 
     def _swap(self, swaps: List[Tuple[int, int]]) -> None:
         """Exchange the parameters of view ``i`` with its row ``r`` for every ``(i, r)`` in ``swaps``.
@@ -435,13 +477,19 @@ class SlotHistory(History):
             if len(self._swap_blocks) >= 64:  # random delays (Hogwild) swap ever new sets of views
                 self._swap_blocks.clear()
             blocks = self._swap_blocks[key] = self._blocks(key)
-        for params, flat, sizes, where in blocks:
-            shaped, rows = [], []
-            for k, a, b in where:
-                pieces = self._row_pieces(*swaps[k])
-                shaped += pieces[0][a:b]
-                rows += pieces[1][a:b]
-            temp = torch.cat([f if f is not None else p.reshape(-1) for p, f in zip(params, flat)])
+        pieces = self._pieces
+        got = [pieces[i][r] or self._row_pieces(i, r) for i, r in swaps]
+        for params, flat, sizes, where, whole in blocks:
+            if whole is not None:  # every view of the block whole (the usual case): no slicing
+                shaped = list(chain.from_iterable([got[k][0] for k in whole]))
+                rows = list(chain.from_iterable([got[k][1] for k in whole]))
+            else:
+                shaped, rows = [], []
+                for k, a, b in where:
+                    shaped += got[k][0][a:b]
+                    rows += got[k][1][a:b]
+            temp = torch.cat(flat if all(f is not None for f in flat) else
+                             [f if f is not None else p.reshape(-1) for p, f in zip(params, flat)])
             _copy(params, shaped, self._foreach)
             if self._foreach:
                 torch.split_with_sizes_copy(temp, sizes, out=rows)
@@ -476,10 +524,10 @@ class SlotHistory(History):
 
     def _row_pieces(self, i: int, r: int) -> Tuple[list, list]:
         """Row ``r`` of view ``i`` cut like the parameters: pieces shaped like theirs, and flat."""
-        pieces = self._pieces.get((i, r))
+        pieces = self._pieces[i][r]
         if pieces is None:
             shaped = [self._piece(self._slot_views[i][r][j], *cut) for j, *cut in self._cut(i)]
-            pieces = self._pieces[(i, r)] = (shaped, [p.view(-1) for p in shaped])
+            pieces = self._pieces[i][r] = (shaped, [p.view(-1) for p in shaped])
         return pieces
 
     def _blocks(self, key: Tuple[int, ...]) -> List[tuple]:
@@ -508,8 +556,10 @@ class SlotHistory(History):
                         where[-1][2] = n + 1
                     else:
                         where.append([k, n, n + 1])
+                whole = all(a == 0 and b == len(self._cut(key[k])) for k, a, b in where)
                 out.append((params, [p.view(-1) if p.is_contiguous() else None for p in params],
-                            [p.numel() for p in params], [tuple(w) for w in where]))
+                            [p.numel() for p in params], [tuple(w) for w in where],
+                            tuple(k for k, _, _ in where) if whole else None))
         return out
 
     def restore(self):
@@ -519,14 +569,14 @@ class SlotHistory(History):
     def push(self, t):
         if t != self._t:
             raise CorrectionError(f"the history is at step {self._t}, not {t}: push follows advance")
-        moves = _Moves()
-        dst, src = moves.copies[0]
+        dst, src = [], []
         for i in self._delayed:
             if not self._saved[i]:
                 dst.extend(self._slot_views[i][t % self._M[i]])  # replaces w_{t-H} (fast: w_{t-H-1})
                 src.extend(self.views[i].data)
                 self._saved[i] = True
-        self._run(moves)
+        with torch.no_grad():
+            _copy(dst, src, self._foreach)
 
     def expire(self, views):
         for i in views:

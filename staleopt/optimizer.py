@@ -76,7 +76,7 @@ import contextlib
 import inspect
 import warnings
 import weakref
-from typing import Dict, Iterable, List, Optional, Sequence, Tuple, Union
+from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.utils.checkpoint
@@ -314,6 +314,7 @@ class PipelineOptimizer(torch.optim.Optimizer):
         self._history: History = self._make_history([max(f, b) for f, b in zip(tf, tb)], rewritten)
         self._views = self._history.views
         self._stored = [v for v in self._views if v.H]  # the views whose versions the history keeps
+        self._stored_index = [v.index for v in self._stored]
         self._pending: Optional[dict] = None  # the "staleopt" entry between the two load hooks
         self._ptr_params = [p for v in self._views for p in (v.params[0], v.params[-1])]
         self._ptrs = [p.data_ptr() for p in self._ptr_params]  # where the parameters' storage was
@@ -342,6 +343,9 @@ class PipelineOptimizer(torch.optim.Optimizer):
                        model.register_state_dict_pre_hook(_Callback(self._on_state_dict))]
         self._hooks += self._replicas.hooks(_Callback(self._attached))
         self._recomputing = 0  # recompute windows open now
+        # the hooks registered anew at every pass: backward start, backward end, recomputation watch
+        self._calls_back = (_Callback(self._on_backward_start), _Callback(self._on_backward_end),
+                            _Callback(self._on_unit_forward))
         self._ahead = any(b != r != f for f, b, r in zip(tf, tb, tr))  # recomputes ahead of the backward pass
         self._segments = self._schedule.segments(P) if self._ahead else []  # what opt.checkpoint calls must cover
         self._calls: List[set] = []  # per opt.checkpoint call of this training forward: the parameters it read
@@ -539,17 +543,21 @@ class PipelineOptimizer(torch.optim.Optimizer):
             plans = []
             for tf, tb, tr in raw:
                 tf, tb, tr = _apply_corrections(self._corrections, tf, tb, tr, self._step)
-                for i in range(P):
-                    if not (0 <= tf[i] <= self._max_delays[0][i] and 0 <= tb[i] <= self._max_delays[1][i]
-                            and (tr[i] == tb[i] or tb[i] <= tr[i] <= tf[i])):
-                        raise CorrectionError(f"step {self._step} asked for delays ({tf[i]}, {tb[i]}, {tr[i]}) at "
-                                              f"stage {i}, outside 0..{self._max_delays[0][i]}/"
-                                              f"{self._max_delays[1][i]} or not tau_bkwd <= tau_recomp <= "
-                                              "tau_fwd; a correction's delays(step=None) must bound its delays")
                 plans.append(_PassPlan(self._step, (tf, tb), tr, self._views, self._corrections,
-                                       self._plan_cache))
+                                       self._plan_cache, self._check_delays))
             self._plans = plans
         return self._plans
+
+    def _check_delays(self, tf: List[int], tb: List[int], tr: List[int]) -> None:
+        """Delays of a pass within the largest ones (which sized the history), ``tau_bkwd <= tau_recomp <= tau_fwd``
+        (checked once per set of delays, when its plan is first made)."""
+        for i in range(self._partition.num_stages):
+            if not (0 <= tf[i] <= self._max_delays[0][i] and 0 <= tb[i] <= self._max_delays[1][i]
+                    and (tr[i] == tb[i] or tb[i] <= tr[i] <= tf[i])):
+                raise CorrectionError(f"step {self._step} asked for delays ({tf[i]}, {tb[i]}, {tr[i]}) at "
+                                      f"stage {i}, outside 0..{self._max_delays[0][i]}/"
+                                      f"{self._max_delays[1][i]} or not tau_bkwd <= tau_recomp <= "
+                                      "tau_fwd; a correction's delays(step=None) must bound its delays")
 
     def _plan(self) -> "_PassPlan":
         """The plan of the current pass (the step's, unless ``microbatch_passes``)."""
@@ -685,7 +693,7 @@ class PipelineOptimizer(torch.optim.Optimizer):
         module pre-hook (no per-module hooks in the forward pass) watches for it under a recompute schedule, and
         until the :class:`~staleopt.errors.RecomputeNotice` was given where a backward view differs."""
         if self._watch is None and (self._ahead or (not self._noticed and self._backward_views_differ())):
-            self._watch = torch.nn.modules.module.register_module_forward_pre_hook(_Callback(self._on_unit_forward))
+            self._watch = torch.nn.modules.module.register_module_forward_pre_hook(self._calls_back[2])
             self._hooks.append(self._watch)
 
     def _unwatch(self) -> None:
@@ -804,7 +812,7 @@ class PipelineOptimizer(torch.optim.Optimizer):
                                    "does), " if self._copies_weights and not self._autocast_outside else "")
                                 + "run without autocast to simulate the backward views")
             for t in outputs:  # (leaves would keep their hooks: only outputs with a grad_fn)
-                t.register_hook(_Callback(self._on_backward_start))
+                t.register_hook(self._calls_back[0])
 
     def _trace(self, outputs) -> None:
         """Check the first training forward's graph: stages contiguous, weights read without casts."""
@@ -837,7 +845,7 @@ class PipelineOptimizer(torch.optim.Optimizer):
         if "backward-pending" not in self._seen:
             self._seen.add("backward-pending")
             self._watch_recomputation()
-            queue_callback(_Callback(self._on_backward_end))
+            queue_callback(self._calls_back[1])
             if self._counts is not None:
                 self._counts[1] += 1
             if self._last_pass():
@@ -866,9 +874,7 @@ class PipelineOptimizer(torch.optim.Optimizer):
         drops it as the parameters leave it: one copy instead of a swap, and ``push`` free; docs/engine.md);
         with ``plan``, of the backward pass now starting, except the views its backward or recompute view
         still reads it from. A pass the expectation missed that reads it again raises ``LoopError``."""
-        t = self._step
-        self._history.expire([v.index for v in self._stored if plan is None or
-                              t - v.H not in (plan.backward[v.index][0], plan.recompute[v.index][0])])
+        self._history.expire(self._stored_index if plan is None else plan.expiring)
 
     def _learn_passes(self) -> None:
         """At the end of a step: a plain loop expects the most training passes any step ran (a shorter step,
@@ -1148,17 +1154,23 @@ class _PassPlan:
     recompute view is not their backward view (``tau_recomp != tau_bkwd``; elsewhere the recompute
     target *is* the backward one); ``needs_checkpoint``: some stage has ``tau_bkwd < tau_recomp <
     tau_fwd`` (``tau_recomp = tau_fwd`` recomputes the forward's activations: no checkpoint needed).
-    The part that does not depend on ``t`` is computed once per set of delays (``cache``)."""
+    ``expiring``: the stored views whose ``w_{t-H}`` neither this pass's backward nor its recompute view
+    reads (:meth:`PipelineOptimizer._expire`). The part that does not depend on ``t`` is computed once per
+    set of delays (``cache``); ``check`` (the engine's bounds on its delays) runs once per set."""
 
     __slots__ = ("delays", "recomp", "forward", "backward", "rewriters", "recompute", "recompute_rewriters",
-                 "recomputing", "needs_checkpoint")
+                 "recomputing", "needs_checkpoint", "expiring")
 
     def __init__(self, t: int, delays: Tuple[List[int], List[int]], recomp: List[int], views: Sequence[StageView],
-                 corrections: Sequence[Correction], cache: Dict[tuple, tuple]):
+                 corrections: Sequence[Correction], cache: Dict[tuple, tuple], check: Optional[Callable] = None):
         tf, tb = self.delays = delays
         self.recomp = tr = recomp
         key = (tuple(tf), tuple(tb), tuple(tr))
         rel = cache.get(key)
+        if check is not None and (rel is None or not rel[8]):  # the engine's own delays: checked once
+            check(tf, tb, tr)
+            if rel is not None:
+                rel = cache[key] = rel[:8] + (True,)
         if rel is None:
             if len(cache) >= 256:  # random schedules (Hogwild) draw new delays every step
                 cache.clear()
@@ -1170,12 +1182,14 @@ class _PassPlan:
             by_view_r = [[k for k in corrections if k.modifies_recompute(v.stage, tf[v.stage], tr[v.stage])]
                          if v.index in recomputing else [] for v in views]
             recompute_rewriters = [(k, {v.index for v, ks in zip(views, by_view_r) if k in ks}) for k in corrections]
+            recompute = [(tr[v.stage], bool(ks)) if v.index in recomputing else b
+                         for v, ks, b in zip(views, by_view_r, backward)]
+            # the stored views whose w_(t-H) neither the backward nor the recompute view reads
+            expiring = [v.index for v in views if v.H and v.H not in (backward[v.index][0], recompute[v.index][0])]
             rel = cache[key] = ([tf[v.stage] for v in views], backward,
-                                [(k, idx) for k, idx in rewriters if idx],
-                                [(tr[v.stage], bool(ks)) if v.index in recomputing else b
-                                 for v, ks, b in zip(views, by_view_r, backward)],
+                                [(k, idx) for k, idx in rewriters if idx], recompute,
                                 [(k, idx) for k, idx in recompute_rewriters if idx], recomputing,
-                                any(b != r != f for f, b, r in zip(tf, tb, tr)))
+                                any(b != r != f for f, b, r in zip(tf, tb, tr)), expiring, check is not None)
         self.forward = [(t - a, False) for a in rel[0]]
         self.backward = [(t - a, m) for a, m in rel[1]]
         self.rewriters = rel[2]
@@ -1183,3 +1197,4 @@ class _PassPlan:
         self.recompute_rewriters = rel[4]
         self.recomputing = rel[5]
         self.needs_checkpoint = rel[6]
+        self.expiring = rel[7]

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import copy
+import operator
 from typing import Dict, List, Optional, Tuple
 
 import torch
@@ -88,6 +89,8 @@ class StageGroups:
         self._own = False
         self._stepped: Optional[List[dict]] = None  # the group list the base optimizer steps over
         self._merged: Dict[tuple, Tuple[List[dict], List[List[_Split]]]] = {}  # factor pattern -> groups, members
+        self._driven: Optional[tuple] = None  # (base, its stepping optimizers, their group lists and lengths)
+        self._last: Optional[tuple] = None  # (splits, factors, merged) of the latest _merge
 
     def _sync(self, groups: List[dict]) -> List[_Split]:
         """Splits of ``groups``, reusing those of user groups seen before (same dict object)."""
@@ -140,7 +143,8 @@ class StageGroups:
         if self._stepped is None or len(self._stepped) != len(stepped) or \
                 any(a is not b for a, b in zip(self._stepped, stepped)):
             self._stepped = stepped
-        driven = stepping_optimizers(base)  # a wrapper (timm's Lookahead) steps its inner optimizer's groups
+        driven = self._drive(base)
+        set_to = [list(g.values()) for g in stepped]  # what the step starts from, key by key
         before = [o.param_groups for o in driven]
         for o in driven:
             o.param_groups = self._stepped
@@ -149,6 +153,8 @@ class StageGroups:
         finally:
             for o, g in zip(reversed(driven), reversed(before)):
                 o.param_groups = g
+        if all(len(g) == len(vals) and all(map(operator.is_, g.values(), vals)) for g, vals in zip(stepped, set_to)):
+            return  # the step wrote no group key (torch's SGD, Adam, ...): nothing becomes own
         shown = set()
         for group, sps in zip(stepped, members):  # a key the step wrote (not the value set from the user's
             for k, v in group.items():           # group) becomes own, in each stage the group stepped
@@ -165,30 +171,46 @@ class StageGroups:
                 for k in sp.own:
                     sp.user[k] = sp.shown[k] = sp.group[k]
 
+    def _drive(self, base: torch.optim.Optimizer) -> List[torch.optim.Optimizer]:
+        """:func:`stepping_optimizers` of ``base``, found again when one of them holds another group list or
+        another number of groups (``add_param_group``) than at the last step."""
+        seen = self._driven
+        if seen is None or seen[0] is not base or \
+                any(o.param_groups is not g or len(g) != n for o, g, n in zip(seen[1], seen[2], seen[3])):
+            driven = stepping_optimizers(base)
+            groups = [o.param_groups for o in driven]
+            seen = self._driven = (base, driven, groups, [len(g) for g in groups])
+        return seen[1]
+
     def _merge(self, splits: List[_Split], factors: List[float]) -> Tuple[List[dict], List[List[_Split]]]:
         """One group per (user group, distinct factor) and the stages it steps; the groups persist while the
         pattern of equal factors does (T1's factors are a function of the delays: a fixed pattern)."""
-        classes: Dict[tuple, int] = {}
-        pattern = []
-        for sp in splits:
-            f = factors[sp.stage] if sp.stage >= 0 else 1.0
-            pattern.append(classes.setdefault((id(sp.user), f), len(classes)))
-        key = tuple(pattern)
-        merged = self._merged.get(key)
-        if merged is None:
-            if len(self._merged) >= 16:  # random delays (Hogwild) draw ever new patterns
-                self._merged.clear()
-            members: List[List[_Split]] = [[] for _ in classes]
-            for sp, c in zip(splits, pattern):
-                members[c].append(sp)
-            groups = [{"params": [p for sp in sps for p in sp.group["params"]]} for sps in members]
-            merged = self._merged[key] = (groups, members)
+        key_f = tuple(factors)
+        last = self._last
+        if last is not None and last[0] is splits and last[1] == key_f:
+            merged = last[2]
+        else:
+            classes: Dict[tuple, int] = {}
+            pattern = []
+            for sp in splits:
+                f = factors[sp.stage] if sp.stage >= 0 else 1.0
+                pattern.append(classes.setdefault((id(sp.user), f), len(classes)))
+            key = tuple(pattern)
+            merged = self._merged.get(key)
+            if merged is None:
+                if len(self._merged) >= 16:  # random delays (Hogwild) draw ever new patterns
+                    self._merged.clear()
+                members: List[List[_Split]] = [[] for _ in classes]
+                for sp, c in zip(splits, pattern):
+                    members[c].append(sp)
+                groups = [{"params": [p for sp in sps for p in sp.group["params"]]} for sps in members]
+                merged = self._merged[key] = (groups, members)
+            self._last = (splits, key_f, merged)
         groups, members = merged
         for g, sps in zip(groups, members):
-            user = sps[0].user
-            for k, v in user.items():
-                if k != "params":
-                    g[k] = v
+            user, params = sps[0].user, g["params"]
+            g.update(user)  # every key from the user's group but the parameters
+            g["params"] = params
             g["lr"] = user["lr"] * (factors[sps[0].stage] if sps[0].stage >= 0 else 1.0)
         return merged
 

@@ -123,7 +123,9 @@ def test_quick_run_writes_tables_and_plot(bench, tmp_path):
     fast = mem[mem.method.str.endswith("(memory=fast)")]  # one more version per delayed stage
     assert len(fast) == 2 and (fast.measured_bytes > fast.minimum_bytes).all() and (hand.fast_engine_ms >= 0).all()
     growth = pd.read_csv(tmp_path / "growth.csv")
-    assert set(growth.axis) == {"stages", "width"}
+    assert set(growth.axis) == {"stages", "width", "size"}  # (size: a GPT language model, issue 23)
+    size = growth[growth.axis == "size"]
+    assert len(size) == 1 and size.model.iloc[0].startswith("GPT") and (size.dataflow_engine_ms > 0).all()
     stages = growth[growth.axis == "stages"].sort_values("value")
     assert stages.dataflow_bytes.is_monotonic_increasing
     assert (growth.dataflow_bytes == growth.dataflow_minimum_bytes).all()
@@ -132,6 +134,9 @@ def test_quick_run_writes_tables_and_plot(bench, tmp_path):
     md = load("bench_markdown")
     assert md.main([str(tmp_path)]) == 0
     assert md.step_table(step).count("\n| cnn1d (9) |") == 2
+    assert md.growth_table(growth).count("\n| size | 32 | 4 |") == 1
+    goals = pd.read_csv(tmp_path / "goals.csv")  # issue 23's, on the engine-bound ResNet-20 (absent with --models cnn1d)
+    assert md.goals_table(goals).startswith("| goal | target | measured | met |")
     table = md.recompute_table(pd.read_csv(tmp_path / "recompute.csv")).splitlines()
     assert len(table) == 2 + 6 and all(line.count("|") == 10 for line in table)
     assert [line.split(" | ")[1] for line in table[2:]] == [label for label, _, _ in bench.RECOMPUTE] * 2

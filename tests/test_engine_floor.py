@@ -278,7 +278,7 @@ def test_large_and_non_contiguous_parameters_swap_in_pieces(monkeypatch):
             _step(model, opt, x, y)
         if cls is staleopt.PipelineOptimizer:
             blocks = [b for bs in opt.history._swap_blocks.values() for b in bs]
-            assert blocks and all(sum(sizes) * 8 <= 64 for _, _, sizes, _ in blocks)
+            assert blocks and all(sum(sizes) * 8 <= 64 for _, _, sizes, _, _ in blocks)
         runs.append([p.detach().clone() for p in model.parameters()])
     assert all(torch.equal(a, b) for a, b in zip(*runs))
 
@@ -512,3 +512,44 @@ def test_the_corrections_since_the_seeds_launch_as_many_ops_whatever_the_tensors
             "dc-asgd": lambda: [DelayCompensation(0.5)], "dc-asgd-a": lambda: [DelayCompensation(0.5, 0.9)]}[name]
     with pytest.warns(UserWarning) if name == "nesterov" else contextlib.nullcontext():
         assert _engine_ops("dataflow", 3, 6, make()) == _engine_ops("dataflow", 6, 12, make())
+
+
+@pytest.mark.parametrize("memory", ["minimal", "fast"])
+@pytest.mark.parametrize("method, args", [("dataflow", None), ("pipedream", None), ("pipeoptim", None),
+                                          ("pipemare", {"anneal_steps": 2, "decay": 0.3}),
+                                          ("pipemare-recompute", {"anneal_steps": 2, "decay": 0.3})])
+def test_steady_steps_replay_what_earlier_steps_planned(monkeypatch, method, args, memory):
+    """Per-step planning does not grow with the stages: once the delays stop changing, every history load replays
+    the moves planned at an earlier step for the same state and targets relative to t (no SlotHistory._plan_load),
+    and T2's rewrite reuses its lists; the weights stay those of the engine with planning (run again without
+    the replay, bit for bit)."""
+    from staleopt import history
+
+    def run(replay):
+        model = mlp((5,) + (12,) * 6 + (3,))
+        opt = staleopt.PipelineOptimizer(model, torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9),
+                                         stages=5, schedule=method, method_args=args, memory=memory)
+        if method.endswith("-recompute"):
+            layers = list(model)
+            model.forward = lambda x: staleopt.segments.checkpoint_segments(opt, layers, x)
+        planned, rewrites = [], lambda: [len(getattr(c, "_rewrites", ())) for c in opt.corrections]
+        for t, (x, y) in enumerate(batches(16, in_dim=5, out_dim=3)):
+            if t == 10:
+                planned.clear()
+                made = rewrites()
+            _step(model, opt, x, y)
+            if not replay:
+                opt.history._programs.clear()
+            planned.append(len(opt.history._programs))
+        assert rewrites() == made  # T2 made its lists (per set of chunks and delays) before step 10
+        return [p.detach().clone() for p in model.parameters()], planned
+
+    calls = []
+    original = history.SlotHistory._plan_load
+    monkeypatch.setattr(history.SlotHistory, "_plan_load", lambda self, targets: calls.append(1) or original(self, targets))
+    weights, planned = run(replay=True)
+    steady = len(calls)
+    assert len(set(planned)) == 1 and steady > 0  # the last six steps planned nothing new
+    again, _ = run(replay=False)
+    assert len(calls) > 2 * steady  # (planned afresh at every load)
+    assert all(torch.equal(a, b) for a, b in zip(weights, again))

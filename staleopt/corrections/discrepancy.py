@@ -1,7 +1,8 @@
 """PipeMare T2: discrepancy correction of the backward (and recompute) weights, PipeMare §3.2, App. B.4, App. D.1."""
 from __future__ import annotations
 
-from typing import Dict, List
+from itertools import chain
+from typing import Dict, List, Optional
 
 import torch
 
@@ -96,6 +97,8 @@ class DiscrepancyCorrection(Correction):
                 self._ring[i] = (M, ring, [c.split(ring[r]) for r in range(M)])
         self._weights = [1.0 - self.gamma[engine.chunks[i].stage] for i, (_, _, rows) in self._ring.items()
                          for _ in rows[0]]
+        self._rewrites: Dict[tuple, tuple] = {}  # (chunks, tau, tau_fwd) -> what _rewrite adds where
+        self._update: Optional[tuple] = None  # after_update's lists that do not follow the step
 
     def _delta_at(self, index: int, version: int) -> List[torch.Tensor]:
         """Per-parameter views of view ``index``'s ``delta_version`` (``t - M < version <= t``)."""
@@ -136,18 +139,42 @@ class DiscrepancyCorrection(Correction):
     def _rewrite(self, chunks, tau, tf) -> None:
         """``u = w - (tau_fwd - tau) delta_(t - tau)`` for every chunk: one foreach call over all stages, with
         ``-(tau_fwd - tau)`` as a 0-d float64 tensor per tensor (``addcmul_`` with it rounds exactly as
-        ``add_(alpha=...)``), made per call, one tensor per device: nothing kept."""
-        data, deltas, scales = [], [], {}
-        for c in chunks:
-            delta = self._read(c.index, tau[c.stage])
-            data += c.data
-            deltas += delta
-            scales.setdefault(c.params[0].device, []).extend([-float(tf[c.stage] - tau[c.stage])] * len(delta))
+        ``add_(alpha=...)``), made per call, one tensor per device (nothing kept but Python lists: the
+        lists and factors are listed once per set of chunks and delays; the accumulators' rows follow the step)."""
+        key = (tuple([c.index for c in chunks]), tuple(tau), tuple(tf))
+        made = self._rewrites.get(key)
+        if made is None:
+            made = self._rewrites[key] = self._make_rewrite(chunks, tau, tf)
+        data, reads, scales, devices = made
         if not data:
             return
-        per_device = {device: iter(torch.tensor(ks, dtype=torch.float64).to(device, non_blocking=True).unbind())
-                      for device, ks in scales.items()}
-        torch._foreach_addcmul_(data, deltas, [next(per_device[c.params[0].device]) for c in chunks for _ in c.data])
+        t = self.engine.step_count
+        if self.accumulator == "current":
+            deltas = list(chain.from_iterable([rows[t % M] for M, rows, _ in reads]))
+        else:
+            deltas = list(chain.from_iterable([rows[(t - k) % M] for M, rows, k in reads]))
+        if len(scales) == 1:  # (one device)
+            factors = torch.tensor(scales[0][1], dtype=torch.float64).to(scales[0][0], non_blocking=True).unbind()
+        else:
+            per_device = {device: iter(torch.tensor(ks, dtype=torch.float64).to(device, non_blocking=True).unbind())
+                          for device, ks in scales}
+            factors = [next(per_device[device]) for device in devices]
+        torch._foreach_addcmul_(data, deltas, factors)
+
+    def _make_rewrite(self, chunks, tau, tf) -> tuple:
+        """``(data, [(M, rows, tau) per chunk], [(device, factors)], the device of each tensor)`` of :meth:`_rewrite`."""
+        if len(self._rewrites) >= 64:  # random delays (Hogwild) draw ever new ones
+            self._rewrites.clear()
+        data, reads, scales, devices = [], [], {}, []
+        for c in chunks:
+            self._read(c.index, tau[c.stage])  # (checks that the ring keeps delta_(t - tau))
+            M, _, rows = self._ring[c.index]
+            data += c.data
+            reads.append((M, rows, tau[c.stage]))
+            device = c.params[0].device
+            scales.setdefault(device, []).extend([-float(tf[c.stage] - tau[c.stage])] * len(c.data))
+            devices += [device] * len(c.data)
+        return data, reads, list(scales.items()), devices
 
     def backward_view(self, chunks, delays):
         self._rewrite(chunks, delays[1], delays[0])
@@ -164,19 +191,22 @@ class DiscrepancyCorrection(Correction):
         corrected stages (written over ``delta_t`` in place, or into the ring row of ``delta_{t+1-M}``)."""
         if not self._ring:
             return
-        new, old, dst, src = [], [], [], []
-        for i, (M, _, rows) in self._ring.items():
-            c = self.engine.chunks[i]
-            new += c.data  # w_{t+1}
-            old += c.stored(step)  # w_t
-            if M > 1:
-                src += rows[step % M]
-                dst += rows[(step + 1) % M]
+        if self._update is None:
+            chunks = [self.engine.chunks[i] for i in self._ring]
+            new = [d for c in chunks for d in c.data]  # w_{t+1}
+            small = sum(d.numel() * d.element_size() for d in new) <= history.SWAP_BLOCK_BYTES
+            self._update = (chunks, new, list(self._ring.values()), small)
+        chunks, new, rings, small = self._update
+        old = list(chain.from_iterable([c.stored(step) for c in chunks]))  # w_t
+        dst = list(chain.from_iterable([rows[(step + 1) % M] for M, _, rows in rings if M > 1]))
         if dst:
-            torch._foreach_copy_(dst, src)
-        views = [v for i, (M, _, rows) in self._ring.items() for v in rows[(step + 1) % M]]
+            torch._foreach_copy_(dst, list(chain.from_iterable([rows[step % M] for M, _, rows in rings if M > 1])))
+        views = list(chain.from_iterable([rows[(step + 1) % M] for M, _, rows in rings]))
         # w_{t+1} - w_t is a temporary: block by block (at most SWAP_BLOCK_BYTES, a larger contiguous
         # tensor in flat pieces), so the peak does not grow with the model
+        if small:
+            torch._foreach_lerp_(views, torch._foreach_sub(new, old), self._weights)
+            return
         for block in _blocks(views, new, old, self._weights):
             torch._foreach_lerp_(block[0], torch._foreach_sub(block[1], block[2]), block[3])
 
