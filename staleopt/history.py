@@ -35,8 +35,8 @@ the parameters hold the only copy of another is the memory strategy's choice:
 A stage whose backward view a correction rewrites in place (T2) needs a row for the raw version
 it rewrites: it keeps ``H_i + 1`` rows and moves by :class:`CopyMoves` in either mode.
 Every move of one phase is batched over all stages: a few
-``torch.cat``/``torch._foreach_copy_``/``torch.split_with_sizes_copy`` calls over lists built once,
-whatever the number of tensors.
+``torch.cat``/``torch._foreach_copy_``/``torch.split_with_sizes_copy`` calls, whatever the number of
+tensors. A load is planned once per (state, targets) relative to ``t`` and replayed afterwards (:class:`_Program`).
 :class:`staleopt.reference.ReferenceHistory` is the readable version (every version kept, views
 copied) that this one is tested against step by step.
 """
@@ -253,9 +253,11 @@ class MoveStrategy:
 
     def plan(self, history: "SlotHistory", pending: List[int], targets: Sequence[Target],
              moves: _Moves) -> Callable[[], None]:
-        """Queue into ``moves`` one round of moves towards ``targets`` for the views ``pending``;
-        return the bookkeeping to apply once the moves ran (the history's ``loaded``/``rewritten``/
-        ``saved``). Views not at their target after it get another round."""
+        """Queue into ``moves`` one round of symbolic moves (:class:`_Moves`) towards ``targets`` for the views
+        ``pending``; return the bookkeeping the round leaves (the history's ``loaded``/``rewritten``/``saved``),
+        which :meth:`SlotHistory.load` applies while it plans. Views not at their target after it get another
+        round. The moves may depend on the targets and the bookkeeping relative to ``t`` only: a plan is
+        replayed at later steps (:class:`_Program`)."""
         raise NotImplementedError
 
 
