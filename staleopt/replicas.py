@@ -156,7 +156,25 @@ class Replicas:
             module._parameters[r.key] = original
 
 
-class _Substitute:
+class _Hook:
+    """A replica hook. A copy or a pickle of the model (``copy.deepcopy``, ``AveragedModel``,
+    ``torch.save(model)``) gets an inert hook in its place: the copy's module holds its own tied
+    parameter, and the hook would otherwise carry the engine's replica tensors (a weight-sized copy
+    of each tied matrix) into every copy."""
+
+    def __deepcopy__(self, memo):
+        return _Inert()
+
+    def __reduce__(self):
+        return _Inert, ()
+
+
+class _Inert:
+    def __call__(self, *args):
+        return None
+
+
+class _Substitute(_Hook):
     def __init__(self, owner: Replicas, group: List[Replica], active):
         self.owner, self.group, self.active = owner, group, active
 
@@ -168,7 +186,7 @@ class _Substitute:
                 module._parameters[r.key] = ReplicaRead.apply(r.master, [r.tensor])
 
 
-class _PutBack:
+class _PutBack(_Hook):
     def __init__(self, owner: Replicas):
         self.owner = owner
 

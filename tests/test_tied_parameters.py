@@ -464,3 +464,34 @@ def test_gpt2_under_pipemare_matches_the_reference_engine(memory):
         results.append([p.detach().clone() for p in model.parameters()])
         assert len(opt.replicas) == 1
     assert all(torch.equal(a, b) for a, b in zip(*results))
+
+
+def test_a_copy_or_pickle_of_the_model_carries_no_replica():
+    """``copy.deepcopy(model)`` (an EMA or ``AveragedModel``) and ``torch.save(model)`` get inert hooks in place of
+    the replica hooks: the copy holds no replica tensor, keeps its own tie, and runs as a plain module."""
+    import copy
+    import io
+
+    model = TiedNet()
+    opt = staleopt.PipelineOptimizer(model, torch.optim.SGD(model.parameters(), lr=0.1), stages=3,
+                                     schedule="dataflow")
+    for x, y in _data(3):
+        opt.zero_grad()
+        _mse(model(x), y).backward()
+        opt.step()
+    replica = opt.replicas[0].tensor
+    buffer = io.BytesIO()
+    torch.save(model, buffer)
+    buffer.seek(0)
+    for twin in (copy.deepcopy(model), torch.load(buffer, weights_only=False)):
+        hooks = [h for hs in (twin.head._forward_pre_hooks, twin.head._forward_hooks) for h in hs.values()]
+        assert hooks and all(type(h).__name__ == "_Inert" for h in hooks)
+        storages = {t.untyped_storage().data_ptr() for t in twin.state_dict().values()}
+        assert replica.untyped_storage().data_ptr() not in storages
+        assert twin.head.weight is twin.tok.weight  # its own tie
+        x = _data(1)[0][0]
+        with torch.no_grad():  # (not a training forward: the model reads w_t, as the copy does its own weights)
+            assert torch.equal(twin(x), model(x))
+        before = model.tok.weight.grad.clone()
+        _mse(twin(x), _data(1)[0][1]).backward()  # (a training forward of the copy: its own weights, no engine)
+        assert twin.tok.weight.grad is not None and torch.equal(model.tok.weight.grad, before)
