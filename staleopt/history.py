@@ -409,20 +409,22 @@ class SlotHistory(History):
             if len(self._programs) >= 256:  # random delays (Hogwild) meet ever new ones
                 self._programs.clear()
             self._programs[key] = program
-        data, slots, M = self._data, self._slot_views, self._M
+        M = self._M
         with torch.no_grad():
             for moves in program.rounds:
                 if moves.swaps:
                     self._swap([(i, (t - r) % M[i]) for i, r in moves.swaps])
                 for dst, src in moves.copies:
                     if dst:
-                        _copy(list(chain.from_iterable([data[i] if r is None else slots[i][(t - r) % M[i]]
-                                                        for i, r in dst])),
-                              list(chain.from_iterable([data[i] if r is None else slots[i][(t - r) % M[i]]
-                                                        for i, r in src])), self._foreach)
+                        _copy(self._tensors(dst), self._tensors(src), self._foreach)
         self._set_state(program.state)
         self._rest = program.rest
         return [self.views[i] for i in program.rewrite]
+
+    def _tensors(self, refs: List[Tuple[int, Optional[int]]]) -> List[torch.Tensor]:
+        """The tensors of a move's references (:class:`_Moves`) at the current step, in order."""
+        t, data, slots, M = self._t, self._data, self._slot_views, self._M
+        return list(chain.from_iterable([data[i] if r is None else slots[i][(t - r) % M[i]] for i, r in refs]))
 
     def _state(self) -> tuple:
         """The bookkeeping relative to ``t``: ``(t - loaded, rewritten, saved, expired)`` per view."""

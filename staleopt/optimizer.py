@@ -90,7 +90,7 @@ from .errors import (CheckpointError, ConfigError, CorrectionError, DetachedErro
 from .history import STRATEGIES, History, SlotHistory, StageView
 from .partition import Partition, dataflow, partition_model, refuse_shared
 from .recompute import RecomputeWindow, reached_parameters
-from .replicas import Replica, Replicas, plan_replicas, refuse_with_replicas
+from .replicas import EngineHook, Replica, Replicas, plan_replicas, refuse_with_replicas
 from .schedules import Schedule
 from .stage_lr import StageGroups, stepping_optimizers
 from .validate import check_int
@@ -98,13 +98,9 @@ from .validate import check_int
 __all__ = ["PipelineOptimizer"]
 
 
-class _Callback:
-    """Calls a wrapper's method through a weak reference: inert once the wrapper is gone or detached.
-
-    A copy or a pickle of the model (``copy.deepcopy``, ``AveragedModel``,
-    ``torch.save(model)``) gets a no-op in its place: the copy is not the
-    model the optimizer drives.
-    """
+class _Callback(EngineHook):
+    """Calls a wrapper's method through a weak reference: inert once the wrapper is gone or detached (and
+    in a copy or a pickle of the model, :class:`~staleopt.replicas.EngineHook`)."""
 
     def __init__(self, method):
         self._method = weakref.WeakMethod(method)
@@ -115,17 +111,6 @@ class _Callback:
         if method is None or method.__self__._detached is not None:
             return None
         return method(*args)
-
-    def __deepcopy__(self, memo):
-        return _NoHook()
-
-    def __reduce__(self):
-        return _NoHook, ()
-
-
-class _NoHook:
-    def __call__(self, *args):
-        return None
 
 
 #: id(parameter) -> (weak reference to it, weak reference to the PipelineOptimizer driving it)

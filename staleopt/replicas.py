@@ -156,11 +156,11 @@ class Replicas:
             module._parameters[r.key] = original
 
 
-class _Hook:
-    """A replica hook. A copy or a pickle of the model (``copy.deepcopy``, ``AveragedModel``,
-    ``torch.save(model)``) gets an inert hook in its place: the copy's module holds its own tied
-    parameter, and the hook would otherwise carry the engine's replica tensors (a weight-sized copy
-    of each tied matrix) into every copy."""
+class EngineHook:
+    """A hook the engine registers on the user's model (the wrapper's callbacks, the replica hooks). A copy or
+    a pickle of the model (``copy.deepcopy``, ``AveragedModel``, ``torch.save(model)``) gets an inert hook
+    in its place: the copy is not the model the engine drives, and a replica hook would otherwise carry
+    the engine's replica tensors (a weight-sized copy of each tied matrix) into every copy."""
 
     def __deepcopy__(self, memo):
         return _Inert()
@@ -174,7 +174,7 @@ class _Inert:
         return None
 
 
-class _Substitute(_Hook):
+class _Substitute(EngineHook):
     def __init__(self, owner: Replicas, group: List[Replica], active):
         self.owner, self.group, self.active = owner, group, active
 
@@ -186,7 +186,7 @@ class _Substitute(_Hook):
                 module._parameters[r.key] = ReplicaRead.apply(r.master, [r.tensor])
 
 
-class _PutBack(_Hook):
+class _PutBack(EngineHook):
     def __init__(self, owner: Replicas):
         self.owner = owner
 
