@@ -5,9 +5,11 @@ slots and the parameters. :class:`~staleopt.optimizer.PipelineOptimizer` drives 
 calls, and corrections read it through the :class:`StageView` protocol:
 
 ==========================  ==========================================================================
-``load(targets)``           put version ``v_i`` (raw, or to be rewritten in place) into stage view ``i``
-                            (forward, backward, and a recomputation's views, :mod:`staleopt.recompute`)
-``restore()``               put ``w_t`` back into the parameters
+``load(targets, bind)``     put version ``v_i`` (raw, or to be rewritten in place) into stage view ``i``
+                            (forward, backward, and a recomputation's views, :mod:`staleopt.recompute`);
+                            the views in ``bind`` may instead point their parameters at the stored row
+``restore()``               put ``w_t`` back into the parameters (their own storage)
+``end_pass()``              no graph of this step's passes reads a row the parameters pointed at
 ``push(t)``                 the parameters hold ``w_t`` at rest: store it, forget ``w_{t - H_i}``
 ``advance(t)``              the base step wrote ``w_t`` into the parameters (their only copy)
 ``restart()``               before the first step: the parameters' content is ``w_0`` (every stored version)
@@ -34,6 +36,20 @@ the parameters hold the only copy of another is the memory strategy's choice:
 
 A stage whose backward view a correction rewrites in place (T2) needs a row for the raw version
 it rewrites: it keeps ``H_i + 1`` rows and moves by :class:`CopyMoves` in either mode.
+
+Cheaper than any copy: a pass may *point* a view's parameters at the row of its forward version
+(``p.data = row``, :meth:`SlotHistory.load`'s ``bind``) instead of copying it in. Autograd's saved
+tensors then alias that row, so from the forward to the end of the pass's backward the row stays the
+storage the pass reads (its *pass row*): the backward view must be written *into it*, never bound
+elsewhere (a weight saved as a view, ``weight.t()`` in ``F.linear``, would keep reading the old
+storage). So a view binds where its pass row need not change (backward version = forward version,
+raw: weight stashing), or where the row's version expires in this pass (``w_{t-H_i}`` read by the
+step's last forward only): then the backward view is written over it, in ``memory="minimal"`` only
+(``"fast"`` keeps every version for passes the engine did not expect). A dataflow step then moves
+the weights once (the backward load of ``w_t`` into ``w_{t-H}``'s row, which is ``push``), a
+stashing step once (``push``). The parameters point at their own storage again at ``restore()``
+(eval, ``state_dict``, the end of a backward pass, ``step()``), and at the pass row again when its
+backward begins.
 Every move of one phase is batched over all stages: a few
 ``torch.cat``/``torch._foreach_copy_``/``torch.split_with_sizes_copy`` calls, whatever the number of
 tensors. A load is planned once per (state, targets) relative to ``t`` and replayed afterwards (:class:`_Program`).
@@ -96,9 +112,10 @@ class StageView:
 
     * ``stage`` — the stage index ``i``;
     * ``params`` — its ``nn.Parameter`` objects, in partition order;
-    * ``data`` — aliases of the parameters' storage (``p.data``): what the forward or backward
-      pass reads now; a correction that declared ``rewrites_backward_view`` rewrites these in place
-      in :meth:`~staleopt.corrections.base.Correction.backward_view`;
+    * ``data`` — aliases of what the forward or backward pass reads now (``p.data``): the parameters'
+      own storage, or during a pass the stored row they point at (:meth:`History.load`'s ``bind``); a
+      correction that declared ``rewrites_backward_view`` rewrites these in place in
+      :meth:`~staleopt.corrections.base.Correction.backward_view`; at ``step()`` the parameters' own;
     * ``numel`` — elements over all of ``params``;
     * ``H`` — versions the delays need, ``max_t max(tau_fwd_i, tau_bkwd_i)``;
     * ``ring`` — the ``(S, numel)`` slot buffer of a :class:`SlotHistory` (``None`` when ``S = 0``
@@ -111,8 +128,10 @@ class StageView:
     def __init__(self, history: "History", index: int, stage: int, params: List[nn.Parameter], depth: int,
                  data: Optional[List[torch.Tensor]] = None):
         self._history, self.index, self.stage, self.params, self.H = history, index, stage, params, depth
-        # aliases: writes skip autograd's version counter (a replica's entry: its own tensor, staleopt.replicas)
-        self.data = [p.data for p in params] if data is None else [d.data for d in data]
+        # the tensors whose storage the passes read: the parameters (a replica's entry: its own tensor,
+        # staleopt.replicas); data: aliases of that storage, so writes skip autograd's version counter
+        self.owners: List[torch.Tensor] = list(params if data is None else data)
+        self.data = [d.data for d in self.owners]
         self.numel = sum(p.numel() for p in params)
         self.ring: Optional[torch.Tensor] = None
 
@@ -161,8 +180,11 @@ class History:
     strategy: str
     _t: int  # the current step: the parameters at rest hold w_t
 
-    def load(self, targets: Sequence[Target]) -> List[StageView]:
-        """Bring view ``i`` to ``targets[i] = (version, rewrite)``; return the views to rewrite in place."""
+    def load(self, targets: Sequence[Target], bind: Optional[Dict[int, bool]] = None) -> List[StageView]:
+        """Bring view ``i`` to ``targets[i] = (version, rewrite)``; return the views to rewrite in place.
+        ``bind`` (a pass's forward): ``{view: writable}`` may point those views' parameters at the stored
+        version instead of copying it in, ``writable`` if that version expires in this pass (a history that
+        copies ignores it)."""
         raise NotImplementedError
 
     def restore(self) -> None:
@@ -176,6 +198,10 @@ class History:
     def advance(self, t: int) -> None:
         """The parameters now hold ``w_t``, written by the base step, and no slot holds it."""
         raise NotImplementedError
+
+    def end_pass(self) -> None:
+        """No graph of this step's training passes reads a row the parameters pointed at any more (called at
+        rest; :meth:`advance` implies it)."""
 
     def expire(self, views: Sequence[int]) -> None:
         """No later load of this step reads ``w_{t - H_i}`` of the views ``views`` (indices): a strategy may
@@ -394,11 +420,114 @@ class SlotHistory(History):
         self._rest = True  # every view holds w_t, raw
         self._swap_blocks: Dict[tuple, List[tuple]] = {}  # views swapped together -> their blocks
         self._pieces: List[list] = [[None] * M for M in self._M]  # [view][row] -> its pieces, as _blocks cuts them
-        self._data = [v.data for v in self.views]
+        self._data = [v.data for v in self.views]  # aliases of the parameters' own storage
         self._programs: Dict[tuple, _Program] = {}  # (targets, state) relative to t -> what load does
+        # binding (module docstring): a view of contiguous tensors may point its parameters at a row
+        self._bindable = [M > 0 and all(d.is_contiguous() for d in v.data) for M, v in zip(self._M, self.views)]
+        self._pass_row: List[Optional[int]] = [None] * n  # the row a pending pass's graph reads (None: its own)
+        self._held: List[Optional[Target]] = [None] * n  # what that row holds for the pass: (version, rewritten)
+        self._writable = [False] * n  # the pass row's version expired: the backward view is written over it
+        self._passing: List[int] = []  # the views with a pass row
+        self._bound: List[int] = []  # the views whose parameters point at their pass row now
+        self._pointing = [False] * n  # (per view: in _bound)
+        self._gone = [False] * n  # w_{t-H} was written over in its row (lost until the step ends)
 
     # ------------------------------------------------------------------ API
-    def load(self, targets):
+    def load(self, targets, bind=None):
+        """``bind``: ``{view: writable}`` for a pass's forward; a view at rest whose target is a stored raw
+        version points its parameters at that row (its pass row; ``writable``: the row's version expires, the
+        backward view may be written over it). A view with a pass row loads into that row (module docstring)."""
+        rewrite: List[int] = []
+        if bind or self._passing:
+            targets = self._load_bound(targets, bind or {}, rewrite)
+        rewrite += self._run(targets)
+        if len(rewrite) > 1:
+            rewrite.sort()
+        return [self.views[i] for i in rewrite]
+
+    def _load_bound(self, targets, bind, rewrite: List[int]) -> list:
+        """The views with a pass row (and those ``bind`` gives one): rows pointed at, backward views written
+        into them; returns ``targets`` with those views at rest for :meth:`_run` (their own storage holds ``w_t``).
+
+        ``bind[i]`` (:class:`~staleopt.optimizer._PassPlan`): 0, the backward reads the forward's raw version
+        (the pass row is its row, never written); 1, the forward's ``w_{t-H}`` expires in this pass (a swap
+        view's pass row is its row, written over by the backward view: ``w_{t-H}`` is dropped); 2, neither.
+        A copy view (``M = H + 1``) binds for 1 and 2 to its spare row ``t mod M`` (``w_{t-H-1}``, expired),
+        the forward's version copied in; the backward view is then written over that copy, nothing is lost,
+        and a raw ``w_t`` there is ``push``'s."""
+        t, M, H, rest = self._t, self._M, self._H, (self._t, False)
+        out = list(targets)
+        binds, writes, dst, src = [], [], [], []  # (the bookkeeping changes once the data has moved)
+        for i, kind in bind.items():
+            v, m = targets[i]
+            if (self._pass_row[i] is not None or not self._bindable[i] or m or v == t or self._loaded[i] != t
+                    or self._rewritten[i] or v < t - H[i] or (v == t - H[i] and (self._gone[i] or (
+                    self._saved[i] and not self._copy[i])))):
+                continue  # (copied in instead; a version no longer stored raises there)
+            if kind == 0 or (kind == 1 and not self._copy[i]):
+                row = v % M[i]
+            elif self._copy[i] and not self._saved[i]:
+                row = t % M[i]
+                dst += self._slot_views[i][row]
+                src += self._slot_views[i][v % M[i]]
+            else:
+                continue
+            binds.append((i, row, (v, False), kind > 0))
+        for i, row, held, writable in chain(((i, self._pass_row[i], self._held[i], self._writable[i])
+                                              for i in self._passing), binds):
+            target = targets[i]
+            if target != held:  # the backward (or recompute) view, written over the pass row
+                v = target[0]
+                if v == t - H[i] and self._gone[i]:
+                    raise self._dropped(i)
+                if not writable:
+                    raise LoopError(f"stage {self.views[i].stage} reads version {v} at step {t} while the graph of "
+                                    f"an earlier training forward of this step, which read version {held[0]}, waits "
+                                    "for its backward: with microbatch_passes=True run each microbatch's forward and "
+                                    "backward before the next microbatch's forward")
+                dst += self._slot_views[i][row]
+                src += self._data[i] if v == t else self._slot_views[i][v % M[i]]
+                writes.append((i, row, target))
+            out[i] = rest
+        if dst:
+            with torch.no_grad():
+                _copy(dst, src, self._foreach)
+        for i, row, held, writable in binds:
+            self._pass_row[i], self._held[i], self._writable[i] = row, held, writable
+            self._passing.append(i)
+        for i, row, target in writes:
+            self._held[i] = target
+            if target == rest and row == t % M[i]:  # the row of w_t: push's copy
+                self._saved[i] = True
+            elif not self._copy[i]:  # w_(t-H) written over
+                self._gone[i] = True
+            if target[1]:
+                rewrite.append(i)
+        pointing = self._pointing
+        for i in self._passing:
+            if not pointing[i]:
+                self._point(i, self._slot_views[i][self._pass_row[i]])
+                pointing[i] = True
+                self._bound.append(i)
+        return out
+
+    def _dropped(self, i: int) -> LoopError:
+        return LoopError(f"stage {self.views[i].stage} reads w_(t-{self._H[i]}) again at step {self._t}, but "
+                         "memory='minimal' dropped that version in the backward pass of what the engine took for the "
+                         "step's last training pass (it expects as many passes per step as the most any earlier step "
+                         "ran, or microbatch_passes' N): this step runs more forward/backward passes than that, or "
+                         "runs again after a step() that did not happen (torch.amp.GradScaler skips step() after an "
+                         "inf or NaN gradient). Run the same number of passes in every step (fewer is fine), or use "
+                         "memory='fast' (one more version per delayed stage; it also trains through skipped steps)")
+
+    def _point(self, i: int, tensors: List[torch.Tensor]) -> None:
+        """Point view ``i``'s parameters (and ``data``) at ``tensors``: a row, or their own storage."""
+        for owner, x in zip(self.views[i].owners, tensors):
+            owner.data = x
+        self.views[i].data = tensors
+
+    def _run(self, targets) -> List[int]:
+        """Move the unbound views to ``targets`` in the parameters' own storage (:class:`_Program`)."""
         t = self._t
         key = (tuple([t - v for v, _ in targets]), tuple([m for _, m in targets]), self._state())
         program = self._programs.get(key)
@@ -419,7 +548,7 @@ class SlotHistory(History):
                         _copy(self._tensors(dst), self._tensors(src), self._foreach)
         self._set_state(program.state)
         self._rest = program.rest
-        return [self.views[i] for i in program.rewrite]
+        return list(program.rewrite)
 
     def _tensors(self, refs: List[Tuple[int, Optional[int]]]) -> List[torch.Tensor]:
         """The tensors of a move's references (:class:`_Moves`) at the current step, in order."""
@@ -427,15 +556,16 @@ class SlotHistory(History):
         return list(chain.from_iterable([data[i] if r is None else slots[i][(t - r) % M[i]] for i, r in refs]))
 
     def _state(self) -> tuple:
-        """The bookkeeping relative to ``t``: ``(t - loaded, rewritten, saved, expired)`` per view."""
+        """The bookkeeping relative to ``t``: ``(t - loaded, rewritten, saved, expired, gone)`` per view."""
         t = self._t
         return (tuple([t - v for v in self._loaded]), tuple(self._rewritten), tuple(self._saved),
-                tuple(self._expired))
+                tuple(self._expired), tuple(self._gone))
 
     def _set_state(self, state: tuple) -> None:
         t = self._t
         self._loaded = [t - r for r in state[0]]
         self._rewritten, self._saved, self._expired = list(state[1]), list(state[2]), list(state[3])
+        self._gone = list(state[4])
 
     def _plan_load(self, targets) -> _Program:
         """Check ``targets`` and plan the rounds of moves that reach them (updating the bookkeeping as if they ran)."""
@@ -447,15 +577,10 @@ class SlotHistory(History):
                                       f"at step {t}; this is a bug in a correction's delays (please report it)")
             if targets[i][0] != t - self._H[i]:
                 continue
-            if not (self._saved[i] and not self._copy[i]):
+            if not (self._saved[i] and not self._copy[i]) and not self._gone[i]:
                 self._expired[i] = False  # read again: it did not expire (the engine expected fewer passes)
                 continue
-            raise LoopError(f"stage {self.views[i].stage} reads w_(t-{self._H[i]}) again at step {t}, but "
-                            "memory='minimal' dropped that version when the pass the engine took for the step's "
-                            "last one ended (it expects as many training passes per step as the most any earlier "
-                            "step ran, or microbatch_passes' N): this step runs more forward/backward passes than "
-                            "that. Run the same number of passes in every step (fewer is fine), or use "
-                            "memory='fast' (one more version per delayed stage)")
+            raise self._dropped(i)
         rewrite = tuple(i for i in pending if targets[i][1])
         rounds = []
         while pending:  # at most two rounds: a view between two stale versions passes through w_t
@@ -508,7 +633,7 @@ class SlotHistory(History):
         view = self.views[i]
         cap = max(1, SWAP_BLOCK_BYTES // view.params[0].element_size())
         out = []
-        for j, d in enumerate(view.data):
+        for j, d in enumerate(self._data[i]):
             n = d.numel()
             if n <= cap:
                 out.append((j, None, None, ()))
@@ -544,7 +669,7 @@ class SlotHistory(History):
             p0 = view.params[0]
             blocks = by.setdefault((p0.device, p0.dtype), [[0, []]])
             for n, (j, *cut) in enumerate(self._cut(i)):
-                piece = self._piece(view.data[j], *cut)
+                piece = self._piece(self._data[i][j], *cut)
                 size = piece.numel() * p0.element_size()
                 if blocks[-1][1] and blocks[-1][0] + size > SWAP_BLOCK_BYTES:
                     blocks.append([0, []])
@@ -567,8 +692,25 @@ class SlotHistory(History):
         return out
 
     def restore(self):
-        if not self._rest:
-            self.load([(self._t, False)] * len(self.views))
+        if self._bound:
+            first = self.views[self._bound[0]]  # (model.to, load_state_dict(assign=True) replace them all)
+            if first.owners[0].data_ptr() != first.data[0].data_ptr():
+                raise LoopError("the model's parameters were moved or replaced during a training pass (e.g. "
+                                "model.to(device) or load_state_dict(assign=True)): build the optimizer after "
+                                "the model is on its device, and replace weights between steps only")
+            for i in self._bound:
+                self._point(i, self._data[i])
+                self._pointing[i] = False
+            self._bound = []
+        if not self._rest:  # (the views not pointing elsewhere hold w_t in their own storage: _rest)
+            self._run([(self._t, False)] * len(self.views))
+
+    def end_pass(self):
+        if self._bound:
+            raise CorrectionError("end_pass() with the parameters pointing at a row (a bug: please report it)")
+        for i in self._passing:
+            self._pass_row[i], self._held[i], self._writable[i] = None, None, False
+        self._passing = []
 
     def push(self, t):
         if t != self._t:
@@ -577,7 +719,7 @@ class SlotHistory(History):
         for i in self._delayed:
             if not self._saved[i]:
                 dst.extend(self._slot_views[i][t % self._M[i]])  # replaces w_{t-H} (fast: w_{t-H-1})
-                src.extend(self.views[i].data)
+                src.extend(self._data[i])
                 self._saved[i] = True
         with torch.no_grad():
             _copy(dst, src, self._foreach)
@@ -587,9 +729,10 @@ class SlotHistory(History):
             self._expired[i] = True
 
     def advance(self, t):
+        self.end_pass()
         n = len(self.views)
         self._t, self._loaded, self._rewritten, self._saved, self._rest = t, [t] * n, [False] * n, [False] * n, True
-        self._expired = [False] * n
+        self._expired, self._gone = [False] * n, [False] * n
 
     def restart(self):
         if self._t != 0 or not self._rest:
@@ -598,7 +741,7 @@ class SlotHistory(History):
         with torch.no_grad():
             for i in self._delayed:
                 _copy(list(chain.from_iterable(self._slot_views[i][:self._M[i]])),
-                      self.views[i].data * self._M[i], self._foreach)
+                      self._data[i] * self._M[i], self._foreach)
         self._saved = [False] * len(self.views)
 
     def stored(self, view, version):
@@ -606,6 +749,8 @@ class SlotHistory(History):
         # the ring's M rows hold t - M + 1 .. t once w_t is pushed (minimal: M = H, so pushing w_t
         # overwrote w_{t-H}), else t - H .. t - 1
         oldest = t - self._M[i] + 1 if self._saved[i] else t - view.H
+        if self._gone[i]:  # (its row was written over by a backward view)
+            oldest = max(oldest, t - view.H + 1)
         if not oldest <= version <= (t if self._saved[i] else t - 1):
             raise CorrectionError(f"stage {view.stage}: weight version {version} is not stored at step {t} "
                                   f"(stored: {oldest}..{t if self._saved[i] else t - 1}; w_t is stored once "
@@ -618,7 +763,8 @@ class SlotHistory(History):
 
     def state_dict(self):
         return {"strategy": self.strategy, "t": self._t, "loaded": list(self._loaded), "rows": list(self._M),
-                "rewritten": list(self._rewritten), "saved": list(self._saved), "rings": [v.ring for v in self.views]}
+                "rewritten": list(self._rewritten), "saved": list(self._saved), "gone": list(self._gone),
+                "rings": [v.ring for v in self.views]}
 
     def load_state_dict(self, state):
         if "slots" in state:  # format 0: a table of slots per view
@@ -645,6 +791,7 @@ class SlotHistory(History):
         self._t = t
         self._loaded, self._rewritten, self._saved = (list(state[k]) for k in ("loaded", "rewritten", "saved"))
         self._expired = [False] * len(self.views)  # the engine declares it again from its pass counts
+        self._gone = list(state.get("gone") or [False] * len(self.views))
         self._rest = all(v == self._t and not m for v, m in zip(self._loaded, self._rewritten))
 
     def _from_slot_tables(self, state: dict) -> dict:

@@ -577,10 +577,12 @@ class PipelineOptimizer(torch.optim.Optimizer):
             self._plans = own if self._step == step else None  # a step() inside the block: plan the next afresh
 
     def _load(self, backward: bool, plan: Optional["_PassPlan"] = None) -> None:
-        """Put each stage's forward (or backward) view into the parameters (corrections rewrite the latter)."""
+        """Put each stage's forward (or backward) view into the parameters (corrections rewrite the latter).
+        A forward lets the history point the parameters at the stored versions (``bind``, docs/engine.md;
+        in the step's expected last pass also where the forward's version expires)."""
         plan = plan or self._plan()
         if not backward:
-            self._history.load(plan.forward)
+            self._history.load(plan.forward, plan.bind_last if self._last_forward() else plan.bind_any)
             return
         rewrite = self._history.load(plan.backward)
         if rewrite:
@@ -844,6 +846,16 @@ class PipelineOptimizer(torch.optim.Optimizer):
         if self._last_pass():
             self._expire()
         self._restore()
+        counts = self._counts
+        if counts is None or counts[0] <= counts[1]:  # no forward's graph waits for a backward
+            self._history.end_pass()
+
+    def _last_forward(self) -> bool:
+        """The training forward now starting is the step's expected last, and no earlier forward of the step
+        waits for its backward."""
+        counts, expected = self._counts, self._expected
+        return (self._step > 0 and counts is not None and expected is not None
+                and counts[0] == expected[0] and counts[1] + 1 == expected[1] and counts[0] == counts[1] + 1)
 
     def _last_pass(self) -> bool:
         """This step has run exactly as many training forwards and backward passes as expected
@@ -952,11 +964,11 @@ class PipelineOptimizer(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        self._check_storage()
         t = self._step
         if t > 0:
             self._expire()  # no pass of this step follows
         self._restore()
+        self._check_storage()
         if t == 0:
             self._adopt_w0()
         elif "forward" not in self._seen:  # (a training forward of this step made the replicas follow)
@@ -1140,11 +1152,13 @@ class _PassPlan:
     target *is* the backward one); ``needs_checkpoint``: some stage has ``tau_bkwd < tau_recomp <
     tau_fwd`` (``tau_recomp = tau_fwd`` recomputes the forward's activations: no checkpoint needed).
     ``expiring``: the stored views whose ``w_{t-H}`` neither this pass's backward nor its recompute view
-    reads (:meth:`PipelineOptimizer._expire`). The part that does not depend on ``t`` is computed once per
-    set of delays (``cache``); ``check`` (the engine's bounds on its delays) runs once per set."""
+    reads (:meth:`PipelineOptimizer._expire`). ``bind_any``/``bind_last``: ``{view: kind}`` a forward
+    may bind (:meth:`~staleopt.history.SlotHistory._load_bound`), in any pass / in the step's expected last
+    one. The part that does not depend on ``t`` is computed once per set of delays (``cache``); ``check``
+    (the engine's bounds on its delays) runs once per set."""
 
     __slots__ = ("delays", "recomp", "forward", "backward", "rewriters", "recompute", "recompute_rewriters",
-                 "recomputing", "needs_checkpoint", "expiring")
+                 "recomputing", "needs_checkpoint", "expiring", "bind_any", "bind_last")
 
     def __init__(self, t: int, delays: Tuple[List[int], List[int]], recomp: List[int], views: Sequence[StageView],
                  corrections: Sequence[Correction], cache: Dict[tuple, tuple], check: Optional[Callable] = None):
@@ -1155,7 +1169,7 @@ class _PassPlan:
         if check is not None and (rel is None or not rel[8]):  # the engine's own delays: checked once
             check(tf, tb, tr)
             if rel is not None:
-                rel = cache[key] = rel[:8] + (True,)
+                rel = cache[key] = rel[:8] + (True,) + rel[9:]
         if rel is None:
             if len(cache) >= 256:  # random schedules (Hogwild) draw new delays every step
                 cache.clear()
@@ -1171,10 +1185,17 @@ class _PassPlan:
                          for v, ks, b in zip(views, by_view_r, backward)]
             # the stored views whose w_(t-H) neither the backward nor the recompute view reads
             expiring = [v.index for v in views if v.H and v.H not in (backward[v.index][0], recompute[v.index][0])]
+            # views a forward may bind (SlotHistory.load; no view that recomputes with another version): 0, the
+            # backward reads the same raw version; 1, in the step's last pass the forward's w_(t-H) expires; 2, other
+            delayed = [v for v in views if tf[v.stage] and v.index not in recomputing]
+            same = {v.index: 0 if backward[v.index] == (tf[v.stage], False) else 2 for v in delayed}
+            last = {**same, **{v.index: 1 for v in delayed
+                               if same[v.index] and tf[v.stage] == v.H and v.index in expiring}}
             rel = cache[key] = ([tf[v.stage] for v in views], backward,
                                 [(k, idx) for k, idx in rewriters if idx], recompute,
                                 [(k, idx) for k, idx in recompute_rewriters if idx], recomputing,
-                                any(b != r != f for f, b, r in zip(tf, tb, tr)), expiring, check is not None)
+                                any(b != r != f for f, b, r in zip(tf, tb, tr)), expiring, check is not None,
+                                same, last)
         self.forward = [(t - a, False) for a in rel[0]]
         self.backward = [(t - a, m) for a, m in rel[1]]
         self.rewriters = rel[2]
@@ -1183,3 +1204,4 @@ class _PassPlan:
         self.recomputing = rel[5]
         self.needs_checkpoint = rel[6]
         self.expiring = rel[7]
+        self.bind_any, self.bind_last = rel[9], rel[10]

@@ -52,7 +52,7 @@ class ReferenceHistory(History):
             self._now = w0
         self._rest = True  # the parameters hold w_t
 
-    def load(self, targets):
+    def load(self, targets, bind=None):  # (copies every view: the readable reference)
         rewrite = []
         with torch.no_grad():
             if self._rest:

@@ -137,20 +137,25 @@ def test_autocast_without_backward_views_is_warned_about():
     opt.step()
 
 
-def test_a_failed_move_leaves_the_bookkeeping_consistent(monkeypatch):
+@pytest.mark.parametrize("memory, failing", [("minimal", "_swap"), ("fast", "_copy")])
+def test_a_failed_move_leaves_the_bookkeeping_consistent(monkeypatch, memory, failing):
+    """A move that raises (a swap at step 0, before the engine learned the passes per step; the copy into the
+    spare row a forward points at) changes none of the history's bookkeeping, and training goes on."""
     from staleopt import history
     model = mlp(seed=10)
-    opt = _opt(model, schedule="dataflow")
-    train(model, opt, batches(3, seed=10))
+    opt = _opt(model, schedule="dataflow", memory=memory)
+    train(model, opt, batches(0 if failing == "_swap" else 3, seed=10))
     state = {k: v for k, v in opt.history.state_dict().items() if k != "rings"}
+    passing = list(opt.history._passing)
 
     def boom(*args):
         raise RuntimeError("injected")
 
-    monkeypatch.setattr(history.SlotHistory, "_swap", boom)
+    monkeypatch.setattr(*((history.SlotHistory, "_swap") if failing == "_swap" else (history, "_copy")), boom)
     x, y = batches(1, seed=11)[0]
     with pytest.raises(RuntimeError, match="injected"):
         model(x)
     assert {k: v for k, v in opt.history.state_dict().items() if k != "rings"} == state
+    assert opt.history._passing == passing
     monkeypatch.undo()
     train(model, opt, batches(2, seed=11))

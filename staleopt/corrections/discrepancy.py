@@ -140,14 +140,16 @@ class DiscrepancyCorrection(Correction):
         """``u = w - (tau_fwd - tau) delta_(t - tau)`` for every chunk: one foreach call over all stages, with
         ``-(tau_fwd - tau)`` as a 0-d float64 tensor per tensor (``addcmul_`` with it rounds exactly as
         ``add_(alpha=...)``), made per call, one tensor per device (nothing kept but Python lists: the
-        lists and factors are listed once per set of chunks and delays; the accumulators' rows follow the step)."""
+        accumulators and factors are listed once per set of chunks and delays; the accumulators' rows follow
+        the step, and the views' ``data`` the storage the pass reads, a row or the parameters' own)."""
         key = (tuple([c.index for c in chunks]), tuple(tau), tuple(tf))
         made = self._rewrites.get(key)
         if made is None:
             made = self._rewrites[key] = self._make_rewrite(chunks, tau, tf)
-        data, reads, scales, devices = made
-        if not data:
+        reads, scales, devices = made
+        if not reads:
             return
+        data = list(chain.from_iterable([c.data for c in chunks]))
         t = self.engine.step_count
         if self.accumulator == "current":
             deltas = list(chain.from_iterable([rows[t % M] for M, rows, _ in reads]))
@@ -162,19 +164,18 @@ class DiscrepancyCorrection(Correction):
         torch._foreach_addcmul_(data, deltas, factors)
 
     def _make_rewrite(self, chunks, tau, tf) -> tuple:
-        """``(data, [(M, rows, tau) per chunk], [(device, factors)], the device of each tensor)`` of :meth:`_rewrite`."""
+        """``([(M, rows, tau) per chunk], [(device, factors)], the device of each tensor)`` of :meth:`_rewrite`."""
         if len(self._rewrites) >= 64:  # random delays (Hogwild) draw ever new ones
             self._rewrites.clear()
-        data, reads, scales, devices = [], [], {}, []
+        reads, scales, devices = [], {}, []
         for c in chunks:
             self._read(c.index, tau[c.stage])  # (checks that the ring keeps delta_(t - tau))
             M, _, rows = self._ring[c.index]
-            data += c.data
             reads.append((M, rows, tau[c.stage]))
             device = c.params[0].device
             scales.setdefault(device, []).extend([-float(tf[c.stage] - tau[c.stage])] * len(c.data))
             devices += [device] * len(c.data)
-        return data, reads, list(scales.items()), devices
+        return reads, list(scales.items()), devices
 
     def backward_view(self, chunks, delays):
         self._rewrite(chunks, delays[1], delays[0])
