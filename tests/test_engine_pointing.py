@@ -1,0 +1,122 @@
+"""A training pass reads the stored versions in place: the parameters point at the history's rows
+(docs/engine.md, "Parameters that point at the history"), and everything outside the pass sees
+their own storage holding ``w_t``. Every case is checked bit for bit against the reference engine,
+which copies every view."""
+import math
+
+import pytest
+import torch
+from torch import nn
+
+import staleopt
+from helpers import batches, mlp, mse
+from staleopt.reference import ReferencePipelineOptimizer
+
+SIZES = (5, 24, 24, 24, 3)
+
+
+def conv_mlp(seed=0):
+    """Convolutions (``conv1d`` saves the weight itself) and linear layers (``F.linear`` saves ``weight.t()``)."""
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Unflatten(1, (1, 5)), nn.Conv1d(1, 4, 3, padding=1), nn.Tanh(),
+                         nn.Conv1d(4, 4, 3, padding=1), nn.Flatten(), nn.Linear(20, 16), nn.Tanh(),
+                         nn.Linear(16, 3)).double()
+
+
+def _inside(p, ring):
+    start = ring.data_ptr()
+    return start <= p.data_ptr() < start + ring.numel() * ring.element_size()
+
+
+@pytest.mark.parametrize("memory", ["minimal", "fast"])
+@pytest.mark.parametrize("method", ["dataflow", "pipedream", "pipemare"])
+def test_a_pass_reads_the_rows_and_everything_else_the_own_storage(method, memory):
+    """During a training pass the delayed stages' parameters point into their rows; after the backward pass,
+    in eval and in ``state_dict`` between the forward and the backward, they are their own storage with
+    ``w_t``. Reading ``w_t`` mid-pass does not change the gradient (the backward points at the row again)."""
+    runs = []
+    for cls in (ReferencePipelineOptimizer, staleopt.PipelineOptimizer):
+        model = conv_mlp(seed=2)
+        own = [p.data_ptr() for p in model.parameters()]
+        opt = cls(model, torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9), stages=4, schedule=method,
+                  memory=memory) if cls is staleopt.PipelineOptimizer else \
+            cls(model, torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9), stages=4, schedule=method)
+        for step, (x, y) in enumerate(batches(8, in_dim=5, out_dim=3, batch=6, seed=3)):
+            opt.zero_grad()
+            out = model(x)
+            if cls is staleopt.PipelineOptimizer and step >= 2:
+                delayed = [v for v in opt.chunks if v.H and opt.tau_fwd[v.stage]]
+                assert delayed and all(_inside(p, v.ring) for v in delayed for p in v.params)
+            with opt.current_weights():
+                at_rest = {k: t.clone() for k, t in model.state_dict().items()}
+            model.eval()
+            with torch.no_grad():
+                model(x)
+            model.train()
+            assert [p.data_ptr() for p in model.parameters()] == own
+            mse(out, y).backward()
+            assert [p.data_ptr() for p in model.parameters()] == own
+            assert all(torch.equal(at_rest[k], t) for k, t in model.state_dict().items())
+            opt.step()
+        runs.append([p.detach().clone() for p in model.parameters()])
+    assert all(torch.equal(a, b) for a, b in zip(*runs))
+
+
+def _scaled_run(cls, method, memory, bad_steps):
+    model = mlp(SIZES, seed=5)
+    kw = {"memory": memory} if cls is staleopt.PipelineOptimizer else {}
+    opt = cls(model, torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9), stages=4, schedule=method, **kw)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 8)
+    for k, (x, y) in enumerate(batches(7, in_dim=SIZES[0], out_dim=SIZES[-1], seed=6)):
+        if k in bad_steps:
+            x = x.clone()
+            x[0, 0] = math.inf
+        opt.zero_grad()
+        scaler.scale(mse(model(x), y)).backward()
+        scaler.step(opt)
+        scaler.update()
+    return opt, [p.detach().clone() for p in model.parameters()]
+
+
+@pytest.mark.parametrize("method, memory", [("dataflow", "fast"), ("pipedream", "minimal"), ("pipemare", "minimal")])
+def test_a_step_a_grad_scaler_skips_runs_again_exactly(method, memory):
+    """``torch.amp.GradScaler`` skips ``step()`` after an inf gradient, so the same step runs again: where a pass
+    drops nothing (a spare row; stashing's row is never written) it trains on, bit for bit the reference."""
+    ref_opt, ref = _scaled_run(ReferencePipelineOptimizer, method, None, {3, 4})
+    opt, mine = _scaled_run(staleopt.PipelineOptimizer, method, memory, {3, 4})
+    assert opt.step_count == ref_opt.step_count == 5
+    assert all(torch.equal(a, b) for a, b in zip(ref, mine))
+
+
+def test_a_skipped_step_after_minimal_dropped_its_version_is_refused():
+    """In ``memory="minimal"`` dataflow's last pass writes ``w_t`` over ``w_(t-H)``: the step run again after a
+    skipped ``step()`` cannot read it, and says so (never a silently different view)."""
+    with pytest.raises(staleopt.errors.LoopError, match="GradScaler skips step.*memory='fast'"):
+        _scaled_run(staleopt.PipelineOptimizer, "dataflow", "minimal", {3})
+
+
+def test_microbatch_forwards_ahead_of_their_backwards_are_refused():
+    """``microbatch_passes=True``: pass ``j`` reads microbatch ``j``'s delays forward and backward. Two forwards
+    whose graphs would share one row with different versions (a summed loss) raise; one forward and backward
+    per microbatch trains bit for bit the reference."""
+    data = batches(4, in_dim=SIZES[0], out_dim=SIZES[-1], batch=6, seed=8)
+
+    def run(cls, summed):
+        model = mlp(SIZES, seed=9)
+        opt = cls(model, torch.optim.SGD(model.parameters(), lr=0.05), stages=4, schedule="pipedream",
+                  microbatches=2, microbatch_passes=True)
+        for x, y in data:
+            opt.zero_grad()
+            parts = list(zip(x.chunk(2), y.chunk(2)))
+            if summed:
+                sum(mse(model(a), b) / 2 for a, b in parts).backward()
+            else:
+                for a, b in parts:
+                    (mse(model(a), b) / 2).backward()
+            opt.step()
+        return [p.detach().clone() for p in model.parameters()]
+
+    assert all(torch.equal(a, b) for a, b in zip(run(ReferencePipelineOptimizer, False),
+                                                  run(staleopt.PipelineOptimizer, False)))
+    with pytest.raises(staleopt.errors.LoopError, match="microbatch_passes=True run each microbatch"):
+        run(staleopt.PipelineOptimizer, True)
