@@ -247,6 +247,20 @@ class _Moves:
         self.copies: Tuple[Tuple[list, list], ...] = (([], []), ([], []))
 
 
+class _BoundProgram:
+    """What :meth:`SlotHistory.load` does with the views that point at a row, planned once per (targets,
+    ``bind``, state) relative to ``t`` (:meth:`SlotHistory._plan_bound`): copies (``dst``, ``src``: references
+    as in :class:`_Moves`), the views to point at the row of version ``t - r`` (``point``: ``(i, r)``), the
+    views to rewrite, the relative targets left to :meth:`SlotHistory._program`, and the state it leaves."""
+
+    __slots__ = ("bind", "dst", "src", "point", "rewrite", "run", "state", "after")
+
+    def __init__(self, bind, dst, src, point, rewrite, run, state):
+        self.bind, self.dst, self.src, self.point, self.rewrite, self.run, self.state = \
+            bind, dst, src, point, rewrite, run, state
+        self.after: Optional[_Program] = None  # the _Program of run from that state (found at the first replay)
+
+
 class _Program:
     """What one :meth:`SlotHistory.load` does from one state to one set of targets, both relative to ``t``:
     its rounds of :class:`_Moves`, the views it hands back to be rewritten, and the state it leaves."""
@@ -424,92 +438,112 @@ class SlotHistory(History):
         self._programs: Dict[tuple, _Program] = {}  # (targets, state) relative to t -> what load does
         # binding (module docstring): a view of contiguous tensors may point its parameters at a row
         self._bindable = [M > 0 and all(d.is_contiguous() for d in v.data) for M, v in zip(self._M, self.views)]
-        self._pass_row: List[Optional[int]] = [None] * n  # the row a pending pass's graph reads (None: its own)
-        self._held: List[Optional[Target]] = [None] * n  # what that row holds for the pass: (version, rewritten)
+        # the row a pending pass's graph reads, as t - (the version of that row); None: its own storage
+        self._pass_rel: List[Optional[int]] = [None] * n
+        self._held: List[Optional[Tuple[int, bool]]] = [None] * n  # what that row holds: (t - version, rewritten)
         self._writable = [False] * n  # the pass row's version expired: the backward view is written over it
         self._passing: List[int] = []  # the views with a pass row
         self._bound: List[int] = []  # the views whose parameters point at their pass row now
         self._pointing = [False] * n  # (per view: in _bound)
         self._gone = [False] * n  # w_{t-H} was written over in its row (lost until the step ends)
+        self._bound_programs: Dict[tuple, _BoundProgram] = {}  # (targets, bind, state) relative to t -> load
 
     # ------------------------------------------------------------------ API
     def load(self, targets, bind=None):
-        """``bind``: ``{view: writable}`` for a pass's forward; a view at rest whose target is a stored raw
-        version points its parameters at that row (its pass row; ``writable``: the row's version expires, the
-        backward view may be written over it). A view with a pass row loads into that row (module docstring)."""
-        rewrite: List[int] = []
-        if bind or self._passing:
-            targets = self._load_bound(targets, bind or {}, rewrite)
-        rewrite += self._run(targets)
-        if len(rewrite) > 1:
-            rewrite.sort()
+        """``bind``: ``{view: kind}`` for a pass's forward (:meth:`_plan_bound`): a view at rest whose target is
+        a stored raw version points its parameters at a row (its pass row). A view with a pass row loads into
+        that row (module docstring). Planned once per (targets, bind, state) relative to ``t``, then replayed."""
+        if not bind and not self._passing:
+            return [self.views[i] for i in self._replay(self._program(targets))]
+        t = self._t
+        key = (tuple([(t - v, m) for v, m in targets]), id(bind), tuple(self._pass_rel), tuple(self._held),
+               tuple(self._writable), tuple(self._pointing), self._state())
+        program = self._bound_programs.get(key)
+        if program is None or program.bind is not bind:
+            program = self._plan_bound(targets, bind)
+            if len(self._bound_programs) >= 256:  # random delays (Hogwild) meet ever new ones
+                self._bound_programs.clear()
+            self._bound_programs[key] = program
+        if program.dst:
+            with torch.no_grad():
+                _copy(self._tensors(program.dst), self._tensors(program.src), self._foreach)
+        (pass_rel, held, writable, pointing, passing, bound, saved, gone) = program.state
+        self._pass_rel, self._held, self._writable, self._pointing = list(pass_rel), list(held), list(writable), \
+            list(pointing)
+        self._passing, self._bound, self._saved, self._gone = list(passing), list(bound), list(saved), list(gone)
+        M, slots, views = self._M, self._slot_views, self.views
+        for i, r in program.point:  # (_point, inline)
+            tensors = slots[i][(t - r) % M[i]]
+            for owner, x in zip(views[i].owners, tensors):
+                owner.data = x
+            views[i].data = tensors
+        if program.after is None:  # (the state is now the one it was planned for: its _Program is fixed)
+            program.after = self._program([(t - a, m) for a, m in program.run])
+        rewrite = self._replay(program.after)
+        if program.rewrite:
+            rewrite = sorted(rewrite + list(program.rewrite))
         return [self.views[i] for i in rewrite]
 
-    def _load_bound(self, targets, bind, rewrite: List[int]) -> list:
-        """The views with a pass row (and those ``bind`` gives one): rows pointed at, backward views written
-        into them; returns ``targets`` with those views at rest for :meth:`_run` (their own storage holds ``w_t``).
+    def _plan_bound(self, targets, bind) -> "_BoundProgram":
+        """Plan what :meth:`load` does with the views that have a pass row, and those ``bind`` gives one (rows
+        pointed at, backward views written into them), without changing the bookkeeping; the rest of the load
+        is a :class:`_Program`'s, with those views at rest (their own storage holds ``w_t``).
 
         ``bind[i]`` (:class:`~staleopt.optimizer._PassPlan`): 0, the backward reads the forward's raw version
         (the pass row is its row, never written); 1, the forward's ``w_{t-H}`` expires in this pass (a swap
         view's pass row is its row, written over by the backward view: ``w_{t-H}`` is dropped); 2, neither.
         A copy view (``M = H + 1``) binds for 1 and 2 to its spare row ``t mod M`` (``w_{t-H-1}``, expired),
         the forward's version copied in; the backward view is then written over that copy, nothing is lost,
-        and a raw ``w_t`` there is ``push``'s."""
-        t, M, H, rest = self._t, self._M, self._H, (self._t, False)
-        out = list(targets)
-        binds, writes, dst, src = [], [], [], []  # (the bookkeeping changes once the data has moved)
-        for i, kind in bind.items():
+        and a raw ``w_t`` there is ``push``'s. References are relative to ``t`` (:class:`_Moves`)."""
+        t, M, H = self._t, self._M, self._H
+        pass_rel, held, writable, pointing = list(self._pass_rel), list(self._held), list(self._writable), \
+            list(self._pointing)
+        passing, bound, saved, gone = list(self._passing), list(self._bound), list(self._saved), list(self._gone)
+        run = [(t - v, m) for v, m in targets]
+        dst, src, point, rewrite = [], [], [], []
+        for i, kind in (bind or {}).items():
             v, m = targets[i]
-            if (self._pass_row[i] is not None or not self._bindable[i] or m or v == t or self._loaded[i] != t
-                    or self._rewritten[i] or v < t - H[i] or (v == t - H[i] and (self._gone[i] or (
-                    self._saved[i] and not self._copy[i])))):
+            if (pass_rel[i] is not None or not self._bindable[i] or m or v == t or self._loaded[i] != t
+                    or self._rewritten[i] or v < t - H[i] or (v == t - H[i] and (gone[i] or (
+                    saved[i] and not self._copy[i])))):
                 continue  # (copied in instead; a version no longer stored raises there)
             if kind == 0 or (kind == 1 and not self._copy[i]):
-                row = v % M[i]
-            elif self._copy[i] and not self._saved[i]:
-                row = t % M[i]
-                dst += self._slot_views[i][row]
-                src += self._slot_views[i][v % M[i]]
+                pass_rel[i] = t - v
+            elif self._copy[i] and not saved[i]:
+                pass_rel[i] = 0  # (the row of version t)
+                dst.append((i, 0))
+                src.append((i, t - v))
             else:
                 continue
-            binds.append((i, row, (v, False), kind > 0))
-        for i, row, held, writable in chain(((i, self._pass_row[i], self._held[i], self._writable[i])
-                                              for i in self._passing), binds):
-            target = targets[i]
-            if target != held:  # the backward (or recompute) view, written over the pass row
-                v = target[0]
-                if v == t - H[i] and self._gone[i]:
+            held[i], writable[i] = (t - v, False), kind > 0
+            passing.append(i)
+        for i in passing:
+            a, m = run[i]
+            if (a, m) != held[i]:  # the backward (or recompute) view, written over the pass row
+                if a == H[i] and gone[i]:
                     raise self._dropped(i)
-                if not writable:
-                    raise LoopError(f"stage {self.views[i].stage} reads version {v} at step {t} while the graph of "
-                                    f"an earlier training forward of this step, which read version {held[0]}, waits "
-                                    "for its backward: with microbatch_passes=True run each microbatch's forward and "
-                                    "backward before the next microbatch's forward")
-                dst += self._slot_views[i][row]
-                src += self._data[i] if v == t else self._slot_views[i][v % M[i]]
-                writes.append((i, row, target))
-            out[i] = rest
-        if dst:
-            with torch.no_grad():
-                _copy(dst, src, self._foreach)
-        for i, row, held, writable in binds:
-            self._pass_row[i], self._held[i], self._writable[i] = row, held, writable
-            self._passing.append(i)
-        for i, row, target in writes:
-            self._held[i] = target
-            if target == rest and row == t % M[i]:  # the row of w_t: push's copy
-                self._saved[i] = True
-            elif not self._copy[i]:  # w_(t-H) written over
-                self._gone[i] = True
-            if target[1]:
-                rewrite.append(i)
-        pointing = self._pointing
-        for i in self._passing:
+                if not writable[i]:
+                    raise LoopError(f"stage {self.views[i].stage} reads version {t - a} at step {t} while the graph "
+                                    f"of an earlier training forward of this step, which read version "
+                                    f"{t - held[i][0]}, waits for its backward: with microbatch_passes=True run each "
+                                    "microbatch's forward and backward before the next microbatch's forward")
+                dst.append((i, pass_rel[i]))
+                src.append((i, None if a == 0 else a))
+                held[i] = (a, m)
+                if (a, m) == (0, False) and pass_rel[i] % M[i] == 0:  # the row of w_t: push's copy
+                    saved[i] = True
+                elif not self._copy[i]:  # w_(t-H) written over
+                    gone[i] = True
+                if m:
+                    rewrite.append(i)
             if not pointing[i]:
-                self._point(i, self._slot_views[i][self._pass_row[i]])
+                point.append((i, pass_rel[i]))
                 pointing[i] = True
-                self._bound.append(i)
-        return out
+                bound.append(i)
+            run[i] = (0, False)
+        return _BoundProgram(bind, tuple(dst), tuple(src), tuple(point), tuple(rewrite), tuple(run),
+                             (tuple(pass_rel), tuple(held), tuple(writable), tuple(pointing), tuple(passing),
+                              tuple(bound), tuple(saved), tuple(gone)))
 
     def _dropped(self, i: int) -> LoopError:
         return LoopError(f"stage {self.views[i].stage} reads w_(t-{self._H[i]}) again at step {self._t}, but "
@@ -526,19 +560,24 @@ class SlotHistory(History):
             owner.data = x
         self.views[i].data = tensors
 
-    def _run(self, targets) -> List[int]:
-        """Move the unbound views to ``targets`` in the parameters' own storage (:class:`_Program`)."""
+    def _program(self, targets) -> _Program:
+        """What moving the unbound views to ``targets`` in the parameters' own storage does from the current
+        state: planned once per (state, targets) relative to ``t`` (:meth:`_plan_load`), then replayed."""
         t = self._t
         key = (tuple([t - v for v, _ in targets]), tuple([m for _, m in targets]), self._state())
         program = self._programs.get(key)
-        if program is None:  # planned once per (state, targets) relative to t, then replayed
+        if program is None:
             before = key[2]
             program = self._plan_load(targets)
             self._set_state(before)  # (the state moves on once the data has moved)
             if len(self._programs) >= 256:  # random delays (Hogwild) meet ever new ones
                 self._programs.clear()
             self._programs[key] = program
-        M = self._M
+        return program
+
+    def _replay(self, program: _Program) -> List[int]:
+        """Run ``program``'s moves at the current step; returns the views to rewrite in place."""
+        t, M = self._t, self._M
         with torch.no_grad():
             for moves in program.rounds:
                 if moves.swaps:
@@ -703,26 +742,27 @@ class SlotHistory(History):
                 self._pointing[i] = False
             self._bound = []
         if not self._rest:  # (the views not pointing elsewhere hold w_t in their own storage: _rest)
-            self._run([(self._t, False)] * len(self.views))
+            self._replay(self._program([(self._t, False)] * len(self.views)))
 
     def end_pass(self):
         if self._bound:
             raise CorrectionError("end_pass() with the parameters pointing at a row (a bug: please report it)")
         for i in self._passing:
-            self._pass_row[i], self._held[i], self._writable[i] = None, None, False
+            self._pass_rel[i], self._held[i], self._writable[i] = None, None, False
         self._passing = []
 
     def push(self, t):
         if t != self._t:
             raise CorrectionError(f"the history is at step {self._t}, not {t}: push follows advance")
-        dst, src = [], []
-        for i in self._delayed:
-            if not self._saved[i]:
-                dst.extend(self._slot_views[i][t % self._M[i]])  # replaces w_{t-H} (fast: w_{t-H-1})
-                src.extend(self._data[i])
-                self._saved[i] = True
+        saved = self._saved
+        todo = [i for i in self._delayed if not saved[i]]
+        if not todo:  # (a pass already stored w_t: the copy back of a dropped w_{t-H}, a pass row)
+            return
         with torch.no_grad():
-            _copy(dst, src, self._foreach)
+            _copy(list(chain.from_iterable([self._slot_views[i][t % self._M[i]] for i in todo])),  # replaces
+                  list(chain.from_iterable([self._data[i] for i in todo])), self._foreach)  # w_{t-H} (fast: w_{t-H-1})
+        for i in todo:
+            saved[i] = True
 
     def expire(self, views):
         for i in views:

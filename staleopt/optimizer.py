@@ -940,7 +940,7 @@ class PipelineOptimizer(torch.optim.Optimizer):
                             "with u_bkwd; docs/wrapper.md), or train schedule.without_recompute()")
 
     def _check_storage(self) -> None:
-        if [p.data_ptr() for p in self._ptr_params] != self._ptrs:
+        if list(map(torch.Tensor.data_ptr, self._ptr_params)) != self._ptrs:
             raise LoopError("the model's parameters were moved or replaced after the PipelineOptimizer "
                             "was built (e.g. model.to(device) or load_state_dict(assign=True)): build "
                             "the optimizer after the model is on its device")
