@@ -472,7 +472,7 @@ class SlotHistory(History):
             list(pointing)
         self._passing, self._bound, self._saved, self._gone = list(passing), list(bound), list(saved), list(gone)
         M, slots, views = self._M, self._slot_views, self.views
-        for i, r in program.point:  # (_point, inline)
+        for i, r in program.point:  # the parameters (and data) point at the row
             tensors = slots[i][(t - r) % M[i]]
             for owner, x in zip(views[i].owners, tensors):
                 owner.data = x
@@ -554,12 +554,6 @@ class SlotHistory(History):
                          "inf or NaN gradient). Run the same number of passes in every step (fewer is fine), or use "
                          "memory='fast' (one more version per delayed stage; it also trains through skipped steps)")
 
-    def _point(self, i: int, tensors: List[torch.Tensor]) -> None:
-        """Point view ``i``'s parameters (and ``data``) at ``tensors``: a row, or their own storage."""
-        for owner, x in zip(self.views[i].owners, tensors):
-            owner.data = x
-        self.views[i].data = tensors
-
     def _program(self, targets) -> _Program:
         """What moving the unbound views to ``targets`` in the parameters' own storage does from the current
         state: planned once per (state, targets) relative to ``t`` (:meth:`_plan_load`), then replayed."""
@@ -578,13 +572,14 @@ class SlotHistory(History):
     def _replay(self, program: _Program) -> List[int]:
         """Run ``program``'s moves at the current step; returns the views to rewrite in place."""
         t, M = self._t, self._M
-        with torch.no_grad():
-            for moves in program.rounds:
-                if moves.swaps:
-                    self._swap([(i, (t - r) % M[i]) for i, r in moves.swaps])
-                for dst, src in moves.copies:
-                    if dst:
-                        _copy(self._tensors(dst), self._tensors(src), self._foreach)
+        if program.rounds:
+            with torch.no_grad():
+                for moves in program.rounds:
+                    if moves.swaps:
+                        self._swap([(i, (t - r) % M[i]) for i, r in moves.swaps])
+                    for dst, src in moves.copies:
+                        if dst:
+                            _copy(self._tensors(dst), self._tensors(src), self._foreach)
         self._set_state(program.state)
         self._rest = program.rest
         return list(program.rewrite)
@@ -737,9 +732,12 @@ class SlotHistory(History):
                 raise LoopError("the model's parameters were moved or replaced during a training pass (e.g. "
                                 "model.to(device) or load_state_dict(assign=True)): build the optimizer after "
                                 "the model is on its device, and replace weights between steps only")
-            for i in self._bound:
-                self._point(i, self._data[i])
-                self._pointing[i] = False
+            views, data, pointing = self.views, self._data, self._pointing
+            for i in self._bound:  # the parameters (and data) point at their own storage again
+                for owner, x in zip(views[i].owners, data[i]):
+                    owner.data = x
+                views[i].data = data[i]
+                pointing[i] = False
             self._bound = []
         if not self._rest:  # (the views not pointing elsewhere hold w_t in their own storage: _rest)
             self._replay(self._program([(self._t, False)] * len(self.views)))

@@ -18,12 +18,13 @@ Mechanism
 ---------
 The user's loop stays ``zero_grad(); loss = crit(model(x), y); loss.backward(); step()``.
 
-* A forward pre-hook on the model loads each stage's forward view into the
-  parameters' own storage (through ``p.data`` aliases, so autograd's version
-  counters are not bumped) before the forward pass runs.
+* A forward pre-hook on the model loads each stage's forward view before the forward pass
+  runs: it points the parameters at the history's row of that version (``p.data = row``),
+  or copies the version into their own storage (through ``p.data`` aliases, so autograd's
+  version counters are not bumped).
 * A forward hook registers a tensor hook on every output that requires grad;
   the first one to fire — when the backward pass reaches the model output, before
-  any layer's backward runs — loads the backward views into the same storage.
+  any layer's backward runs — loads the backward views into the storage the forward read.
   Autograd saved the *parameter tensors* for ``W^T delta``, so the backward
   reads ``u_bkwd``; the weight gradients use the saved activations, computed
   with ``u_fwd``.
