@@ -464,6 +464,8 @@ class SlotHistory(History):
             if len(self._bound_programs) >= 256:  # random delays (Hogwild) meet ever new ones
                 self._bound_programs.clear()
             self._bound_programs[key] = program
+        if program.point:
+            self._check_owners([i for i, _ in program.point], self._data)
         if program.dst:
             with torch.no_grad():
                 _copy(self._tensors(program.dst), self._tensors(program.src), self._foreach)
@@ -523,16 +525,17 @@ class SlotHistory(History):
                 if a == H[i] and gone[i]:
                     raise self._dropped(i)
                 if not writable[i]:
-                    raise LoopError(f"stage {self.views[i].stage} reads version {t - a} at step {t} while the graph "
-                                    f"of an earlier training forward of this step, which read version "
-                                    f"{t - held[i][0]}, waits for its backward: with microbatch_passes=True run each "
-                                    "microbatch's forward and backward before the next microbatch's forward")
+                    raise LoopError(f"stage {self.views[i].stage} reads version {t - a} at step {t}, but the graph of "
+                                    f"a training forward of this step that read version {t - held[i][0]} still waits "
+                                    "for its backward and reads the same storage: run each forward's backward before "
+                                    "a forward with other delays (with microbatch_passes=True, microbatch j's "
+                                    "backward before microbatch j + 1's forward)")
                 dst.append((i, pass_rel[i]))
                 src.append((i, None if a == 0 else a))
                 held[i] = (a, m)
-                if (a, m) == (0, False) and pass_rel[i] % M[i] == 0:  # the row of w_t: push's copy
-                    saved[i] = True
-                elif not self._copy[i]:  # w_(t-H) written over
+                if pass_rel[i] % M[i] == 0:  # the row of w_t: push's copy, or no longer w_t
+                    saved[i] = (a, m) == (0, False)
+                if not self._copy[i] and (a, m) != (0, False):  # w_(t-H) written over, w_t not stored there
                     gone[i] = True
                 if m:
                     rewrite.append(i)
@@ -727,11 +730,27 @@ class SlotHistory(History):
 
     def restore(self):
         if self._bound:
-            first = self.views[self._bound[0]]  # (model.to, load_state_dict(assign=True) replace them all)
-            if first.owners[0].data_ptr() != first.data[0].data_ptr():
-                raise LoopError("the model's parameters were moved or replaced during a training pass (e.g. "
-                                "model.to(device) or load_state_dict(assign=True)): build the optimizer after "
-                                "the model is on its device, and replace weights between steps only")
+            self._check_owners(self._bound, [v.data for v in self.views])
+            self._unpoint()
+        if not self._rest:  # (the views not pointing elsewhere hold w_t in their own storage: _rest)
+            self._replay(self._program([(self._t, False)] * len(self.views)))
+
+    def _check_owners(self, indices: Sequence[int], where: Sequence[List[torch.Tensor]]) -> None:
+        """The parameters of the views ``indices`` are still the storage ``where[i]`` (first and last of each):
+        nothing moved or replaced them, which pointing them elsewhere would silently undo."""
+        views = self.views
+        for i in indices:
+            owners, expected = views[i].owners, where[i]
+            if (owners[0].data_ptr() != expected[0].data_ptr()
+                    or owners[-1].data_ptr() != expected[-1].data_ptr()):
+                raise LoopError(f"the parameters of stage {views[i].stage} were moved or replaced after the "
+                                "PipelineOptimizer was built (e.g. model.to(device), module.half(), "
+                                "load_state_dict(assign=True)), here during a training step: build the optimizer "
+                                "after the model is on its device and in its dtype")
+
+    def _unpoint(self) -> None:
+        """Every view's parameters (and ``data``) point at their own storage again (no data moves)."""
+        if self._bound:
             views, data, pointing = self.views, self._data, self._pointing
             for i in self._bound:  # the parameters (and data) point at their own storage again
                 for owner, x in zip(views[i].owners, data[i]):
@@ -739,8 +758,6 @@ class SlotHistory(History):
                 views[i].data = data[i]
                 pointing[i] = False
             self._bound = []
-        if not self._rest:  # (the views not pointing elsewhere hold w_t in their own storage: _rest)
-            self._replay(self._program([(self._t, False)] * len(self.views)))
 
     def end_pass(self):
         if self._bound:
@@ -781,6 +798,7 @@ class SlotHistory(History):
                 _copy(list(chain.from_iterable(self._slot_views[i][:self._M[i]])),
                       self._data[i] * self._M[i], self._foreach)
         self._saved = [False] * len(self.views)
+        self.end_pass()  # (every row was written)
 
     def stored(self, view, version):
         i, t = view.index, self._t
@@ -805,6 +823,8 @@ class SlotHistory(History):
                 "rings": [v.ring for v in self.views]}
 
     def load_state_dict(self, state):
+        self._unpoint()  # (a pass that was under way is over: its graph reads versions of another history)
+        self.end_pass()
         if "slots" in state:  # format 0: a table of slots per view
             state = self._from_slot_tables(state)
         if state["strategy"] != self.strategy:

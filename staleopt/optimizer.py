@@ -65,7 +65,9 @@ Limits (documented, not checked):
   parameter ops under torch's checkpoint is not caught);
 * buffers (BatchNorm running statistics) are not delayed;
 * a loss term that reads parameters directly (an explicit L2 penalty) sees
-  whichever view is loaded when its backward runs;
+  whichever view is loaded when its backward runs; a graph built during a training pass
+  (a gradient penalty through ``torch.autograd.grad(..., create_graph=True)``) reads the
+  views of the storage that pass read (a row of the history it pointed at, docs/engine.md);
 * call ``backward`` before the next training forward of a different step;
   several forward/backward passes per step (gradient accumulation) are fine (``memory="minimal"``:
   at most as many as the most any earlier step ran, else :class:`~staleopt.errors.LoopError`; checked);
@@ -328,6 +330,11 @@ class PipelineOptimizer(torch.optim.Optimizer):
                        model.register_forward_hook(_Callback(self._on_forward_end)),
                        model.register_state_dict_pre_hook(_Callback(self._on_state_dict))]
         self._hooks += self._replicas.hooks(_Callback(self._attached))
+        # a module's load_state_dict writes into the parameters: their own storage, with w_t (not a row of the
+        # history a training pass points them at)
+        loading = _Callback(self._on_load_state_dict)
+        self._hooks += [m.register_load_state_dict_pre_hook(loading) for m in model.modules()
+                        if any(id(p) in self._stage_of_param for p in m.parameters(recurse=False))]
         self._recomputing = 0  # recompute windows open now
         # the hooks registered anew at every pass: backward start, backward end, recomputation watch
         self._calls_back = (_Callback(self._on_backward_start), _Callback(self._on_backward_end),
@@ -570,7 +577,8 @@ class PipelineOptimizer(torch.optim.Optimizer):
                    for i, d in enumerate(delays)] for name, delays in (("tau_fwd", tau_fwd), ("tau_bkwd", tau_bkwd)))
         own, step = self._step_plans(), self._step
         # a recomputation inside these passes reads the backward view (tau_recomp := tau_bkwd)
-        self._plans = [_PassPlan(step, (tf, tb), list(tb), self._views, self._corrections, self._plan_cache)]
+        self._plans = [_PassPlan(step, (tf, tb), list(tb), self._views, self._corrections, self._plan_cache,
+                                 point=False)]
         try:
             yield
         finally:
@@ -765,6 +773,9 @@ class PipelineOptimizer(torch.optim.Optimizer):
             self._seen.add("forward")
             if self._counts is not None:
                 self._counts[0] += 1
+                if self._counts[0] == self._counts[1] + 1:  # every earlier graph of the step had its backward
+                    self._restore()  # (a retained one may run again until now: the rows it reads stay reserved)
+                    self._history.end_pass()
             if self._step == 0:
                 self._adopt_w0()
             elif first and self._replicas:  # a change of a tied parameter at rest reaches its replicas
@@ -847,9 +858,6 @@ class PipelineOptimizer(torch.optim.Optimizer):
         if self._last_pass():
             self._expire()
         self._restore()
-        counts = self._counts
-        if counts is None or counts[0] <= counts[1]:  # no forward's graph waits for a backward
-            self._history.end_pass()
 
     def _last_forward(self) -> bool:
         """The training forward now starting is the step's expected last, and no earlier forward of the step
@@ -884,6 +892,9 @@ class PipelineOptimizer(torch.optim.Optimizer):
         self._counts = [0, 0]
 
     def _on_state_dict(self, *args):
+        self._restore()
+
+    def _on_load_state_dict(self, *args):
         self._restore()
 
     @contextlib.contextmanager
@@ -1065,7 +1076,9 @@ class PipelineOptimizer(torch.optim.Optimizer):
                 "chunks": [(v.stage, v.numel, 0 if v.ring is None else v.ring.shape[0]) for v in self._views]}
 
     def _take_state(self, optimizer, state_dict: dict) -> dict:
-        """Load pre hook: check and keep the ``"staleopt"`` entry (upgraded); hand the rest to the base."""
+        """Load pre hook: check and keep the ``"staleopt"`` entry (upgraded); hand the rest to the base. The
+        parameters hold ``w_t`` first (a load during a training pass: not the view that pass loaded)."""
+        self._restore()
         if "staleopt" not in state_dict:
             raise OptimizerMismatchError("this state dict has no 'staleopt' entry: it was saved from a plain "
                                          "optimizer; load it into the base optimizer before wrapping instead")
@@ -1154,15 +1167,16 @@ class _PassPlan:
     tau_fwd`` (``tau_recomp = tau_fwd`` recomputes the forward's activations: no checkpoint needed).
     ``expiring``: the stored views whose ``w_{t-H}`` neither this pass's backward nor its recompute view
     reads (:meth:`PipelineOptimizer._expire`). ``bind_any``/``bind_last``: ``{view: kind}`` a forward
-    may bind (:meth:`~staleopt.history.SlotHistory._load_bound`), in any pass / in the step's expected last
-    one. The part that does not depend on ``t`` is computed once per set of delays (``cache``); ``check``
+    may bind (:meth:`~staleopt.history.SlotHistory._plan_bound`), in any pass / in the step's expected last
+    one (``point=False``: none, the passes of :meth:`PipelineOptimizer.passes_with_delays`). The part that does not depend on ``t`` is computed once per set of delays (``cache``); ``check``
     (the engine's bounds on its delays) runs once per set."""
 
     __slots__ = ("delays", "recomp", "forward", "backward", "rewriters", "recompute", "recompute_rewriters",
                  "recomputing", "needs_checkpoint", "expiring", "bind_any", "bind_last")
 
     def __init__(self, t: int, delays: Tuple[List[int], List[int]], recomp: List[int], views: Sequence[StageView],
-                 corrections: Sequence[Correction], cache: Dict[tuple, tuple], check: Optional[Callable] = None):
+                 corrections: Sequence[Correction], cache: Dict[tuple, tuple], check: Optional[Callable] = None,
+                 point: bool = True):
         tf, tb = self.delays = delays
         self.recomp = tr = recomp
         key = (tuple(tf), tuple(tb), tuple(tr))
@@ -1205,4 +1219,4 @@ class _PassPlan:
         self.recomputing = rel[5]
         self.needs_checkpoint = rel[6]
         self.expiring = rel[7]
-        self.bind_any, self.bind_last = rel[9], rel[10]
+        self.bind_any, self.bind_last = (rel[9], rel[10]) if point else (None, None)

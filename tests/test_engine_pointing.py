@@ -2,6 +2,7 @@
 (docs/engine.md, "Parameters that point at the history"), and everything outside the pass sees
 their own storage holding ``w_t``. Every case is checked bit for bit against the reference engine,
 which copies every view."""
+import copy
 import math
 
 import pytest
@@ -118,5 +119,113 @@ def test_microbatch_forwards_ahead_of_their_backwards_are_refused():
 
     assert all(torch.equal(a, b) for a, b in zip(run(ReferencePipelineOptimizer, False),
                                                   run(staleopt.PipelineOptimizer, False)))
-    with pytest.raises(staleopt.errors.LoopError, match="microbatch_passes=True run each microbatch"):
+    with pytest.raises(staleopt.errors.LoopError, match="microbatch_passes=True, microbatch j.s backward before"):
         run(staleopt.PipelineOptimizer, True)
+
+
+def _pair(run, method, memory, **kw):
+    """``run(model, opt)`` with the reference engine and with this one: the weights, bit for bit."""
+    out = []
+    for cls in (ReferencePipelineOptimizer, staleopt.PipelineOptimizer):
+        model = mlp(SIZES, seed=5)
+        extra = {"memory": memory} if cls is staleopt.PipelineOptimizer else {}
+        opt = cls(model, torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9), stages=4, schedule=method,
+                  **extra, **kw)
+        run(model, opt)
+        out.append([p.detach().clone() for p in model.parameters()])
+    return all(torch.equal(a, b) for a, b in zip(*out))
+
+
+@pytest.mark.parametrize("memory", ["minimal", "fast"])
+@pytest.mark.parametrize("method", ["dataflow", "pipedream", "pipemare"])
+def test_a_retained_graph_reads_its_backward_views_again(method, memory):
+    """A graph kept with ``retain_graph=True`` aliases the rows its forward read until the next forward: a second
+    backward through it (at once, or after another pass's forward and backward) reads the backward views again."""
+    data = batches(7, in_dim=SIZES[0], out_dim=SIZES[-1], batch=6, seed=3)
+
+    def twice(model, opt):
+        for x, y in data:
+            opt.zero_grad()
+            out = model(x)
+            mse(out, y).backward(retain_graph=True)
+            (out ** 2).mean().backward()
+            opt.step()
+
+    def interleaved(model, opt):
+        for x, y in data:
+            opt.zero_grad()
+            a = model(x[:3])
+            mse(a, y[:3]).backward(retain_graph=True)
+            mse(model(x[3:]), y[3:]).backward()
+            (a ** 2).mean().backward()
+            opt.step()
+
+    assert _pair(twice, method, memory)
+    assert _pair(interleaved, method, memory)
+
+
+@pytest.mark.parametrize("memory", ["minimal", "fast"])
+@pytest.mark.parametrize("method", ["dataflow", "pipedream"])
+def test_a_rollback_during_a_pass_trains_as_the_reference(method, memory):
+    """A checkpoint loaded between a training forward and its backward (the model's and the optimizer's, in either
+    order, or the optimizer's alone) replaces ``w_t``, not the rows the pass pointed the parameters at."""
+    data = batches(9, in_dim=SIZES[0], out_dim=SIZES[-1], batch=6, seed=3)
+
+    def rollback(order):
+        def run(model, opt):
+            saved = None
+            for k, (x, y) in enumerate(data):
+                if k == 3:
+                    saved = (copy.deepcopy(model.state_dict()), copy.deepcopy(opt.state_dict()))
+                opt.zero_grad()
+                out = model(x)
+                if k == 5:
+                    for which in order:
+                        (model if which == "model" else opt).load_state_dict(saved[which == "opt"])
+                    continue
+                mse(out, y).backward()
+                opt.step()
+        return run
+
+    for order in (("model", "opt"), ("opt", "model"), ("opt",)):
+        assert _pair(rollback(order), method, memory)
+
+
+@pytest.mark.parametrize("mid_pass", [True, False])
+def test_parameters_replaced_during_a_step_are_refused(mid_pass):
+    """A module whose parameters are re-allocated (``module.half().double()``, ``model.to(...)`` on part of the
+    model) between a training forward and its backward, or at rest before a forward, raises ``LoopError``
+    instead of being pointed back at the old storage."""
+    data = batches(4, in_dim=SIZES[0], out_dim=SIZES[-1], batch=6, seed=3)
+    for which in (0, 2, 4):
+        model = mlp(SIZES, seed=5)
+        opt = staleopt.PipelineOptimizer(model, torch.optim.SGD(model.parameters(), lr=0.05), stages=4,
+                                         schedule="dataflow", memory="fast")
+        with pytest.raises(staleopt.errors.LoopError, match="moved or replaced"):
+            for k, (x, y) in enumerate(data):
+                opt.zero_grad()
+                if k == 2 and not mid_pass:
+                    model[which].half().double()
+                out = model(x)
+                if k == 2 and mid_pass:
+                    model[which].half().double()
+                mse(out, y).backward()
+                opt.step()
+
+
+@pytest.mark.parametrize("memory", ["minimal", "fast"])
+@pytest.mark.parametrize("method", ["dataflow", "pipedream", "hogwild"])
+def test_a_forward_inside_passes_with_delays_and_its_backward_outside(method, memory):
+    """The passes of ``opt.passes_with_delays`` copy their views in (they do not point at rows), so a forward
+    inside the block whose backward runs after it trains as the reference engine does."""
+    data = batches(8, in_dim=SIZES[0], out_dim=SIZES[-1], seed=6)
+
+    def run(model, opt):
+        for x, y in data:
+            opt.zero_grad()
+            with opt.passes_with_delays([1, 1, 1, 0], [1, 1, 1, 0]):
+                out = model(x)
+            mse(out, y).backward()
+            opt.step()
+
+    assert _pair(run, method, memory, seed=1)
