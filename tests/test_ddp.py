@@ -8,6 +8,7 @@ forward (DDP's forward calls ``module(...)``) and both work.
 """
 import os
 import socket
+import warnings
 
 import pytest
 import torch
@@ -128,8 +129,18 @@ def _worker(rank: int, world: int, port: int, out: str):
 def ranks(tmp_path_factory):
     if not dist.is_available() or not dist.is_gloo_available():
         pytest.skip("torch.distributed with gloo is not available")
-    out = tmp_path_factory.mktemp("ddp")
-    mp.spawn(_worker, args=(2, _free_port(), str(out)), nprocs=2, join=True)
+    for attempt in range(2):
+        out = tmp_path_factory.mktemp("ddp")
+        try:
+            mp.spawn(_worker, args=(2, _free_port(), str(out)), nprocs=2, join=True)
+            break
+        except mp.ProcessExitedException as e:
+            # A rank killed by a signal ("terminate called without an active exception", SIGABRT, seen in 2 of
+            # 8 full-suite runs on 2026-11-24 and never when rerun; no Python error) gets one more run. A Python
+            # error in a rank (ProcessRaisedException) or a second crash fails the test.
+            if attempt or e.signal_name is None:
+                raise
+            warnings.warn(f"the two gloo ranks crashed ({e}); running them once more")
     return [torch.load(out / f"rank{r}.pt") for r in range(2)]
 
 
