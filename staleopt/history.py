@@ -340,10 +340,10 @@ class SwapMoves(MoveStrategy):
     ``w_{t-H}`` expired (:meth:`History.expire`), one copy of that row (``w_t``) back into them
     replaces the swap: ``w_{t-H}`` is dropped and ``w_t`` stored in its row (``saved``, as ``push``
     would), so from then on the view loads by plain copies, like :class:`CopyMoves` with ``M = H``:
-    a step of forward swap, copy back, no push moves the weights four times instead of seven.
+    a step of forward swap, copy back, no push moves the weights four times instead of seven (where
+    the pass does not point the parameters at the row instead, :meth:`SlotHistory._plan_bound`: once).
     A view that a correction rewrites in place (T2) needs one more row for its raw version anyway, so
-    it gets ``M = H + 1`` rows and :class:`CopyMoves`' plain copies (no swap: four copies per step
-    instead of eight, the same memory).
+    it gets ``M = H + 1`` rows and :class:`CopyMoves`' plain copies (no swap, the same memory).
     """
 
     name = "minimal"
