@@ -43,13 +43,13 @@ tensors then alias that row, so from the forward to the end of the pass's backwa
 storage the pass reads (its *pass row*): the backward view must be written *into it*, never bound
 elsewhere (a weight saved as a view, ``weight.t()`` in ``F.linear``, would keep reading the old
 storage). So a view binds where its pass row need not change (backward version = forward version,
-raw: weight stashing), or where the row's version expires in this pass (``w_{t-H_i}`` read by the
-step's last forward only): then the backward view is written over it, in ``memory="minimal"`` only
-(``"fast"`` keeps every version for passes the engine did not expect). A dataflow step then moves
-the weights once (the backward load of ``w_t`` into ``w_{t-H}``'s row, which is ``push``), a
-stashing step once (``push``). The parameters point at their own storage again at ``restore()``
-(eval, ``state_dict``, the end of a backward pass, ``step()``), and at the pass row again when its
-backward begins.
+raw: weight stashing), where the row's version expires in this pass (``w_{t-H_i}`` read by the
+step's last forward only, ``memory="minimal"``: the backward view is written over it), or, in a view
+with a spare row (``"fast"``, T2's), at the spare row with the version copied in (nothing stored is
+lost). A dataflow step then moves the weights once in ``"minimal"`` (the backward load of ``w_t``
+into ``w_{t-H}``'s row, which is ``push``), a stashing step once (``push``). The parameters point at
+their own storage again at ``restore()`` (eval, ``state_dict``, the end of a backward pass,
+``step()``), and at the pass row again when a backward begins (:meth:`SlotHistory._plan_bound`).
 Every move of one phase is batched over all stages: a few
 ``torch.cat``/``torch._foreach_copy_``/``torch.split_with_sizes_copy`` calls, whatever the number of
 tensors. A load is planned once per (state, targets) relative to ``t`` and replayed afterwards (:class:`_Program`).
@@ -182,9 +182,9 @@ class History:
 
     def load(self, targets: Sequence[Target], bind: Optional[Dict[int, bool]] = None) -> List[StageView]:
         """Bring view ``i`` to ``targets[i] = (version, rewrite)``; return the views to rewrite in place.
-        ``bind`` (a pass's forward): ``{view: writable}`` may point those views' parameters at the stored
-        version instead of copying it in, ``writable`` if that version expires in this pass (a history that
-        copies ignores it)."""
+        ``bind`` (a pass's forward): ``{view: kind}`` may point those views' parameters at the stored version
+        instead of copying it in (:meth:`SlotHistory._plan_bound` says how, per kind; a history that copies
+        ignores it)."""
         raise NotImplementedError
 
     def restore(self) -> None:
@@ -465,7 +465,7 @@ class SlotHistory(History):
                 self._bound_programs.clear()
             self._bound_programs[key] = program
         if program.point:
-            self._check_owners([i for i, _ in program.point], self._data)
+            self._check_owners([i for i, _ in program.point], home=True)
         if program.dst:
             with torch.no_grad():
                 _copy(self._tensors(program.dst), self._tensors(program.src), self._foreach)
@@ -730,17 +730,18 @@ class SlotHistory(History):
 
     def restore(self):
         if self._bound:
-            self._check_owners(self._bound, [v.data for v in self.views])
+            self._check_owners(self._bound, home=False)
             self._unpoint()
         if not self._rest:  # (the views not pointing elsewhere hold w_t in their own storage: _rest)
             self._replay(self._program([(self._t, False)] * len(self.views)))
 
-    def _check_owners(self, indices: Sequence[int], where: Sequence[List[torch.Tensor]]) -> None:
-        """The parameters of the views ``indices`` are still the storage ``where[i]`` (first and last of each):
-        nothing moved or replaced them, which pointing them elsewhere would silently undo."""
+    def _check_owners(self, indices: Sequence[int], home: bool) -> None:
+        """The parameters of the views ``indices`` are still their own storage (``home``) or the row they point
+        at (first and last of each): nothing moved or replaced them, which pointing them elsewhere would
+        silently undo."""
         views = self.views
         for i in indices:
-            owners, expected = views[i].owners, where[i]
+            owners, expected = views[i].owners, self._data[i] if home else views[i].data
             if (owners[0].data_ptr() != expected[0].data_ptr()
                     or owners[-1].data_ptr() != expected[-1].data_ptr()):
                 raise LoopError(f"the parameters of stage {views[i].stage} were moved or replaced after the "

@@ -79,7 +79,7 @@ import contextlib
 import inspect
 import warnings
 import weakref
-from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union
+from typing import Callable, Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.utils.checkpoint
@@ -1168,23 +1168,24 @@ class _PassPlan:
     ``expiring``: the stored views whose ``w_{t-H}`` neither this pass's backward nor its recompute view
     reads (:meth:`PipelineOptimizer._expire`). ``bind_any``/``bind_last``: ``{view: kind}`` a forward
     may bind (:meth:`~staleopt.history.SlotHistory._plan_bound`), in any pass / in the step's expected last
-    one (``point=False``: none, the passes of :meth:`PipelineOptimizer.passes_with_delays`). The part that does not depend on ``t`` is computed once per set of delays (``cache``); ``check``
-    (the engine's bounds on its delays) runs once per set."""
+    one (``point=False``: none, the passes of :meth:`PipelineOptimizer.passes_with_delays`). The part that
+    does not depend on ``t`` is computed once per set of delays (``cache``, a :class:`_Relative`);
+    ``check`` (the engine's bounds on its delays) runs once per set."""
 
     __slots__ = ("delays", "recomp", "forward", "backward", "rewriters", "recompute", "recompute_rewriters",
                  "recomputing", "needs_checkpoint", "expiring", "bind_any", "bind_last")
 
     def __init__(self, t: int, delays: Tuple[List[int], List[int]], recomp: List[int], views: Sequence[StageView],
-                 corrections: Sequence[Correction], cache: Dict[tuple, tuple], check: Optional[Callable] = None,
-                 point: bool = True):
+                 corrections: Sequence[Correction], cache: Dict[tuple, "_Relative"],
+                 check: Optional[Callable] = None, point: bool = True):
         tf, tb = self.delays = delays
         self.recomp = tr = recomp
         key = (tuple(tf), tuple(tb), tuple(tr))
         rel = cache.get(key)
-        if check is not None and (rel is None or not rel[8]):  # the engine's own delays: checked once
+        if check is not None and (rel is None or not rel.checked):  # the engine's own delays: checked once
             check(tf, tb, tr)
             if rel is not None:
-                rel = cache[key] = rel[:8] + (True,) + rel[9:]
+                rel = cache[key] = rel._replace(checked=True)
         if rel is None:
             if len(cache) >= 256:  # random schedules (Hogwild) draw new delays every step
                 cache.clear()
@@ -1203,20 +1204,38 @@ class _PassPlan:
             # views a forward may bind (SlotHistory.load; no view that recomputes with another version): 0, the
             # backward reads the same raw version; 1, in the step's last pass the forward's w_(t-H) expires; 2, other
             delayed = [v for v in views if tf[v.stage] and v.index not in recomputing]
-            same = {v.index: 0 if backward[v.index] == (tf[v.stage], False) else 2 for v in delayed}
-            last = {**same, **{v.index: 1 for v in delayed
-                               if same[v.index] and tf[v.stage] == v.H and v.index in expiring}}
-            rel = cache[key] = ([tf[v.stage] for v in views], backward,
-                                [(k, idx) for k, idx in rewriters if idx], recompute,
-                                [(k, idx) for k, idx in recompute_rewriters if idx], recomputing,
-                                any(b != r != f for f, b, r in zip(tf, tb, tr)), expiring, check is not None,
-                                same, last)
-        self.forward = [(t - a, False) for a in rel[0]]
-        self.backward = [(t - a, m) for a, m in rel[1]]
-        self.rewriters = rel[2]
-        self.recompute = [(t - a, m) for a, m in rel[3]]
-        self.recompute_rewriters = rel[4]
-        self.recomputing = rel[5]
-        self.needs_checkpoint = rel[6]
-        self.expiring = rel[7]
-        self.bind_any, self.bind_last = (rel[9], rel[10]) if point else (None, None)
+            bind_any = {v.index: 0 if backward[v.index] == (tf[v.stage], False) else 2 for v in delayed}
+            expires = set(expiring)
+            bind_last = {**bind_any, **{v.index: 1 for v in delayed
+                                        if bind_any[v.index] and tf[v.stage] == v.H and v.index in expires}}
+            rel = cache[key] = _Relative(
+                [tf[v.stage] for v in views], backward, [(k, idx) for k, idx in rewriters if idx], recompute,
+                [(k, idx) for k, idx in recompute_rewriters if idx], recomputing,
+                any(b != r != f for f, b, r in zip(tf, tb, tr)), expiring, check is not None, bind_any, bind_last)
+        self.forward = [(t - a, False) for a in rel.forward]
+        self.backward = [(t - a, m) for a, m in rel.backward]
+        self.rewriters = rel.rewriters
+        self.recompute = [(t - a, m) for a, m in rel.recompute]
+        self.recompute_rewriters = rel.recompute_rewriters
+        self.recomputing = rel.recomputing
+        self.needs_checkpoint = rel.needs_checkpoint
+        self.expiring = rel.expiring
+        self.bind_any, self.bind_last = (rel.bind_any, rel.bind_last) if point else (None, None)
+
+
+class _Relative(NamedTuple):
+    """The part of a :class:`_PassPlan` that does not depend on ``t``: delays where the plan has versions
+    (``forward``: ``tau_fwd`` per view; ``backward``/``recompute``: ``(tau, rewritten)`` per view), and
+    ``checked``: the engine's bounds were checked on these delays."""
+
+    forward: List[int]
+    backward: List[Tuple[int, bool]]
+    rewriters: list
+    recompute: List[Tuple[int, bool]]
+    recompute_rewriters: list
+    recomputing: frozenset
+    needs_checkpoint: bool
+    expiring: List[int]
+    checked: bool
+    bind_any: Dict[int, int]
+    bind_last: Dict[int, int]
