@@ -285,6 +285,10 @@ class MoveStrategy:
     """How a :class:`SlotHistory` lays out a view's slots and moves versions in and out of the parameters."""
 
     name: str = ""
+    #: a version that expired in the step's expected last pass stays stored until the step ends (the pass
+    #: reads a copy of it): a step that runs again (one a GradScaler skipped, or more passes than expected)
+    #: still finds it. Otherwise that pass's backward view is written over it (one copy fewer).
+    keeps_expired: bool = False
 
     def rows(self, depth: int, rewritten: bool) -> int:
         """``M``: version ``v`` lives in row ``v mod M``; ``M = H + 1`` makes the view a copy view
@@ -307,6 +311,7 @@ class CopyMoves(MoveStrategy):
     correction rewrites in place is rewritten in the parameters; its raw version stays in its row)."""
 
     name = "fast"
+    keeps_expired = True
 
     def rows(self, depth, rewritten):
         return depth + 1 if depth else 0
@@ -509,7 +514,7 @@ class SlotHistory(History):
                     or self._rewritten[i] or v < t - H[i] or (v == t - H[i] and (gone[i] or (
                     saved[i] and not self._copy[i])))):
                 continue  # (copied in instead; a version no longer stored raises there)
-            if kind == 0 or (kind == 1 and not self._copy[i]):
+            if kind == 0 or (kind == 1 and not self._strategy.keeps_expired):
                 pass_rel[i] = t - v
             elif self._copy[i] and not saved[i]:
                 pass_rel[i] = 0  # (the row of version t)
@@ -533,9 +538,10 @@ class SlotHistory(History):
                 dst.append((i, pass_rel[i]))
                 src.append((i, None if a == 0 else a))
                 held[i] = (a, m)
+                pushed = (a, m) == (0, False) and pass_rel[i] % M[i] == 0
                 if pass_rel[i] % M[i] == 0:  # the row of w_t: push's copy, or no longer w_t
-                    saved[i] = (a, m) == (0, False)
-                if not self._copy[i] and (a, m) != (0, False):  # w_(t-H) written over, w_t not stored there
+                    saved[i] = pushed
+                if pass_rel[i] == H[i] and not pushed:  # w_(t-H) written over (not by w_t in its own row)
                     gone[i] = True
                 if m:
                     rewrite.append(i)

@@ -54,10 +54,11 @@ def _step(model, opt, x, y, mode=None):
 #: weight copies per step in units of the delayed weights: (minimal, fast). A forward points the parameters at
 #: the row of their version (docs/engine.md, "Parameters that point at the history"): pipedream (backward =
 #: forward version) then moves the weights only by push (1, either mode); dataflow's last pass writes w_t over
-#: the expiring w_(t-H), which is push (minimal: 1); a view with a spare row (fast, and T2's in either mode)
-#: points at the spare, copies the forward version in and writes the backward view over it (dataflow fast: w_t
-#: there is push, 2; pipemare: T2 rewrites it in place, then push copies w_t, 3).
-COPIES = {"dataflow": (1, 2), "pipedream": (1, 1), "pipemare-t1": (1, 2), "pipemare": (3, 3)}
+#: the expiring w_(t-H), which is push (minimal: 1); pipemare's minimal last pass writes w_t there too, T2
+#: rewrites it in place, and push copies w_t into the spare row (2); in fast a view points at its spare row,
+#: copies the forward version in and writes the backward view over it (dataflow: w_t there is push, 2;
+#: pipemare: T2 rewrites it, then push copies w_t, 3), so that an expired version outlives the step's passes.
+COPIES = {"dataflow": (1, 2), "pipedream": (1, 1), "pipemare-t1": (1, 2), "pipemare": (2, 3)}
 
 
 @pytest.mark.parametrize("memory", ["minimal", "fast"])
