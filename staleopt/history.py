@@ -251,13 +251,18 @@ class _BoundProgram:
     """What :meth:`SlotHistory.load` does with the views that point at a row, planned once per (targets,
     ``bind``, state) relative to ``t`` (:meth:`SlotHistory._plan_bound`): copies (``dst``, ``src``: references
     as in :class:`_Moves`), the views to point at the row of version ``t - r`` (``point``: ``(i, r)``), the
-    views to rewrite, the relative targets left to :meth:`SlotHistory._program`, and the state it leaves."""
+    views to rewrite, the relative targets left to :meth:`SlotHistory._program`, and the state it leaves.
+    ``ends``/``homes``: the first and last parameter of each view to point and their own storage's addresses
+    (checked before pointing); ``bound_ends``/``release``: of every view pointing elsewhere once it ran, the
+    first and last parameter, and all parameters with their own storage (flat, for :meth:`SlotHistory.restore`)."""
 
-    __slots__ = ("bind", "dst", "src", "point", "rewrite", "run", "state", "after")
+    __slots__ = ("bind", "dst", "src", "point", "rewrite", "run", "state", "after", "ends", "homes", "bound_ends",
+                 "release")
 
-    def __init__(self, bind, dst, src, point, rewrite, run, state):
+    def __init__(self, bind, dst, src, point, rewrite, run, state, ends, homes, bound_ends, release):
         self.bind, self.dst, self.src, self.point, self.rewrite, self.run, self.state = \
             bind, dst, src, point, rewrite, run, state
+        self.ends, self.homes, self.bound_ends, self.release = ends, homes, bound_ends, release
         self.after: Optional[_Program] = None  # the _Program of run from that state (found at the first replay)
 
 
@@ -269,6 +274,9 @@ class _Program:
 
     def __init__(self, rounds, rewrite, state, rest):
         self.rounds, self.rewrite, self.state, self.rest = rounds, rewrite, state, rest
+
+
+_data_ptr = torch.Tensor.data_ptr
 
 
 def _copy(dst: List[torch.Tensor], src: List[torch.Tensor], foreach: bool) -> None:
@@ -452,6 +460,15 @@ class SlotHistory(History):
         self._pointing = [False] * n  # (per view: in _bound)
         self._gone = [False] * n  # w_{t-H} was written over in its row (lost until the step ends)
         self._bound_programs: Dict[tuple, _BoundProgram] = {}  # (targets, bind, state) relative to t -> load
+        # the storage checks (load, restore; _moved) compare addresses: per view its first and last parameter (owner), the
+        # addresses of their own storage and, per row, of that row's first and last tensor
+        self._ends = [(v.owners[0], v.owners[-1]) for v in self.views]
+        self._home_ptrs = [(d[0].data_ptr(), d[-1].data_ptr()) for d in self._data]
+        self._row_ptrs = [[(r[0].data_ptr(), r[-1].data_ptr()) for r in rows] for rows in self._slot_views]
+        # of the views in _bound: their ends, the addresses they were pointed at, and their parameters and own storage
+        self._bound_ends: Tuple[torch.Tensor, ...] = ()
+        self._bound_ptrs: List[int] = []
+        self._release: Tuple[tuple, tuple] = ((), ())
 
     # ------------------------------------------------------------------ API
     def load(self, targets, bind=None):
@@ -469,8 +486,8 @@ class SlotHistory(History):
             if len(self._bound_programs) >= 256:  # random delays (Hogwild) meet ever new ones
                 self._bound_programs.clear()
             self._bound_programs[key] = program
-        if program.point:
-            self._check_owners([i for i, _ in program.point], home=True)
+        if program.point and list(map(_data_ptr, program.ends)) != program.homes:
+            raise self._moved([i for i, _ in program.point], home=True)
         if program.dst:
             with torch.no_grad():
                 _copy(self._tensors(program.dst), self._tensors(program.src), self._foreach)
@@ -478,12 +495,16 @@ class SlotHistory(History):
         self._pass_rel, self._held, self._writable, self._pointing = list(pass_rel), list(held), list(writable), \
             list(pointing)
         self._passing, self._bound, self._saved, self._gone = list(passing), list(bound), list(saved), list(gone)
-        M, slots, views = self._M, self._slot_views, self.views
+        M, slots, views, ptrs = self._M, self._slot_views, self.views, self._bound_ptrs
         for i, r in program.point:  # the parameters (and data) point at the row
-            tensors = slots[i][(t - r) % M[i]]
+            row = (t - r) % M[i]
+            tensors = slots[i][row]
             for owner, x in zip(views[i].owners, tensors):
                 owner.data = x
             views[i].data = tensors
+            ptrs += self._row_ptrs[i][row]
+        if program.point:
+            self._bound_ends, self._release = program.bound_ends, program.release
         if program.after is None:  # (the state is now the one it was planned for: its _Program is fixed)
             program.after = self._program([(t - a, m) for a, m in program.run])
         rewrite = self._replay(program.after)
@@ -550,9 +571,15 @@ class SlotHistory(History):
                 pointing[i] = True
                 bound.append(i)
             run[i] = (0, False)
+        ends, views = self._ends, self.views
         return _BoundProgram(bind, tuple(dst), tuple(src), tuple(point), tuple(rewrite), tuple(run),
                              (tuple(pass_rel), tuple(held), tuple(writable), tuple(pointing), tuple(passing),
-                              tuple(bound), tuple(saved), tuple(gone)))
+                              tuple(bound), tuple(saved), tuple(gone)),
+                             tuple(chain.from_iterable([ends[i] for i, _ in point])),
+                             list(chain.from_iterable([self._home_ptrs[i] for i, _ in point])),
+                             tuple(chain.from_iterable([ends[i] for i in bound])),
+                             (tuple(chain.from_iterable([views[i].owners for i in bound])),
+                              tuple(chain.from_iterable([self._data[i] for i in bound]))))
 
     def _dropped(self, i: int) -> LoopError:
         return LoopError(f"stage {self.views[i].stage} reads w_(t-{self._H[i]}) again at step {self._t}, but "
@@ -736,35 +763,38 @@ class SlotHistory(History):
 
     def restore(self):
         if self._bound:
-            self._check_owners(self._bound, home=False)
+            if list(map(_data_ptr, self._bound_ends)) != self._bound_ptrs:
+                raise self._moved(self._bound, home=False)
             self._unpoint()
         if not self._rest:  # (the views not pointing elsewhere hold w_t in their own storage: _rest)
             self._replay(self._program([(self._t, False)] * len(self.views)))
 
-    def _check_owners(self, indices: Sequence[int], home: bool) -> None:
-        """The parameters of the views ``indices`` are still their own storage (``home``) or the row they point
-        at (first and last of each): nothing moved or replaced them, which pointing them elsewhere would
-        silently undo."""
+    def _moved(self, indices: Sequence[int], home: bool) -> Exception:
+        """The error for views ``indices`` whose first or last parameter is no longer its own storage (``home``)
+        or the row it points at: something moved or replaced them, which pointing them elsewhere would silently
+        undo. (Before pointing, :meth:`load` and :meth:`restore` compare those addresses all at once.)"""
         views = self.views
         for i in indices:
             owners, expected = views[i].owners, self._data[i] if home else views[i].data
             if (owners[0].data_ptr() != expected[0].data_ptr()
                     or owners[-1].data_ptr() != expected[-1].data_ptr()):
-                raise LoopError(f"the parameters of stage {views[i].stage} were moved or replaced after the "
-                                "PipelineOptimizer was built (e.g. model.to(device), module.half(), "
-                                "load_state_dict(assign=True)), here during a training step: build the optimizer "
-                                "after the model is on its device and in its dtype")
+                return LoopError(f"the parameters of stage {views[i].stage} were moved or replaced after the "
+                                 "PipelineOptimizer was built (e.g. model.to(device), module.half(), "
+                                 "load_state_dict(assign=True)), here during a training step: build the optimizer "
+                                 "after the model is on its device and in its dtype")
+        return CorrectionError("the storage check of the pointed parameters disagrees with their views (a bug: "
+                               "please report it)")
 
     def _unpoint(self) -> None:
         """Every view's parameters (and ``data``) point at their own storage again (no data moves)."""
         if self._bound:
-            views, data, pointing = self.views, self._data, self._pointing
-            for i in self._bound:  # the parameters (and data) point at their own storage again
-                for owner, x in zip(views[i].owners, data[i]):
-                    owner.data = x
+            for owner, x in zip(*self._release):  # the parameters point at their own storage again
+                owner.data = x
+            views, data = self.views, self._data
+            for i in self._bound:
                 views[i].data = data[i]
-                pointing[i] = False
-            self._bound = []
+            self._pointing = [False] * len(views)
+            self._bound, self._bound_ptrs, self._bound_ends, self._release = [], [], (), ((), ())
 
     def end_pass(self):
         if self._bound:

@@ -137,16 +137,16 @@ class DiscrepancyCorrection(Correction):
         return tau_fwd > tau_bkwd and self.gamma[stage] is not None
 
     def _rewrite(self, chunks, tau, tf) -> None:
-        """``u = w - (tau_fwd - tau) delta_(t - tau)`` for every chunk: one foreach call over all stages, with
-        ``-(tau_fwd - tau)`` as a 0-d float64 tensor per tensor (``addcmul_`` with it rounds exactly as
-        ``add_(alpha=...)``), made per call, one tensor per device (nothing kept but Python lists: the
-        accumulators and factors are listed once per set of chunks and delays; the accumulators' rows follow
-        the step, and the views' ``data`` the storage the pass reads, a row or the parameters' own)."""
+        """``u = w - (tau_fwd - tau) delta_(t - tau)`` for every chunk: one foreach call over all stages,
+        ``addcmul_`` with ``-(tau_fwd - tau)`` as a 0-d tensor per chunk (it rounds exactly as
+        ``add_(alpha=...)``: an integer, exact in the weights' dtype, else float64). The factors and the
+        accumulators' ring rows are listed once per set of chunks and delays; the views' ``data`` per call
+        (the storage the pass reads: a row, or the parameters' own)."""
         key = (tuple([c.index for c in chunks]), tuple(tau), tuple(tf))
         made = self._rewrites.get(key)
         if made is None:
             made = self._rewrites[key] = self._make_rewrite(chunks, tau, tf)
-        reads, scales, devices = made
+        reads, factors = made
         if not reads:
             return
         data = list(chain.from_iterable([c.data for c in chunks]))
@@ -155,27 +155,23 @@ class DiscrepancyCorrection(Correction):
             deltas = list(chain.from_iterable([rows[t % M] for M, rows, _ in reads]))
         else:
             deltas = list(chain.from_iterable([rows[(t - k) % M] for M, rows, k in reads]))
-        if len(scales) == 1:  # (one device)
-            factors = torch.tensor(scales[0][1], dtype=torch.float64).to(scales[0][0], non_blocking=True).unbind()
-        else:
-            per_device = {device: iter(torch.tensor(ks, dtype=torch.float64).to(device, non_blocking=True).unbind())
-                          for device, ks in scales}
-            factors = [next(per_device[device]) for device in devices]
         torch._foreach_addcmul_(data, deltas, factors)
 
     def _make_rewrite(self, chunks, tau, tf) -> tuple:
-        """``([(M, rows, tau) per chunk], [(device, factors)], the device of each tensor)`` of :meth:`_rewrite`."""
+        """``([(M, rows, tau) per chunk], the factor of each tensor)`` of :meth:`_rewrite`."""
         if len(self._rewrites) >= 64:  # random delays (Hogwild) draw ever new ones
             self._rewrites.clear()
-        reads, scales, devices = [], {}, []
+        reads, factors = [], []
         for c in chunks:
             self._read(c.index, tau[c.stage])  # (checks that the ring keeps delta_(t - tau))
             M, _, rows = self._ring[c.index]
             reads.append((M, rows, tau[c.stage]))
-            device = c.params[0].device
-            scales.setdefault(device, []).extend([-float(tf[c.stage] - tau[c.stage])] * len(c.data))
-            devices += [device] * len(c.data)
-        return reads, list(scales.items()), devices
+            p0 = c.params[0]
+            k = -float(tf[c.stage] - tau[c.stage])
+            # the weights' dtype when it holds k exactly (a same-dtype factor takes torch's faster path)
+            dtype = p0.dtype if torch.tensor(k, dtype=p0.dtype).item() == k else torch.float64
+            factors += [torch.tensor(k, dtype=dtype, device=p0.device)] * len(c.data)
+        return reads, factors
 
     def backward_view(self, chunks, delays):
         self._rewrite(chunks, delays[1], delays[0])
