@@ -35,7 +35,8 @@ the parameters hold the only copy of another is the memory strategy's choice:
   ``push`` is then free).
 
 A stage whose backward view a correction rewrites in place (T2) needs a row for the raw version
-it rewrites: it keeps ``H_i + 1`` rows and moves by :class:`CopyMoves` in either mode.
+it rewrites: it keeps ``H_i + 1`` rows and moves by :class:`CopyMoves` in either mode (the mode
+still decides whether a pass may write over an expired version: :attr:`MoveStrategy.keeps_expired`).
 
 Cheaper than any copy: a pass may *point* a view's parameters at the row of its forward version
 (``p.data = row``, :meth:`SlotHistory.load`'s ``bind``) instead of copying it in. Autograd's saved
@@ -44,10 +45,12 @@ storage the pass reads (its *pass row*): the backward view must be written *into
 elsewhere (a weight saved as a view, ``weight.t()`` in ``F.linear``, would keep reading the old
 storage). So a view binds where its pass row need not change (backward version = forward version,
 raw: weight stashing), where the row's version expires in this pass (``w_{t-H_i}`` read by the
-step's last forward only, ``memory="minimal"``: the backward view is written over it), or, in a view
-with a spare row (``"fast"``, T2's), at the spare row with the version copied in (nothing stored is
-lost). A dataflow step then moves the weights once in ``"minimal"`` (the backward load of ``w_t``
-into ``w_{t-H}``'s row, which is ``push``), a stashing step once (``push``). The parameters point at
+step's last forward only, ``memory="minimal"``: the backward view is written over it; T2's views
+too), or, in a view with a spare row (``"fast"``, and T2's in earlier passes), at the spare row with
+the version copied in (nothing stored is lost). A dataflow step then moves the weights once in
+``"minimal"`` (the backward load of ``w_t`` into ``w_{t-H}``'s row, which is ``push``), a stashing
+step once (``push``), a pipemare step twice (``w_t`` into ``w_{t-H}``'s row, rewritten there by T2,
+and ``push``). The parameters point at
 their own storage again at ``restore()`` (eval, ``state_dict``, the end of a backward pass,
 ``step()``), and at the pass row again when a backward begins (:meth:`SlotHistory._plan_bound`).
 Every move of one phase is batched over all stages: a few
@@ -519,10 +522,12 @@ class SlotHistory(History):
 
         ``bind[i]`` (:class:`~staleopt.optimizer._PassPlan`): 0, the backward reads the forward's raw version
         (the pass row is its row, never written); 1, the forward's ``w_{t-H}`` expires in this pass (a swap
-        view's pass row is its row, written over by the backward view: ``w_{t-H}`` is dropped); 2, neither.
-        A copy view (``M = H + 1``) binds for 1 and 2 to its spare row ``t mod M`` (``w_{t-H-1}``, expired),
-        the forward's version copied in; the backward view is then written over that copy, nothing is lost,
-        and a raw ``w_t`` there is ``push``'s. References are relative to ``t`` (:class:`_Moves`)."""
+        view's pass row is its row, written over by the backward view: ``w_{t-H}`` is dropped, and so is a
+        copy view's unless the strategy :attr:`~MoveStrategy.keeps_expired`); 2, neither. A copy view
+        (``M = H + 1``) binds for 2, and for 1 where the strategy keeps expired versions, to its spare row
+        ``t mod M`` (``w_{t-H-1}``, expired), the forward's version copied in; the backward view is then
+        written over that copy, nothing is lost, and a raw ``w_t`` there is ``push``'s. References are
+        relative to ``t`` (:class:`_Moves`)."""
         t, M, H = self._t, self._M, self._H
         pass_rel, held, writable, pointing = list(self._pass_rel), list(self._held), list(self._writable), \
             list(self._pointing)

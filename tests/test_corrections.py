@@ -91,7 +91,8 @@ def test_t2_matches_hand_computation(accumulator):
             expect = torch.cat([delta[i][0].flatten(), delta[i][1]])
             torch.testing.assert_close(t2.delta(i), expect, atol=1e-12, rtol=0)
     rows = [2, 1] if accumulator == "causal" else [1, 1]  # causal: stage 0 also keeps delta_(t-1)
-    assert t2.extra_bytes() == sum(r * s.numel for r, s in zip(rows, opt.partition.stages[:2])) * 8
+    table = max(opt.max_delays[0]) + 1  # T2's factors 0, -1, .., -max(tau_fwd)
+    assert t2.extra_bytes() == (sum(r * s.numel for r, s in zip(rows, opt.partition.stages[:2])) + table) * 8
     with pytest.raises(CorrectionError, match="T2 keeps no delta for stage 2.*corrected stages: \\[0, 1\\]"):
         t2.delta(2)
     with pytest.raises(CorrectionError, match="stage = 3 must be an int in 0..2"):

@@ -127,15 +127,17 @@ def test_gamma_rule_and_the_shared_names():
 
 
 def test_the_ring_is_as_deep_as_the_views_need_and_only_where_needed():
-    """causal: 1 + max(tau_bkwd, tau_recomp) accumulators per corrected stage; current: one; none uncorrected."""
+    """causal: 1 + max(tau_bkwd, tau_recomp) accumulators per corrected stage; current: one; none uncorrected;
+    plus the table of factors 0, -1, .., -max(tau_fwd) (float64 here)."""
     model = nn.Sequential(*[nn.Linear(3, 3) for _ in range(3)]).double()
     size = 12 * 8                                                # one stage: 3x3 + 3 float64
     sched = schedules.get("custom", tau_fwd=[5, 3, 2], tau_bkwd=[1, 0, 2], tau_recomp=[3, 0, 2])
     for accumulator, rows in (("causal", [4, 1, 0]), ("current", [1, 1, 0])):
         opt = PipelineOptimizer(model, torch.optim.SGD(model.parameters(), lr=0.1), stages=3, schedule=sched,
                                 corrections=[DiscrepancyCorrection(0.3, accumulator)])
-        assert opt.corrections[0].extra_bytes() == sum(rows) * size
-        assert opt.memory_bytes() == opt.history_bytes() + sum(rows) * size
+        table = (5 + 1) * 8
+        assert opt.corrections[0].extra_bytes() == sum(rows) * size + table
+        assert opt.memory_bytes() == opt.history_bytes() + sum(rows) * size + table
 
 
 class Net(nn.Module):

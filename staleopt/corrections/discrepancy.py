@@ -98,6 +98,17 @@ class DiscrepancyCorrection(Correction):
         self._weights = [1.0 - self.gamma[engine.chunks[i].stage] for i, (_, _, rows) in self._ring.items()
                          for _ in rows[0]]
         self._rewrites: Dict[tuple, tuple] = {}  # (chunks, tau, tau_fwd) -> what _rewrite adds where
+        # the factors -(tau_fwd - tau) = 0, -1, .., -max(tau_fwd) as 0-d views of one table per device and dtype of
+        # the corrected views: in that dtype where it holds every one exactly (torch's faster same-dtype path),
+        # else float64
+        K = max(tf)
+        self._factors: Dict[tuple, torch.Tensor] = {}
+        for i in self._ring:
+            p0 = engine.chunks[i].params[0]
+            if (p0.device, p0.dtype) not in self._factors:
+                exact = torch.arange(0, -(K + 1), -1, dtype=torch.float64)
+                same = torch.equal(exact.to(p0.dtype).double(), exact)
+                self._factors[(p0.device, p0.dtype)] = exact.to(p0.device, p0.dtype if same else torch.float64)
         self._update: Optional[tuple] = None  # after_update's lists that do not follow the step
 
     def _delta_at(self, index: int, version: int) -> List[torch.Tensor]:
@@ -138,8 +149,8 @@ class DiscrepancyCorrection(Correction):
 
     def _rewrite(self, chunks, tau, tf) -> None:
         """``u = w - (tau_fwd - tau) delta_(t - tau)`` for every chunk: one foreach call over all stages,
-        ``addcmul_`` with ``-(tau_fwd - tau)`` as a 0-d tensor per chunk (it rounds exactly as
-        ``add_(alpha=...)``: an integer, exact in the weights' dtype, else float64). The factors and the
+        ``addcmul_`` with ``-(tau_fwd - tau)`` as a 0-d tensor per tensor (it rounds exactly as
+        ``add_(alpha=...)``; a view of the factor table made at :meth:`bind`). The factors and the
         accumulators' ring rows are listed once per set of chunks and delays; the views' ``data`` per call
         (the storage the pass reads: a row, or the parameters' own)."""
         key = (tuple([c.index for c in chunks]), tuple(tau), tuple(tf))
@@ -167,10 +178,7 @@ class DiscrepancyCorrection(Correction):
             M, _, rows = self._ring[c.index]
             reads.append((M, rows, tau[c.stage]))
             p0 = c.params[0]
-            k = -float(tf[c.stage] - tau[c.stage])
-            # the weights' dtype when it holds k exactly (a same-dtype factor takes torch's faster path)
-            dtype = p0.dtype if torch.tensor(k, dtype=p0.dtype).item() == k else torch.float64
-            factors += [torch.tensor(k, dtype=dtype, device=p0.device)] * len(c.data)
+            factors += [self._factors[(p0.device, p0.dtype)][tf[c.stage] - tau[c.stage]]] * len(c.data)
         return reads, factors
 
     def backward_view(self, chunks, delays):
@@ -233,7 +241,8 @@ class DiscrepancyCorrection(Correction):
                                       f"convention it was trained with, or restart the run")
 
     def extra_bytes(self):
-        return sum(ring.numel() * ring.element_size() for _, ring, _ in self._ring.values())
+        return (sum(ring.numel() * ring.element_size() for _, ring, _ in self._ring.values())
+                + sum(f.numel() * f.element_size() for f in self._factors.values()))
 
     def __repr__(self):
         extra = "" if self.accumulator == "causal" else f", accumulator={self.accumulator!r}"
