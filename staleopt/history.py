@@ -255,17 +255,17 @@ class _BoundProgram:
     ``bind``, state) relative to ``t`` (:meth:`SlotHistory._plan_bound`): copies (``dst``, ``src``: references
     as in :class:`_Moves`), the views to point at the row of version ``t - r`` (``point``: ``(i, r)``), the
     views to rewrite, the relative targets left to :meth:`SlotHistory._program`, and the state it leaves.
-    ``ends``/``homes``: the first and last parameter of each view to point and their own storage's addresses
-    (checked before pointing); ``bound_ends``/``release``: of every view pointing elsewhere once it ran, the
+    ``owners``: the parameters of the views to point (flat); ``ends``/``homes``: the first and last parameter of
+    each and their own storage's addresses (checked before pointing); ``bound_ends``/``release``: of every view pointing elsewhere once it ran, the
     first and last parameter, and all parameters with their own storage (flat, for :meth:`SlotHistory.restore`)."""
 
-    __slots__ = ("bind", "dst", "src", "point", "rewrite", "run", "state", "after", "ends", "homes", "bound_ends",
-                 "release")
+    __slots__ = ("bind", "dst", "src", "point", "rewrite", "run", "state", "after", "owners", "ends", "homes",
+                 "bound_ends", "release")
 
-    def __init__(self, bind, dst, src, point, rewrite, run, state, ends, homes, bound_ends, release):
+    def __init__(self, bind, dst, src, point, rewrite, run, state, owners, ends, homes, bound_ends, release):
         self.bind, self.dst, self.src, self.point, self.rewrite, self.run, self.state = \
             bind, dst, src, point, rewrite, run, state
-        self.ends, self.homes, self.bound_ends, self.release = ends, homes, bound_ends, release
+        self.owners, self.ends, self.homes, self.bound_ends, self.release = owners, ends, homes, bound_ends, release
         self.after: Optional[_Program] = None  # the _Program of run from that state (found at the first replay)
 
 
@@ -463,11 +463,10 @@ class SlotHistory(History):
         self._pointing = [False] * n  # (per view: in _bound)
         self._gone = [False] * n  # w_{t-H} was written over in its row (lost until the step ends)
         self._bound_programs: Dict[tuple, _BoundProgram] = {}  # (targets, bind, state) relative to t -> load
-        # the storage checks (load, restore; _moved) compare addresses: per view its first and last parameter (owner), the
-        # addresses of their own storage and, per row, of that row's first and last tensor
+        # the storage checks (load, restore; _moved) compare addresses: per view its first and last parameter (owner)
+        # and the addresses of their own storage
         self._ends = [(v.owners[0], v.owners[-1]) for v in self.views]
         self._home_ptrs = [(d[0].data_ptr(), d[-1].data_ptr()) for d in self._data]
-        self._row_ptrs = [[(r[0].data_ptr(), r[-1].data_ptr()) for r in rows] for rows in self._slot_views]
         # of the views in _bound: their ends, the addresses they were pointed at, and their parameters and own storage
         self._bound_ends: Tuple[torch.Tensor, ...] = ()
         self._bound_ptrs: List[int] = []
@@ -498,15 +497,14 @@ class SlotHistory(History):
         self._pass_rel, self._held, self._writable, self._pointing = list(pass_rel), list(held), list(writable), \
             list(pointing)
         self._passing, self._bound, self._saved, self._gone = list(passing), list(bound), list(saved), list(gone)
-        M, slots, views, ptrs = self._M, self._slot_views, self.views, self._bound_ptrs
-        for i, r in program.point:  # the parameters (and data) point at the row
-            row = (t - r) % M[i]
-            tensors = slots[i][row]
-            for owner, x in zip(views[i].owners, tensors):
+        if program.point:  # the parameters (and data) point at the rows
+            M, slots, views = self._M, self._slot_views, self.views
+            rows = [slots[i][(t - r) % M[i]] for i, r in program.point]
+            for owner, x in zip(program.owners, chain.from_iterable(rows)):
                 owner.data = x
-            views[i].data = tensors
-            ptrs += self._row_ptrs[i][row]
-        if program.point:
+            for (i, _), tensors in zip(program.point, rows):
+                views[i].data = tensors
+            self._bound_ptrs += map(_data_ptr, program.ends)  # (where they point now)
             self._bound_ends, self._release = program.bound_ends, program.release
         if program.after is None:  # (the state is now the one it was planned for: its _Program is fixed)
             program.after = self._program([(t - a, m) for a, m in program.run])
@@ -580,6 +578,7 @@ class SlotHistory(History):
         return _BoundProgram(bind, tuple(dst), tuple(src), tuple(point), tuple(rewrite), tuple(run),
                              (tuple(pass_rel), tuple(held), tuple(writable), tuple(pointing), tuple(passing),
                               tuple(bound), tuple(saved), tuple(gone)),
+                             tuple(chain.from_iterable([views[i].owners for i, _ in point])),
                              tuple(chain.from_iterable([ends[i] for i, _ in point])),
                              list(chain.from_iterable([self._home_ptrs[i] for i, _ in point])),
                              tuple(chain.from_iterable([ends[i] for i in bound])),
