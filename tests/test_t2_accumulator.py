@@ -221,3 +221,23 @@ def test_run_config_takes_the_invariant_rule():
         RunConfig(method="pipemare", decay="invariants")
     _, corrections = methods.resolve("pipemare", decay="invariant")
     assert corrections[1].decay == "invariant"
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16, torch.float16])
+def test_the_factor_table_rounds_as_float64_factors_and_as_add_alpha(dtype):
+    """T2's factors ``0, -1, .., -max(tau_fwd)`` (in the weights' dtype where it holds them exactly) give the
+    results float64 factors give, in every dtype; in float32/float64 also ``add_(alpha=...)``'s (the update
+    as the paper writes it, ``w - k delta``)."""
+    model = nn.Sequential(*[nn.Linear(3, 3) for _ in range(3)]).to(dtype)
+    opt = PipelineOptimizer(model, torch.optim.SGD(model.parameters(), lr=0.1), stages=3, schedule="pipemare")
+    (table,) = opt.corrections[-1]._factors.values()
+    assert table.dtype == dtype and table.numel() == max(opt.max_delays[0]) + 1
+    g = torch.Generator().manual_seed(0)
+    w = [torch.randn(1000, generator=g).to(dtype) for _ in table]
+    d = [torch.randn(1000, generator=g).to(dtype) for _ in table]
+    mine, wide = [x.clone() for x in w], [x.clone() for x in w]
+    torch._foreach_addcmul_(mine, d, list(table.unbind()))
+    torch._foreach_addcmul_(wide, d, [torch.tensor(-float(k), dtype=torch.float64) for k in range(len(w))])
+    assert all(torch.equal(a, b) for a, b in zip(mine, wide))
+    if dtype in (torch.float32, torch.float64):
+        assert all(torch.equal(a, x.add(y, alpha=-float(k))) for k, (a, x, y) in enumerate(zip(mine, w, d)))

@@ -149,8 +149,9 @@ class DiscrepancyCorrection(Correction):
 
     def _rewrite(self, chunks, tau, tf) -> None:
         """``u = w - (tau_fwd - tau) delta_(t - tau)`` for every chunk: one foreach call over all stages,
-        ``addcmul_`` with ``-(tau_fwd - tau)`` as a 0-d tensor per tensor (it rounds exactly as
-        ``add_(alpha=...)``; a view of the factor table made at :meth:`bind`). The factors and the
+        ``addcmul_`` with ``-(tau_fwd - tau)`` as a 0-d tensor per tensor (a view of the factor table made
+        at :meth:`bind`; the same result as a float64 factor in every dtype, and in float32/float64 as
+        ``add_(alpha=...)`` on CPU; the reference engine runs this same code). The factors and the
         accumulators' ring rows are listed once per set of chunks and delays; the views' ``data`` per call
         (the storage the pass reads: a row, or the parameters' own)."""
         key = (tuple([c.index for c in chunks]), tuple(tau), tuple(tf))

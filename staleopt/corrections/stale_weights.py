@@ -18,8 +18,9 @@ class StaleWeights:
     """``w_{t - tau}`` of every delayed view, for ``0 <= tau <= H_i``, readable in ``before_update``.
 
     At ``before_update`` of step ``t`` the history has already stored ``w_t``; in ``memory="minimal"``
-    it did so in the row of ``w_{t - H_i}``, the version a stage with ``tau_i = H_i`` (every delayed
-    dataflow stage) computed its gradient with. So this keeps that one version itself: :meth:`refresh`,
+    the row of ``w_{t - H_i}``, the version a stage with ``tau_i = H_i`` (every delayed dataflow stage)
+    computed its gradient with, was written over in the step's last pass (with ``w_t``, or T2's
+    backward view). So this keeps that one version itself: :meth:`refresh`,
     called in ``after_update`` of step ``t``, copies ``w_{t + 1 - H_i}`` (still stored then) into one
     weight-sized buffer per delayed view, and :meth:`version` serves ``tau = H_i`` from it and every
     smaller ``tau`` from the history. A stage of a real pipeline holds exactly ``tau_i`` past
