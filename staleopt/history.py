@@ -183,7 +183,7 @@ class History:
     strategy: str
     _t: int  # the current step: the parameters at rest hold w_t
 
-    def load(self, targets: Sequence[Target], bind: Optional[Dict[int, bool]] = None) -> List[StageView]:
+    def load(self, targets: Sequence[Target], bind: Optional[Dict[int, int]] = None) -> List[StageView]:
         """Bring view ``i`` to ``targets[i] = (version, rewrite)``; return the views to rewrite in place.
         ``bind`` (a pass's forward): ``{view: kind}`` may point those views' parameters at the stored version
         instead of copying it in (:meth:`SlotHistory._plan_bound` says how, per kind; a history that copies
@@ -256,8 +256,9 @@ class _BoundProgram:
     as in :class:`_Moves`), the views to point at the row of version ``t - r`` (``point``: ``(i, r)``), the
     views to rewrite, the relative targets left to :meth:`SlotHistory._program`, and the state it leaves.
     ``owners``: the parameters of the views to point (flat); ``ends``/``homes``: the first and last parameter of
-    each and their own storage's addresses (checked before pointing); ``bound_ends``/``release``: of every view pointing elsewhere once it ran, the
-    first and last parameter, and all parameters with their own storage (flat, for :meth:`SlotHistory.restore`)."""
+    each and their own storage's addresses (checked before pointing); ``bound_ends``/``release``: of every view
+    pointing elsewhere once it ran, the first and last parameter, and all parameters with their own storage (flat,
+    for :meth:`SlotHistory.restore`)."""
 
     __slots__ = ("bind", "dst", "src", "point", "rewrite", "run", "state", "after", "owners", "ends", "homes",
                  "bound_ends", "release")
@@ -459,8 +460,7 @@ class SlotHistory(History):
         self._held: List[Optional[Tuple[int, bool]]] = [None] * n  # what that row holds: (t - version, rewritten)
         self._writable = [False] * n  # the pass row's version expired: the backward view is written over it
         self._passing: List[int] = []  # the views with a pass row
-        self._bound: List[int] = []  # the views whose parameters point at their pass row now
-        self._pointing = [False] * n  # (per view: in _bound)
+        self._bound: List[int] = []  # the views whose parameters point at their pass row now, in pointing order
         self._gone = [False] * n  # w_{t-H} was written over in its row (lost until the step ends)
         self._bound_programs: Dict[tuple, _BoundProgram] = {}  # (targets, bind, state) relative to t -> load
         # the storage checks (load, restore; _moved) compare addresses: per view its first and last parameter (owner)
@@ -481,7 +481,7 @@ class SlotHistory(History):
             return [self.views[i] for i in self._replay(self._program(targets))]
         t = self._t
         key = (tuple([(t - v, m) for v, m in targets]), id(bind), tuple(self._pass_rel), tuple(self._held),
-               tuple(self._writable), tuple(self._pointing), self._state())
+               tuple(self._writable), tuple(self._bound), self._state())
         program = self._bound_programs.get(key)
         if program is None or program.bind is not bind:
             program = self._plan_bound(targets, bind)
@@ -493,9 +493,8 @@ class SlotHistory(History):
         if program.dst:
             with torch.no_grad():
                 _copy(self._tensors(program.dst), self._tensors(program.src), self._foreach)
-        (pass_rel, held, writable, pointing, passing, bound, saved, gone) = program.state
-        self._pass_rel, self._held, self._writable, self._pointing = list(pass_rel), list(held), list(writable), \
-            list(pointing)
+        (pass_rel, held, writable, passing, bound, saved, gone) = program.state
+        self._pass_rel, self._held, self._writable = list(pass_rel), list(held), list(writable)
         self._passing, self._bound, self._saved, self._gone = list(passing), list(bound), list(saved), list(gone)
         if program.point:  # the parameters (and data) point at the rows
             M, slots, views = self._M, self._slot_views, self.views
@@ -527,8 +526,8 @@ class SlotHistory(History):
         written over that copy, nothing is lost, and a raw ``w_t`` there is ``push``'s. References are
         relative to ``t`` (:class:`_Moves`)."""
         t, M, H = self._t, self._M, self._H
-        pass_rel, held, writable, pointing = list(self._pass_rel), list(self._held), list(self._writable), \
-            list(self._pointing)
+        pass_rel, held, writable = list(self._pass_rel), list(self._held), list(self._writable)
+        pointing = set(self._bound)
         passing, bound, saved, gone = list(self._passing), list(self._bound), list(self._saved), list(self._gone)
         run = [(t - v, m) for v, m in targets]
         dst, src, point, rewrite = [], [], [], []
@@ -569,14 +568,14 @@ class SlotHistory(History):
                     gone[i] = True
                 if m:
                     rewrite.append(i)
-            if not pointing[i]:
+            if i not in pointing:
                 point.append((i, pass_rel[i]))
-                pointing[i] = True
+                pointing.add(i)
                 bound.append(i)
             run[i] = (0, False)
         ends, views = self._ends, self.views
         return _BoundProgram(bind, tuple(dst), tuple(src), tuple(point), tuple(rewrite), tuple(run),
-                             (tuple(pass_rel), tuple(held), tuple(writable), tuple(pointing), tuple(passing),
+                             (tuple(pass_rel), tuple(held), tuple(writable), tuple(passing),
                               tuple(bound), tuple(saved), tuple(gone)),
                              tuple(chain.from_iterable([views[i].owners for i, _ in point])),
                              tuple(chain.from_iterable([ends[i] for i, _ in point])),
@@ -797,7 +796,6 @@ class SlotHistory(History):
             views, data = self.views, self._data
             for i in self._bound:
                 views[i].data = data[i]
-            self._pointing = [False] * len(views)
             self._bound, self._bound_ptrs, self._bound_ends, self._release = [], [], (), ((), ())
 
     def end_pass(self):

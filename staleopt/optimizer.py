@@ -331,11 +331,11 @@ class PipelineOptimizer(torch.optim.Optimizer):
         _take_over([p for s in self._partition for p in s.params] + self._outside, self)
         self._hooks = [model.register_forward_pre_hook(_Callback(self._on_forward_start)),
                        model.register_forward_hook(_Callback(self._on_forward_end)),
-                       model.register_state_dict_pre_hook(_Callback(self._on_state_dict))]
+                       model.register_state_dict_pre_hook(_Callback(self._restore_hook))]
         self._hooks += self._replicas.hooks(_Callback(self._attached))
         # a module's load_state_dict writes into the parameters: their own storage, with w_t (not a row of the
         # history a training pass points them at)
-        loading = _Callback(self._on_load_state_dict)
+        loading = _Callback(self._restore_hook)
         self._hooks += [m.register_load_state_dict_pre_hook(loading) for m in model.modules()
                         if any(id(p) in self._stage_of_param for p in m.parameters(recurse=False))]
         self._recomputing = 0  # recompute windows open now
@@ -894,10 +894,9 @@ class PipelineOptimizer(torch.optim.Optimizer):
             self._expected = tuple(counts) if old is None else (max(old[0], counts[0]), max(old[1], counts[1]))
         self._counts = [0, 0]
 
-    def _on_state_dict(self, *args):
-        self._restore()
-
-    def _on_load_state_dict(self, *args):
+    def _restore_hook(self, *args):
+        """A module's ``state_dict`` (reads) or ``load_state_dict`` (writes) sees the parameters' own storage with
+        ``w_t``."""
         self._restore()
 
     @contextlib.contextmanager
