@@ -490,9 +490,8 @@ class SlotHistory(History):
             self._bound_programs[key] = program
         if program.point and list(map(_data_ptr, program.ends)) != program.homes:
             raise self._moved([i for i, _ in program.point], home=True)
-        if program.dst:
-            with torch.no_grad():
-                _copy(self._tensors(program.dst), self._tensors(program.src), self._foreach)
+        if program.dst:  # (rows and .data aliases: no autograd, no need for no_grad)
+            _copy(self._tensors(program.dst), self._tensors(program.src), self._foreach)
         (pass_rel, held, writable, passing, bound, saved, gone) = program.state
         self._pass_rel, self._held, self._writable = list(pass_rel), list(held), list(writable)
         self._passing, self._bound, self._saved, self._gone = list(passing), list(bound), list(saved), list(gone)
@@ -611,14 +610,12 @@ class SlotHistory(History):
     def _replay(self, program: _Program) -> List[int]:
         """Run ``program``'s moves at the current step; returns the views to rewrite in place."""
         t, M = self._t, self._M
-        if program.rounds:
-            with torch.no_grad():
-                for moves in program.rounds:
-                    if moves.swaps:
-                        self._swap([(i, (t - r) % M[i]) for i, r in moves.swaps])
-                    for dst, src in moves.copies:
-                        if dst:
-                            _copy(self._tensors(dst), self._tensors(src), self._foreach)
+        for moves in program.rounds:  # (rows and .data aliases: no autograd, no need for no_grad)
+            if moves.swaps:
+                self._swap([(i, (t - r) % M[i]) for i, r in moves.swaps])
+            for dst, src in moves.copies:
+                if dst:
+                    _copy(self._tensors(dst), self._tensors(src), self._foreach)
         self._set_state(program.state)
         self._rest = program.rest
         return list(program.rewrite)
@@ -801,9 +798,9 @@ class SlotHistory(History):
     def end_pass(self):
         if self._bound:
             raise CorrectionError("end_pass() with the parameters pointing at a row (a bug: please report it)")
-        for i in self._passing:
-            self._pass_rel[i], self._held[i], self._writable[i] = None, None, False
-        self._passing = []
+        if self._passing:
+            n = len(self.views)
+            self._pass_rel, self._held, self._writable, self._passing = [None] * n, [None] * n, [False] * n, []
 
     def push(self, t):
         if t != self._t:
@@ -812,9 +809,8 @@ class SlotHistory(History):
         todo = [i for i in self._delayed if not saved[i]]
         if not todo:  # (a pass already stored w_t: the copy back of a dropped w_{t-H}, a pass row)
             return
-        with torch.no_grad():
-            _copy(list(chain.from_iterable([self._slot_views[i][t % self._M[i]] for i in todo])),  # replaces
-                  list(chain.from_iterable([self._data[i] for i in todo])), self._foreach)  # w_{t-H} (fast: w_{t-H-1})
+        _copy(list(chain.from_iterable([self._slot_views[i][t % self._M[i]] for i in todo])),  # replaces
+              list(chain.from_iterable([self._data[i] for i in todo])), self._foreach)  # w_{t-H} (fast: w_{t-H-1})
         for i in todo:
             saved[i] = True
 
