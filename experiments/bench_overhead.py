@@ -48,7 +48,12 @@ after is recorded in ``meta.json``.
    backward, and of the current weights before ``step``. It simulates the
    schedule's delays only (``dataflow``; ``pipedream`` = ``1f1b`` with
    stashing), no T1/T2/prediction, which favours it. Both simulators are
-   checked to produce the same weights before they are timed.
+   checked to produce the same weights before they are timed. Below the
+   engine, the **floor** (:class:`DataMovementFloor`): ``dataflow``'s data
+   movement in minimal memory (one weight copy, two pointer moves per
+   parameter and step) with none of the engine's bookkeeping, also checked
+   to give the same weights; ``over_floor`` is the engine's time over it,
+   what its planning, checks and pass counting cost.
 4. **Growth.** Engine time and memory of staleopt ``dataflow`` and ``pipemare``
    and of the hand-rolled ``dataflow`` simulation as the stage count ``P``
    grows (1 to the model's unit count), as the ResNet-20 width grows (both
@@ -117,7 +122,7 @@ import staleopt
 from staleopt import models, schedules, segments
 from staleopt.corrections import DiscrepancyCorrection, WeightPrediction
 
-__all__ = ["main", "HandRolled", "EngineClock", "OpCounter", "engine_counts", "SegmentClock", "TorchCheckpoint", "new_storage_bytes", "minimum_bytes",
+__all__ = ["main", "HandRolled", "DataMovementFloor", "EngineClock", "OpCounter", "engine_counts", "SegmentClock", "TorchCheckpoint", "new_storage_bytes", "minimum_bytes",
            "ModelSpec", "MODELS"]
 
 METHODS = ("pipemare", "pipedream", "pipeoptim")
@@ -283,6 +288,66 @@ def engine_counts(v: "Variant", plain: "Variant") -> Tuple[int, float]:
         out.append(counter)
     weights = sum(p.numel() * p.element_size() for p in v.model.parameters() if p.requires_grad)
     return out[0].ops - out[1].ops, (out[0].copy_bytes - out[1].copy_bytes) / weights
+
+
+class DataMovementFloor:
+    """``dataflow``'s data movement in minimal memory with none of the engine's bookkeeping: what a simulator
+    of these delays that moves the weights as the engine does (docs/engine.md) cannot go below.
+
+    Per parameter of a stage with ``tau = tau_fwd_i > 0``, ``tau`` rows holding ``w_{t-tau}`` .. ``w_{t-1}``
+    (version ``v`` in row ``v mod tau``; ``w_0`` in all at first, the ``t - tau < 0`` rule). The forward points
+    the parameter at the row of ``w_{t-tau}`` (``p.data = row``); when the backward begins, ``w_t`` is copied
+    over that row (one ``torch._foreach_copy_``: the row now stores ``w_t``, and the backward, whose saved
+    weights alias the row, reads ``w_t``, ``tau_bkwd = 0``); at the end of the backward the parameters point at
+    their own storage again. One weight copy and two pointer moves per parameter and step; no storage checks,
+    plans, pass counting or corrections, so it handles exactly one training forward and its backward per step
+    (no eval between them, no recomputation, no checkpoints). ``seconds`` sums the time inside its hooks'
+    bodies, as :class:`EngineClock` times the wrapper's.
+    """
+
+    def __init__(self, model: nn.Module, base: torch.optim.Optimizer, partition, tau_fwd):
+        self.model, self.base = model, base
+        delayed = [(p, tau_fwd[s.index]) for s in partition for p in s.params if tau_fwd[s.index]]
+        self.params = [p for p, _ in delayed]
+        self.own = [p.data for p in self.params]
+        self.rows = [[p.detach().clone() for _ in range(tau)] for p, tau in delayed]
+        self.t, self.seconds = 0, 0.0
+        self._pointed: List[torch.Tensor] = []
+        model.register_forward_pre_hook(self._forward)
+        model.register_forward_hook(self._output)
+
+    def _forward(self, module, args) -> None:
+        t0 = clock()
+        t = self.t
+        self._pointed = [rows[t % len(rows)] for rows in self.rows]  # w_(t - tau): row (t - tau) mod tau
+        for p, row in zip(self.params, self._pointed):
+            p.data = row
+        self.seconds += clock() - t0
+
+    def _output(self, module, args, output) -> None:
+        t0 = clock()
+        output.register_hook(self._backward)
+        self.seconds += clock() - t0
+
+    def _backward(self, grad) -> None:
+        t0 = clock()
+        torch._foreach_copy_(self._pointed, self.own)  # w_t over w_(t - tau): stored now, and read backward
+        torch.autograd.Variable._execution_engine.queue_callback(self._end)
+        self.seconds += clock() - t0
+
+    def _end(self) -> None:
+        t0 = clock()
+        for p, own in zip(self.params, self.own):
+            p.data = own
+        self.seconds += clock() - t0
+
+    def train_step(self, x, y, loss_fn) -> torch.Tensor:
+        self.base.zero_grad()
+        loss = loss_fn(self.model(x), y)
+        loss.backward()
+        self.base.step()
+        self.t += 1
+        return loss
 
 
 class HandRolled:
@@ -488,7 +553,7 @@ class Variant:
         if kind == "staleopt":
             self.opt = staleopt.PipelineOptimizer(self.model, self.base, stages=stages, schedule=method,
                                                   memory=memory)
-        self.clock = EngineClock(self.opt, self.base) if kind != "hand" else None
+        self.clock = EngineClock(self.opt, self.base) if kind not in ("hand", "floor") else None
         if recompute is not None:
             runner = (TorchCheckpoint(self.opt.partition, schedules.get("dataflow-recompute")) if recompute == "torch"
                       else self.opt)
@@ -499,6 +564,9 @@ class Variant:
             part = staleopt.partition_model(self.model, stages)
             tf, tb = schedules.get(sched).delays(stages, 1)
             self.hand = HandRolled(self.model, self.base, part, tf, list(tf) if stash else tb)
+        if kind == "floor":  # (dataflow's delays)
+            part = staleopt.partition_model(self.model, stages)
+            self.hand = DataMovementFloor(self.model, self.base, part, schedules.get("dataflow").delays(stages, 1)[0])
         self.rounds_s: List[float] = []
         self.engine_s: List[float] = []
         self.base_s: List[float] = []
@@ -506,7 +574,7 @@ class Variant:
         self._train_step()  # lazily built state exists; also the warm-up step
         self.base.zero_grad()
         self.bytes = new_storage_bytes(before)
-        if self.hand is not None:  # the deque grows to maxlen snapshots: its steady state
+        if isinstance(self.hand, HandRolled):  # the deque grows to maxlen snapshots: its steady state
             self.bytes = self.bytes // len(self.hand.history) * self.hand.history.maxlen
 
     def _train_step(self) -> None:
@@ -606,18 +674,22 @@ def _quantiles(xs: Sequence[float]) -> Tuple[float, float, float]:
     return q[0], statistics.median(xs), q[2]
 
 
-def check_same_weights(spec: ModelSpec, stages: int, method: str, steps: int, batch: int) -> float:
-    """Largest |difference| of the weights after ``steps`` steps: staleopt vs hand-rolled, same delays."""
+def check_same_weights(spec: ModelSpec, stages: int, method: str, steps: int, batch: int,
+                       against: str = "hand") -> float:
+    """Largest |difference| of the weights after ``steps`` steps: staleopt vs the hand-rolled loop (``against``
+    "hand") or :class:`DataMovementFloor` ("floor", ``dataflow`` only), same delays."""
     sched, stash = HAND[method]
     out = []
-    for kind in ("staleopt", "hand"):
+    for kind in ("staleopt", against):
         model = spec.build(seed=0)
         base = torch.optim.SGD(model.parameters(), lr=1e-2, momentum=0.9)
         if kind == "staleopt":
             opt = staleopt.PipelineOptimizer(model, base, stages=stages, schedule=method)
         else:
             tf, tb = schedules.get(sched).delays(stages, 1)
-            hand = HandRolled(model, base, staleopt.partition_model(model, stages), tf, list(tf) if stash else tb)
+            part = staleopt.partition_model(model, stages)
+            hand = (HandRolled(model, base, part, tf, list(tf) if stash else tb) if kind == "hand"
+                    else DataMovementFloor(model, base, part, tf))
         for t in range(steps):
             x, y = spec.batch_of(batch, seed=100 + t)
             if kind == "staleopt":
@@ -641,6 +713,7 @@ def bench_model(key: str, spec: ModelSpec, rounds: int, steps: int, log) -> Tupl
     variants += [Variant(m, spec, P, x, y, "staleopt", m) for m in (*METHODS, "dataflow")]
     variants += [Variant(f"{h} (memory=fast)", spec, P, x, y, "staleopt", h, memory="fast") for h in HAND]
     variants += [Variant(f"hand-rolled {h}", spec, P, x, y, "hand", h) for h in HAND]
+    variants += [Variant("floor dataflow", spec, P, x, y, "floor", "dataflow")]
     interleaved(variants, rounds, steps)
     plain = variants[0]
     plain_med = statistics.median(plain.rounds_s)
@@ -670,6 +743,7 @@ def bench_model(key: str, spec: ModelSpec, rounds: int, steps: int, log) -> Tupl
         s_row = next(r for r in step_rows if r["variant"] == h)
         f_row = next(r for r in step_rows if r["variant"] == f"{h} (memory=fast)")
         h_row = next(r for r in step_rows if r["variant"] == hr.name)
+        floor = next((r for r in step_rows if r["variant"] == f"floor {h}"), None)
         minimum = minimum_bytes(s.opt)
         hand_rows.append({"model": key, "stages": P, "simulation": h,
                           "staleopt_ratio": s_row["ratio"], "hand_ratio": h_row["ratio"],
@@ -682,7 +756,11 @@ def bench_model(key: str, spec: ModelSpec, rounds: int, steps: int, log) -> Tupl
                           "fast_bytes": by[f"{h} (memory=fast)"].bytes,
                           "weights_copy_ms": 1e3 * copy_s,
                           "staleopt_bytes": s.bytes, "hand_bytes": hr.bytes, "minimum_bytes": minimum,
-                          "memory_ratio": hr.bytes / max(s.bytes, 1), "max_abs_weight_diff": err})
+                          "memory_ratio": hr.bytes / max(s.bytes, 1), "max_abs_weight_diff": err,
+                          "floor_engine_ms": floor["engine_ms"] if floor else math.nan,
+                          "over_floor": s_row["engine_ms"] / max(floor["engine_ms"], 1e-9) if floor else math.nan,
+                          "floor_weight_diff": (check_same_weights(spec, P, h, steps=4, batch=min(spec.batch, 8),
+                                                                   against="floor") if floor else math.nan)})
     for v in variants:
         v.release()
     log(f"  {key}: P={P}, plain step {1e3 * plain_med:.1f} ms")
@@ -1009,7 +1087,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     print("\n3. hand-rolled deque of deepcopy(state_dict()) vs staleopt (same delays, same weights)")
     print(_table(hand, ["model", "stages", "simulation", "speed_ratio", "staleopt_engine_ms", "hand_engine_ms",
                         "overhead_ratio", "overhead_ratio_min", "fast_engine_ms", "overhead_ratio_fast",
-                        "weights_copy_ms", "memory_ratio", "max_abs_weight_diff"]))
+                        "weights_copy_ms", "memory_ratio", "max_abs_weight_diff", "floor_engine_ms", "over_floor",
+                        "floor_weight_diff"]))
     if not args.no_growth:
         print("\n4. growth (engine time per step, memory) with P, width, depth and model size")
         print(_table(growth, ["axis", "value", "stages", "params", "dataflow_engine_ms", "pipemare_engine_ms",

@@ -53,6 +53,37 @@ def test_hand_rolled_baseline_is_the_same_simulation(bench, method, schedule, st
     assert not torch.equal(out[0], torch.cat([p.detach().flatten() for p in mlp().parameters()]))
 
 
+@pytest.mark.parametrize("stages", [2, 3])
+def test_data_movement_floor_is_the_same_simulation(bench, stages):
+    """The floor (pointer moves and one copy per step, no bookkeeping) and the wrapper's dataflow give
+    bit-identical weights (float64 MLP: nn.Linear saves weight.t(), a view of the row the forward pointed at),
+    and the floor copies the weights once per step."""
+    out = []
+    for kind in ("staleopt", "floor"):
+        model = mlp()
+        base = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        if kind == "staleopt":
+            opt = staleopt.PipelineOptimizer(model, base, stages=stages, schedule="dataflow")
+        else:
+            tf, _ = schedules.get("dataflow").delays(stages, 1)
+            floor = bench.DataMovementFloor(model, base, staleopt.partition_model(model, stages), tf)
+        for k, (x, y) in enumerate(batches(6)):
+            if kind == "staleopt":
+                opt.zero_grad()
+                mse(model(x), y).backward()
+                opt.step()
+            else:
+                with bench.OpCounter() as counter:
+                    floor.train_step(x, y, mse)
+                copied = sum(p.numel() * p.element_size() for p in floor.params)
+                base_copies = counter.copy_bytes - copied
+                assert base_copies == 0, base_copies  # (SGD itself copies nothing)
+        out.append(torch.cat([p.detach().flatten() for p in model.parameters()]))
+    assert torch.equal(out[0], out[1])
+    assert not torch.equal(out[0], torch.cat([p.detach().flatten() for p in mlp().parameters()]))
+    assert floor.seconds > 0
+
+
 def test_new_storage_bytes_counts_allocated_tensors(bench):
     before = bench._storages()
     kept = [torch.empty(1000, dtype=torch.float64), torch.empty(10, dtype=torch.float32)]
@@ -109,9 +140,10 @@ def test_quick_run_writes_tables_and_plot(bench, tmp_path):
         assert (tmp_path / name).is_file(), name
     step = pd.read_csv(tmp_path / "step.csv")
     assert set(step.variant) == {"pipemare", "pipedream", "pipeoptim", "dataflow", "dataflow (memory=fast)",
-                                 "pipedream (memory=fast)", "hand-rolled dataflow", "hand-rolled pipedream"}
+                                 "pipedream (memory=fast)", "hand-rolled dataflow", "hand-rolled pipedream",
+                                 "floor dataflow"}
     assert (step.engine_ms >= 0).all() and (step.ratio > 0).all()
-    wrapped = step[~step.variant.str.startswith("hand-rolled")]
+    wrapped = step[~step.variant.str.startswith(("hand-rolled", "floor"))]
     assert (wrapped.engine_ops > 0).all() and (wrapped.engine_copies > 0).all()
     mem = pd.read_csv(tmp_path / "memory.csv")
     assert (mem.measured_bytes == mem.engine_reported_bytes).all()  # the engine's account is what it allocated
@@ -120,6 +152,8 @@ def test_quick_run_writes_tables_and_plot(bench, tmp_path):
     assert (exact.measured_bytes == exact.minimum_bytes).all()
     hand = pd.read_csv(tmp_path / "handrolled.csv")
     assert (hand.max_abs_weight_diff == 0).all() and (hand.memory_ratio > 1).all()
+    floor = hand[hand.simulation == "dataflow"]  # the floor simulates dataflow only
+    assert (floor.floor_weight_diff == 0).all() and (floor.floor_engine_ms > 0).all() and (floor.over_floor > 0).all()
     fast = mem[mem.method.str.endswith("(memory=fast)")]  # one more version per delayed stage
     assert len(fast) == 2 and (fast.measured_bytes > fast.minimum_bytes).all() and (hand.fast_engine_ms >= 0).all()
     growth = pd.read_csv(tmp_path / "growth.csv")
