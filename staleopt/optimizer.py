@@ -597,12 +597,21 @@ class PipelineOptimizer(torch.optim.Optimizer):
             self._history.load(plan.forward, plan.bind_last if self._last_forward() else plan.bind_any)
             return
         rewrite = self._history.load(plan.backward)
-        if rewrite:
+        if not rewrite:
+            return
+        if torch.is_grad_enabled():  # (the backward pass runs its hooks with grad off: no context to enter there)
             with torch.no_grad():
-                for k, stages in plan.rewriters:
-                    mine = [v for v in rewrite if v.index in stages]
-                    if mine:
-                        k.backward_view(mine, plan.delays)
+                self._rewrite_backward(rewrite, plan)
+        else:
+            self._rewrite_backward(rewrite, plan)
+
+    @staticmethod
+    def _rewrite_backward(rewrite: List[StageView], plan: "_PassPlan") -> None:
+        """Each correction that rewrites backward views rewrites those of ``rewrite`` it declared for ``plan``."""
+        for k, stages in plan.rewriters:
+            mine = [v for v in rewrite if v.index in stages]
+            if mine:
+                k.backward_view(mine, plan.delays)
 
     # ------------------------------------------------------------------ activation recomputation
     @disable_dynamo
@@ -801,7 +810,8 @@ class PipelineOptimizer(torch.optim.Optimizer):
     def _on_forward_end(self, module, args, output):
         self._in_forward = False
         if module.training and torch.is_grad_enabled():
-            outputs = [t for t in flatten(output) if isinstance(t, torch.Tensor) and t.grad_fn is not None]
+            outputs = [t for t in ((output,) if isinstance(output, torch.Tensor) else flatten(output))
+                       if isinstance(t, torch.Tensor) and t.grad_fn is not None]  # (a tensor: no pytree walk)
             if not self._traced:
                 self._trace(outputs)
             if self._calls and self._plan().needs_checkpoint:
