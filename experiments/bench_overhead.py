@@ -49,11 +49,14 @@ after is recorded in ``meta.json``.
    schedule's delays only (``dataflow``; ``pipedream`` = ``1f1b`` with
    stashing), no T1/T2/prediction, which favours it. Both simulators are
    checked to produce the same weights before they are timed. Below the
-   engine, the **floor** (:class:`DataMovementFloor`): ``dataflow``'s data
-   movement in minimal memory (one weight copy, two pointer moves per
-   parameter and step) with none of the engine's bookkeeping, also checked
-   to give the same weights; ``over_floor`` is the engine's time over it,
-   what its planning, checks and pass counting cost.
+   engine, the **floors** (:data:`FLOORS`): ``dataflow``'s data movement in
+   minimal memory (:class:`DataMovementFloor`: one weight copy, two pointer
+   moves per parameter and step) and ``pipemare``'s moves and arithmetic
+   (:class:`PipemareFloor`: two copies, T2's rewrite and accumulator, T1's
+   per-stage groups), with none of the engine's bookkeeping, each checked to
+   give the wrapper's weights (``floor_weight_diff`` in ``step.csv``);
+   ``over_floor`` in ``handrolled.csv`` is ``dataflow``'s engine time over its
+   floor, what its planning, checks and pass counting cost.
 4. **Growth.** Engine time and memory of staleopt ``dataflow`` and ``pipemare``
    and of the hand-rolled ``dataflow`` simulation as the stage count ``P``
    grows (1 to the model's unit count), as the ResNet-20 width grows (both
@@ -119,8 +122,10 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import staleopt
-from staleopt import models, schedules, segments
+from staleopt import methods, models, schedules, segments
 from staleopt.corrections import DiscrepancyCorrection, WeightPrediction
+from staleopt.corrections.lr_reschedule import t1_factor
+from staleopt.theory import t2_gamma
 
 __all__ = ["main", "HandRolled", "DataMovementFloor", "EngineClock", "OpCounter", "engine_counts", "SegmentClock", "TorchCheckpoint", "new_storage_bytes", "minimum_bytes",
            "ModelSpec", "MODELS"]
@@ -350,6 +355,94 @@ class DataMovementFloor:
         return loss
 
 
+class PipemareFloor:
+    """``pipemare``'s data movement and arithmetic in minimal memory (T1 + T2, PipeMare §3) with none of the
+    engine's bookkeeping: what a simulator of PipeMare that moves the weights as the engine does cannot go
+    below.
+
+    Per parameter of a stage with ``tau = tau_fwd_i > 0`` (``tau_bkwd = 0``), ``tau + 1`` rows (version ``v`` in
+    row ``v mod (tau + 1)``; ``w_0`` in all at first) and T2's accumulator ``delta`` (0 at first). The forward
+    points the parameter at the row of ``w_{t-tau}``; when the backward begins, ``w_t`` is copied over that row
+    and T2 rewrites it in place, ``u = w_t - tau delta`` (``_foreach_addcmul_`` with the factors as 0-d
+    tensors, the engine's arithmetic); at the end of the backward the parameters point at their own storage
+    again. ``step`` copies ``w_t`` into the spare row (row ``t mod (tau + 1)``), steps the base optimizer over
+    one parameter group per stage with ``lr`` times T1's factor ``1 / tau^(1 - min(t/K, 1))``, and updates
+    ``delta <- lerp(delta, w_(t+1) - w_t, 1 - gamma)``. Two weight copies per step, as the engine's. Like
+    :class:`DataMovementFloor`: one training forward and its backward per step, nothing else; ``seconds``
+    times its hooks' bodies and its step but the base step (what stepping one group per stage adds to the
+    base step is added by :func:`_engine`, as it is in the wrapper's time).
+    """
+
+    def __init__(self, model: nn.Module, base: torch.optim.Optimizer, partition, tau_fwd,
+                 anneal_steps: int = methods.ANNEAL_STEPS, decay: float = methods.DECAY):
+        self.model, self.base = model, base
+        self._t1 = functools.partial(t1_factor, anneal_steps=anneal_steps)
+        delayed = [(p, tau_fwd[s.index]) for s in partition for p in s.params if tau_fwd[s.index]]
+        self.params = [p for p, _ in delayed]
+        self.own = [p.data for p in self.params]
+        self.rows = [[p.detach().clone() for _ in range(tau + 1)] for p, tau in delayed]
+        self.delta = [torch.zeros_like(p) for p in self.params]
+        table = torch.arange(0, -(max(tau_fwd) + 1), -1, dtype=self.params[0].dtype)  # (exact in float32/64)
+        self.factors = [table[tau] for _, tau in delayed]
+        self.weights = [1.0 - t2_gamma(decay, tau, 0) for _, tau in delayed]
+        (user,) = base.param_groups  # one group per stage, lr set at each step (StageGroups' arithmetic)
+        self.lr = user["lr"]
+        base.param_groups = [{**user, "params": list(s.params)} for s in partition]
+        self.taus = [tau_fwd[s.index] for s in partition]
+        self.t, self.seconds = 0, 0.0
+        self._pointed: List[torch.Tensor] = []
+        model.register_forward_pre_hook(self._forward)
+        model.register_forward_hook(self._output)
+
+    def _forward(self, module, args) -> None:
+        t0 = clock()
+        t = self.t
+        self._pointed = [rows[(t + 1) % len(rows)] for rows in self.rows]  # w_(t - tau): row (t - tau) mod (tau + 1)
+        for p, row in zip(self.params, self._pointed):
+            p.data = row
+        self.seconds += clock() - t0
+
+    def _output(self, module, args, output) -> None:
+        t0 = clock()
+        output.register_hook(self._backward)
+        self.seconds += clock() - t0
+
+    def _backward(self, grad) -> None:
+        t0 = clock()
+        torch._foreach_copy_(self._pointed, self.own)  # w_t over the expiring w_(t - tau) ...
+        torch._foreach_addcmul_(self._pointed, self.delta, self.factors)  # ... rewritten by T2: w_t - tau delta
+        torch.autograd.Variable._execution_engine.queue_callback(self._end)
+        self.seconds += clock() - t0
+
+    def _end(self) -> None:
+        t0 = clock()
+        for p, own in zip(self.params, self.own):
+            p.data = own
+        self.seconds += clock() - t0
+
+    def train_step(self, x, y, loss_fn) -> torch.Tensor:
+        self.base.zero_grad()
+        loss = loss_fn(self.model(x), y)
+        loss.backward()
+        t0 = clock()
+        t = self.t
+        stored = [rows[t % len(rows)] for rows in self.rows]  # the spare row: w_t's
+        torch._foreach_copy_(stored, self.own)
+        for group, tau in zip(self.base.param_groups, self.taus):
+            group["lr"] = self.lr * self._t1(tau, t)
+        t1 = clock()
+        self.base.step()
+        t2 = clock()
+        torch._foreach_lerp_(self.delta, torch._foreach_sub(self.own, stored), self.weights)
+        self.t = t + 1
+        self.seconds += (t1 - t0) + (clock() - t2)
+        return loss
+
+
+#: method -> its floor (the method's moves and arithmetic without the engine's bookkeeping)
+FLOORS = {"dataflow": DataMovementFloor, "pipemare": PipemareFloor}
+
+
 class HandRolled:
     """The stale-weight simulation written by hand: a deque of ``deepcopy(state_dict())`` per step.
 
@@ -553,7 +646,7 @@ class Variant:
         if kind == "staleopt":
             self.opt = staleopt.PipelineOptimizer(self.model, self.base, stages=stages, schedule=method,
                                                   memory=memory)
-        self.clock = EngineClock(self.opt, self.base) if kind not in ("hand", "floor") else None
+        self.clock = EngineClock(self.opt, self.base) if kind != "hand" else None  # (floor: times its base step)
         if recompute is not None:
             runner = (TorchCheckpoint(self.opt.partition, schedules.get("dataflow-recompute")) if recompute == "torch"
                       else self.opt)
@@ -564,9 +657,9 @@ class Variant:
             part = staleopt.partition_model(self.model, stages)
             tf, tb = schedules.get(sched).delays(stages, 1)
             self.hand = HandRolled(self.model, self.base, part, tf, list(tf) if stash else tb)
-        if kind == "floor":  # (dataflow's delays)
-            part = staleopt.partition_model(self.model, stages)
-            self.hand = DataMovementFloor(self.model, self.base, part, schedules.get("dataflow").delays(stages, 1)[0])
+        if kind == "floor":  # (dataflow's delays; pipemare's are dataflow's too)
+            self.hand = FLOORS[method](self.model, self.base, staleopt.partition_model(self.model, stages),
+                                       schedules.get("dataflow").delays(stages, 1)[0])
         self.rounds_s: List[float] = []
         self.engine_s: List[float] = []
         self.base_s: List[float] = []
@@ -605,7 +698,7 @@ class Variant:
     def reset(self) -> None:
         if self.hand is not None:
             self.hand.seconds = 0.0
-        else:
+        if self.clock is not None:
             self.clock.reset()
         if self.segment_clock is not None:
             self.segment_clock.seconds = 0.0
@@ -657,10 +750,14 @@ def weights_copy_seconds(model: nn.Module, repeats: int = 20) -> float:
 def _engine(v: "Variant", plain: "Variant") -> Tuple[float, float]:
     """(median, min) over rounds of the simulator's own seconds per step.
 
-    For the wrapper: hooks + ``step()`` minus the plain model's base step.
+    For the wrapper: hooks + ``step()`` minus the plain model's base step. For a floor: its own time plus what
+    its base step takes over the plain one (T1's per-stage groups).
     """
-    if v.kind != "staleopt":
+    if v.kind == "hand":
         return statistics.median(v.engine_s), min(v.engine_s)
+    if v.kind == "floor":
+        extra = statistics.median(v.base_s) - statistics.median(plain.base_s)
+        return max(statistics.median(v.engine_s) + extra, 0.0), max(min(v.engine_s) + extra, 0.0)
     cost = [statistics.median(plain.base_s) + statistics.median(plain.engine_s),
             min(plain.base_s) + min(plain.engine_s)]
     return max(statistics.median(v.engine_s) - cost[0], 0.0), max(min(v.engine_s) - cost[1], 0.0)
@@ -677,8 +774,8 @@ def _quantiles(xs: Sequence[float]) -> Tuple[float, float, float]:
 def check_same_weights(spec: ModelSpec, stages: int, method: str, steps: int, batch: int,
                        against: str = "hand") -> float:
     """Largest |difference| of the weights after ``steps`` steps: staleopt vs the hand-rolled loop (``against``
-    "hand") or :class:`DataMovementFloor` ("floor", ``dataflow`` only), same delays."""
-    sched, stash = HAND[method]
+    "hand", a method of :data:`HAND`) or the method's floor ("floor", a method of :data:`FLOORS`), same delays."""
+    sched, stash = HAND.get(method, ("dataflow", False))
     out = []
     for kind in ("staleopt", against):
         model = spec.build(seed=0)
@@ -689,7 +786,7 @@ def check_same_weights(spec: ModelSpec, stages: int, method: str, steps: int, ba
             tf, tb = schedules.get(sched).delays(stages, 1)
             part = staleopt.partition_model(model, stages)
             hand = (HandRolled(model, base, part, tf, list(tf) if stash else tb) if kind == "hand"
-                    else DataMovementFloor(model, base, part, tf))
+                    else FLOORS[method](model, base, part, tf))
         for t in range(steps):
             x, y = spec.batch_of(batch, seed=100 + t)
             if kind == "staleopt":
@@ -713,7 +810,7 @@ def bench_model(key: str, spec: ModelSpec, rounds: int, steps: int, log) -> Tupl
     variants += [Variant(m, spec, P, x, y, "staleopt", m) for m in (*METHODS, "dataflow")]
     variants += [Variant(f"{h} (memory=fast)", spec, P, x, y, "staleopt", h, memory="fast") for h in HAND]
     variants += [Variant(f"hand-rolled {h}", spec, P, x, y, "hand", h) for h in HAND]
-    variants += [Variant("floor dataflow", spec, P, x, y, "floor", "dataflow")]
+    variants += [Variant(f"floor {m}", spec, P, x, y, "floor", m) for m in FLOORS]
     interleaved(variants, rounds, steps)
     plain = variants[0]
     plain_med = statistics.median(plain.rounds_s)
@@ -731,7 +828,9 @@ def bench_model(key: str, spec: ModelSpec, rounds: int, steps: int, log) -> Tupl
                           "engine_ms": 1e3 * engine, "engine_min_ms": 1e3 * engine_min,
                           "engine_ratio": (plain_med + engine) / plain_med,
                           "engine_ops": ops, "engine_copies": copies,
-                          "weights_copy_ms": 1e3 * copy_s, "rounds": rounds, "steps_per_round": steps})
+                          "weights_copy_ms": 1e3 * copy_s, "rounds": rounds, "steps_per_round": steps,
+                          "floor_weight_diff": (check_same_weights(spec, P, v.method, steps=4, batch=min(spec.batch, 8),
+                                                                   against="floor") if v.kind == "floor" else math.nan)})
         if v.kind == "staleopt":
             minimum = minimum_bytes(v.opt)
             mem_rows.append({"model": key, "stages": P, "method": v.name, "measured_bytes": v.bytes,
@@ -758,9 +857,7 @@ def bench_model(key: str, spec: ModelSpec, rounds: int, steps: int, log) -> Tupl
                           "staleopt_bytes": s.bytes, "hand_bytes": hr.bytes, "minimum_bytes": minimum,
                           "memory_ratio": hr.bytes / max(s.bytes, 1), "max_abs_weight_diff": err,
                           "floor_engine_ms": floor["engine_ms"] if floor else math.nan,
-                          "over_floor": s_row["engine_ms"] / max(floor["engine_ms"], 1e-9) if floor else math.nan,
-                          "floor_weight_diff": (check_same_weights(spec, P, h, steps=4, batch=min(spec.batch, 8),
-                                                                   against="floor") if floor else math.nan)})
+                          "over_floor": s_row["engine_ms"] / max(floor["engine_ms"], 1e-9) if floor else math.nan})
     for v in variants:
         v.release()
     log(f"  {key}: P={P}, plain step {1e3 * plain_med:.1f} ms")
@@ -1087,8 +1184,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     print("\n3. hand-rolled deque of deepcopy(state_dict()) vs staleopt (same delays, same weights)")
     print(_table(hand, ["model", "stages", "simulation", "speed_ratio", "staleopt_engine_ms", "hand_engine_ms",
                         "overhead_ratio", "overhead_ratio_min", "fast_engine_ms", "overhead_ratio_fast",
-                        "weights_copy_ms", "memory_ratio", "max_abs_weight_diff", "floor_engine_ms", "over_floor",
-                        "floor_weight_diff"]))
+                        "weights_copy_ms", "memory_ratio", "max_abs_weight_diff", "floor_engine_ms", "over_floor"]))
     if not args.no_growth:
         print("\n4. growth (engine time per step, memory) with P, width, depth and model size")
         print(_table(growth, ["axis", "value", "stages", "params", "dataflow_engine_ms", "pipemare_engine_ms",

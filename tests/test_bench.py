@@ -54,6 +54,34 @@ def test_hand_rolled_baseline_is_the_same_simulation(bench, method, schedule, st
 
 
 @pytest.mark.parametrize("stages", [2, 3])
+def test_pipemare_floor_is_the_same_simulation(bench, stages):
+    """The pipemare floor (T1's per-stage lr, T2's rewrite and accumulator, two copies per step, no bookkeeping)
+    and the wrapper's pipemare give bit-identical weights (float64 MLP), with annealing under way."""
+    out = []
+    for kind in ("staleopt", "floor"):
+        model = mlp()
+        base = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        if kind == "staleopt":
+            opt = staleopt.PipelineOptimizer(model, base, stages=stages, schedule="pipemare",
+                                             method_args={"anneal_steps": 4})
+        else:
+            tf, _ = schedules.get("dataflow").delays(stages, 1)
+            floor = bench.PipemareFloor(model, base, staleopt.partition_model(model, stages), tf, anneal_steps=4)
+        for x, y in batches(6):
+            if kind == "staleopt":
+                opt.zero_grad()
+                mse(model(x), y).backward()
+                opt.step()
+            else:
+                with bench.OpCounter() as counter:
+                    floor.train_step(x, y, mse)
+                assert counter.copy_bytes == 2 * sum(p.numel() * p.element_size() for p in floor.params)
+        out.append(torch.cat([p.detach().flatten() for p in model.parameters()]))
+    assert torch.equal(out[0], out[1])
+    assert any(d.abs().sum() > 0 for d in floor.delta)  # (T2's accumulator is under way)
+
+
+@pytest.mark.parametrize("stages", [2, 3])
 def test_data_movement_floor_is_the_same_simulation(bench, stages):
     """The floor (pointer moves and one copy per step, no bookkeeping) and the wrapper's dataflow give
     bit-identical weights (float64 MLP: nn.Linear saves weight.t(), a view of the row the forward pointed at),
@@ -141,7 +169,7 @@ def test_quick_run_writes_tables_and_plot(bench, tmp_path):
     step = pd.read_csv(tmp_path / "step.csv")
     assert set(step.variant) == {"pipemare", "pipedream", "pipeoptim", "dataflow", "dataflow (memory=fast)",
                                  "pipedream (memory=fast)", "hand-rolled dataflow", "hand-rolled pipedream",
-                                 "floor dataflow"}
+                                 "floor dataflow", "floor pipemare"}
     assert (step.engine_ms >= 0).all() and (step.ratio > 0).all()
     wrapped = step[~step.variant.str.startswith(("hand-rolled", "floor"))]
     assert (wrapped.engine_ops > 0).all() and (wrapped.engine_copies > 0).all()
@@ -152,8 +180,10 @@ def test_quick_run_writes_tables_and_plot(bench, tmp_path):
     assert (exact.measured_bytes == exact.minimum_bytes).all()
     hand = pd.read_csv(tmp_path / "handrolled.csv")
     assert (hand.max_abs_weight_diff == 0).all() and (hand.memory_ratio > 1).all()
-    floor = hand[hand.simulation == "dataflow"]  # the floor simulates dataflow only
-    assert (floor.floor_weight_diff == 0).all() and (floor.floor_engine_ms > 0).all() and (floor.over_floor > 0).all()
+    floors = step[step.variant.str.startswith("floor")]
+    assert len(floors) == 2 and (floors.floor_weight_diff == 0).all() and step.floor_weight_diff.isna().sum() == 8
+    floor = hand[hand.simulation == "dataflow"]  # (the hand-rolled deque and the engine against the same floor)
+    assert (floor.floor_engine_ms >= 0).all() and (floor.over_floor > 0).all()
     fast = mem[mem.method.str.endswith("(memory=fast)")]  # one more version per delayed stage
     assert len(fast) == 2 and (fast.measured_bytes > fast.minimum_bytes).all() and (hand.fast_engine_ms >= 0).all()
     growth = pd.read_csv(tmp_path / "growth.csv")
