@@ -24,6 +24,15 @@ def test_t1_factor_formula():
     assert t1_factor(7, 1000, K) == 1.0                     # beyond K
 
 
+@pytest.mark.parametrize("anneal_steps", [0, 1, 10, 1000])
+def test_t1_factors_of_all_stages_are_t1_factor_bit_for_bit(anneal_steps):
+    """lr_factors computes p_k once per step; every stage's factor is still t1_factor's, exactly."""
+    t1 = LRReschedule(anneal_steps)
+    taus = [0, 1, 2, 3, 7, 38, 77, 213]
+    for step in (0, 1, 5, 9, 10, 11, 499, 999, 1000, 1001, 5000):
+        assert t1.lr_factors((taus, [0] * len(taus)), step) == [t1_factor(t, step, anneal_steps) for t in taus]
+
+
 def test_t1_applies_per_stage_lr_on_top_of_the_scheduler():
     """OneCycleLR drives the wrapper; each stage's SGD update is -scheduler_lr * factor * grad."""
     model = mlp(seed=1)

@@ -201,13 +201,18 @@ class DiscrepancyCorrection(Correction):
             chunks = [self.engine.chunks[i] for i in self._ring]
             new = [d for c in chunks for d in c.data]  # w_{t+1}
             small = sum(d.numel() * d.element_size() for d in new) <= history.SWAP_BLOCK_BYTES
-            self._update = (chunks, new, list(self._ring.values()), small)
-        chunks, new, rings, small = self._update
+            rings = list(self._ring.values())
+            # every accumulator in a ring of one row (tau_bkwd = tau_recomp = 0: the dataflow methods): fixed views
+            fixed = list(chain.from_iterable([rows[0] for _, _, rows in rings])) if all(M == 1 for M, _, _ in rings) \
+                else None
+            self._update = (chunks, new, rings, small, fixed)
+        chunks, new, rings, small, views = self._update
         old = list(chain.from_iterable([c.stored(step) for c in chunks]))  # w_t
-        dst = list(chain.from_iterable([rows[(step + 1) % M] for M, _, rows in rings if M > 1]))
-        if dst:
-            torch._foreach_copy_(dst, list(chain.from_iterable([rows[step % M] for M, _, rows in rings if M > 1])))
-        views = list(chain.from_iterable([rows[(step + 1) % M] for M, _, rows in rings]))
+        if views is None:
+            dst = list(chain.from_iterable([rows[(step + 1) % M] for M, _, rows in rings if M > 1]))
+            if dst:
+                torch._foreach_copy_(dst, list(chain.from_iterable([rows[step % M] for M, _, rows in rings if M > 1])))
+            views = list(chain.from_iterable([rows[(step + 1) % M] for M, _, rows in rings]))
         # w_{t+1} - w_t is a temporary: block by block (at most SWAP_BLOCK_BYTES, a larger contiguous
         # tensor in flat pieces), so the peak does not grow with the model
         if small:

@@ -8,12 +8,16 @@ from .base import Correction
 __all__ = ["LRReschedule", "t1_factor"]
 
 
+def _power(k: int, anneal_steps: int) -> float:
+    """``p_k = 1 - min(k/K, 1)`` (0 where ``K = 0``: no annealing)."""
+    return 1.0 - min(k / anneal_steps, 1.0) if anneal_steps > 0 else 0.0
+
+
 def t1_factor(tau: int, k: int, anneal_steps: int) -> float:
     """``1 / tau^{p_k}`` with ``p_k = 1 - min(k/K, 1)``; 1 where ``tau = 0`` (PipeMare eq. 4)."""
     if tau <= 0:
         return 1.0
-    p = 1.0 - min(k / anneal_steps, 1.0) if anneal_steps > 0 else 0.0
-    return float(tau) ** (-p)
+    return float(tau) ** (-_power(k, anneal_steps))
 
 
 class LRReschedule(Correction):
@@ -39,5 +43,6 @@ class LRReschedule(Correction):
         self._offset = engine.phase_offset
 
     def lr_factors(self, delays, step):
-        k = max(step - self._offset, 0)
-        return [t1_factor(t, k, self.anneal_steps) for t in delays[0]]
+        """:func:`t1_factor` of every stage (its arithmetic, with ``p_k`` computed once per step)."""
+        p = -_power(max(step - self._offset, 0), self.anneal_steps)
+        return [float(t) ** p if t > 0 else 1.0 for t in delays[0]]
