@@ -310,12 +310,14 @@ class DataMovementFloor:
     bodies, as :class:`EngineClock` times the wrapper's.
     """
 
+    spare = 0  # rows per parameter beyond tau
+
     def __init__(self, model: nn.Module, base: torch.optim.Optimizer, partition, tau_fwd):
         self.model, self.base = model, base
         delayed = [(p, tau_fwd[s.index]) for s in partition for p in s.params if tau_fwd[s.index]]
-        self.params = [p for p, _ in delayed]
+        self.params, self.taus = [p for p, _ in delayed], [tau for _, tau in delayed]
         self.own = [p.data for p in self.params]
-        self.rows = [[p.detach().clone() for _ in range(tau)] for p, tau in delayed]
+        self.rows = [[p.detach().clone() for _ in range(tau + self.spare)] for p, tau in delayed]
         self.t, self.seconds = 0, 0.0
         self._pointed: List[torch.Tensor] = []
         model.register_forward_pre_hook(self._forward)
@@ -324,7 +326,7 @@ class DataMovementFloor:
     def _forward(self, module, args) -> None:
         t0 = clock()
         t = self.t
-        self._pointed = [rows[t % len(rows)] for rows in self.rows]  # w_(t - tau): row (t - tau) mod tau
+        self._pointed = [rows[(t - tau) % len(rows)] for rows, tau in zip(self.rows, self.taus)]  # w_(t - tau)
         for p, row in zip(self.params, self._pointed):
             p.data = row
         self.seconds += clock() - t0
@@ -336,9 +338,13 @@ class DataMovementFloor:
 
     def _backward(self, grad) -> None:
         t0 = clock()
-        torch._foreach_copy_(self._pointed, self.own)  # w_t over w_(t - tau): stored now, and read backward
+        torch._foreach_copy_(self._pointed, self.own)  # w_t over the expiring w_(t - tau), read backward
+        self._rewrite(self._pointed)
         torch.autograd.Variable._execution_engine.queue_callback(self._end)
         self.seconds += clock() - t0
+
+    def _rewrite(self, rows: List[torch.Tensor]) -> None:
+        """A correction of the backward view, in place (none)."""
 
     def _end(self) -> None:
         t0 = clock()
@@ -350,93 +356,61 @@ class DataMovementFloor:
         self.base.zero_grad()
         loss = loss_fn(self.model(x), y)
         loss.backward()
-        self.base.step()
+        self._update()
         self.t += 1
         return loss
 
+    def _update(self) -> None:
+        """The step (the row written at the backward's start already stores ``w_t``)."""
+        self.base.step()
 
-class PipemareFloor:
+
+class PipemareFloor(DataMovementFloor):
     """``pipemare``'s data movement and arithmetic in minimal memory (T1 + T2, PipeMare §3) with none of the
     engine's bookkeeping: what a simulator of PipeMare that moves the weights as the engine does cannot go
     below.
 
-    Per parameter of a stage with ``tau = tau_fwd_i > 0`` (``tau_bkwd = 0``), ``tau + 1`` rows (version ``v`` in
-    row ``v mod (tau + 1)``; ``w_0`` in all at first) and T2's accumulator ``delta`` (0 at first). The forward
-    points the parameter at the row of ``w_{t-tau}``; when the backward begins, ``w_t`` is copied over that row
-    and T2 rewrites it in place, ``u = w_t - tau delta`` (``_foreach_addcmul_`` with the factors as 0-d
-    tensors, the engine's arithmetic); at the end of the backward the parameters point at their own storage
-    again. ``step`` copies ``w_t`` into the spare row (row ``t mod (tau + 1)``), steps the base optimizer over
-    one parameter group per stage with ``lr`` times T1's factor ``1 / tau^(1 - min(t/K, 1))``, and updates
-    ``delta <- lerp(delta, w_(t+1) - w_t, 1 - gamma)``. Two weight copies per step, as the engine's. Like
-    :class:`DataMovementFloor`: one training forward and its backward per step, nothing else; ``seconds``
-    times its hooks' bodies and its step but the base step (what stepping one group per stage adds to the
-    base step is added by :func:`_engine`, as it is in the wrapper's time).
+    As :class:`DataMovementFloor`, with ``tau + 1`` rows per parameter (version ``v`` in row ``v mod
+    (tau + 1)``) and T2's accumulator ``delta`` (0 at first): the row of ``w_{t-tau}`` that the backward's
+    ``w_t`` is copied over is rewritten by T2, ``u = w_t - tau delta`` (``_foreach_addcmul_`` with the factors
+    as 0-d tensors, the engine's arithmetic). ``step`` copies ``w_t`` into the spare row (``t mod (tau + 1)``),
+    steps the base optimizer over one parameter group per stage with ``lr`` times T1's factor
+    ``1 / tau^(1 - min(t/K, 1))``, and updates ``delta <- lerp(delta, w_(t+1) - w_t, 1 - gamma)``. Two weight
+    copies per step, as the engine's. ``seconds`` times its hooks' bodies and its step but the base step (what
+    stepping one group per stage adds to the base step is added by :func:`_engine`, as it is in the
+    wrapper's time).
     """
+
+    spare = 1
 
     def __init__(self, model: nn.Module, base: torch.optim.Optimizer, partition, tau_fwd,
                  anneal_steps: int = methods.ANNEAL_STEPS, decay: float = methods.DECAY):
-        self.model, self.base = model, base
+        super().__init__(model, base, partition, tau_fwd)
         self._t1 = functools.partial(t1_factor, anneal_steps=anneal_steps)
-        delayed = [(p, tau_fwd[s.index]) for s in partition for p in s.params if tau_fwd[s.index]]
-        self.params = [p for p, _ in delayed]
-        self.own = [p.data for p in self.params]
-        self.rows = [[p.detach().clone() for _ in range(tau + 1)] for p, tau in delayed]
         self.delta = [torch.zeros_like(p) for p in self.params]
         table = torch.arange(0, -(max(tau_fwd) + 1), -1, dtype=self.params[0].dtype)  # (exact in float32/64)
-        self.factors = [table[tau] for _, tau in delayed]
-        self.weights = [1.0 - t2_gamma(decay, tau, 0) for _, tau in delayed]
+        self.factors = [table[tau] for tau in self.taus]
+        self.weights = [1.0 - t2_gamma(decay, tau, 0) for tau in self.taus]
         (user,) = base.param_groups  # one group per stage, lr set at each step (StageGroups' arithmetic)
         self.lr = user["lr"]
         base.param_groups = [{**user, "params": list(s.params)} for s in partition]
-        self.taus = [tau_fwd[s.index] for s in partition]
-        self.t, self.seconds = 0, 0.0
-        self._pointed: List[torch.Tensor] = []
-        model.register_forward_pre_hook(self._forward)
-        model.register_forward_hook(self._output)
+        self.stage_taus = [tau_fwd[s.index] for s in partition]
 
-    def _forward(self, module, args) -> None:
-        t0 = clock()
-        t = self.t
-        self._pointed = [rows[(t + 1) % len(rows)] for rows in self.rows]  # w_(t - tau): row (t - tau) mod (tau + 1)
-        for p, row in zip(self.params, self._pointed):
-            p.data = row
-        self.seconds += clock() - t0
+    def _rewrite(self, rows: List[torch.Tensor]) -> None:
+        torch._foreach_addcmul_(rows, self.delta, self.factors)  # T2: w_t - tau delta
 
-    def _output(self, module, args, output) -> None:
-        t0 = clock()
-        output.register_hook(self._backward)
-        self.seconds += clock() - t0
-
-    def _backward(self, grad) -> None:
-        t0 = clock()
-        torch._foreach_copy_(self._pointed, self.own)  # w_t over the expiring w_(t - tau) ...
-        torch._foreach_addcmul_(self._pointed, self.delta, self.factors)  # ... rewritten by T2: w_t - tau delta
-        torch.autograd.Variable._execution_engine.queue_callback(self._end)
-        self.seconds += clock() - t0
-
-    def _end(self) -> None:
-        t0 = clock()
-        for p, own in zip(self.params, self.own):
-            p.data = own
-        self.seconds += clock() - t0
-
-    def train_step(self, x, y, loss_fn) -> torch.Tensor:
-        self.base.zero_grad()
-        loss = loss_fn(self.model(x), y)
-        loss.backward()
+    def _update(self) -> None:
         t0 = clock()
         t = self.t
         stored = [rows[t % len(rows)] for rows in self.rows]  # the spare row: w_t's
         torch._foreach_copy_(stored, self.own)
-        for group, tau in zip(self.base.param_groups, self.taus):
+        for group, tau in zip(self.base.param_groups, self.stage_taus):
             group["lr"] = self.lr * self._t1(tau, t)
         t1 = clock()
         self.base.step()
         t2 = clock()
         torch._foreach_lerp_(self.delta, torch._foreach_sub(self.own, stored), self.weights)
-        self.t = t + 1
         self.seconds += (t1 - t0) + (clock() - t2)
-        return loss
 
 
 #: method -> its floor (the method's moves and arithmetic without the engine's bookkeeping)

@@ -29,87 +29,53 @@ def bench():
     return load("bench_overhead")
 
 
+def _flat(model):
+    return torch.cat([p.detach().flatten() for p in model.parameters()])
+
+
+def _wrapper_weights(method, stages, method_args=None):
+    """The weights after the wrapper's steps on ``batches(6)`` (float64 MLP, SGD lr 0.1, momentum 0.9)."""
+    model = mlp()
+    opt = staleopt.PipelineOptimizer(model, torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9), stages=stages,
+                                     schedule=method, method_args=method_args)
+    for x, y in batches(6):
+        opt.zero_grad()
+        mse(model(x), y).backward()
+        opt.step()
+    return _flat(model)
+
+
 @pytest.mark.parametrize("method, schedule, stash", [("dataflow", "dataflow", False), ("pipedream", "1f1b", True)])
 def test_hand_rolled_baseline_is_the_same_simulation(bench, method, schedule, stash):
     """The deque-of-state_dicts loop and the wrapper give bit-identical weights (float64 MLP)."""
-    out = []
-    for kind in ("staleopt", "hand"):
-        model = mlp()
-        base = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-        if kind == "staleopt":
-            opt = staleopt.PipelineOptimizer(model, base, stages=3, schedule=method)
-        else:
-            tf, tb = schedules.get(schedule).delays(3, 1)
-            hand = bench.HandRolled(model, base, staleopt.partition_model(model, 3), tf, list(tf) if stash else tb)
-        for x, y in batches(6):
-            if kind == "staleopt":
-                opt.zero_grad()
-                mse(model(x), y).backward()
-                opt.step()
-            else:
-                hand.train_step(x, y, mse)
-        out.append(torch.cat([p.detach().flatten() for p in model.parameters()]))
-    assert torch.equal(out[0], out[1])
-    assert not torch.equal(out[0], torch.cat([p.detach().flatten() for p in mlp().parameters()]))
+    model = mlp()
+    tf, tb = schedules.get(schedule).delays(3, 1)
+    hand = bench.HandRolled(model, torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
+                            staleopt.partition_model(model, 3), tf, list(tf) if stash else tb)
+    for x, y in batches(6):
+        hand.train_step(x, y, mse)
+    assert torch.equal(_wrapper_weights(method, 3), _flat(model))
+    assert not torch.equal(_flat(model), _flat(mlp()))
 
 
 @pytest.mark.parametrize("stages", [2, 3])
-def test_pipemare_floor_is_the_same_simulation(bench, stages):
-    """The pipemare floor (T1's per-stage lr, T2's rewrite and accumulator, two copies per step, no bookkeeping)
-    and the wrapper's pipemare give bit-identical weights (float64 MLP), with annealing under way."""
-    out = []
-    for kind in ("staleopt", "floor"):
-        model = mlp()
-        base = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-        if kind == "staleopt":
-            opt = staleopt.PipelineOptimizer(model, base, stages=stages, schedule="pipemare",
-                                             method_args={"anneal_steps": 4})
-        else:
-            tf, _ = schedules.get("dataflow").delays(stages, 1)
-            floor = bench.PipemareFloor(model, base, staleopt.partition_model(model, stages), tf, anneal_steps=4)
-        for x, y in batches(6):
-            if kind == "staleopt":
-                opt.zero_grad()
-                mse(model(x), y).backward()
-                opt.step()
-            else:
-                with bench.OpCounter() as counter:
-                    floor.train_step(x, y, mse)
-                assert counter.copy_bytes == 2 * sum(p.numel() * p.element_size() for p in floor.params)
-        out.append(torch.cat([p.detach().flatten() for p in model.parameters()]))
-    assert torch.equal(out[0], out[1])
-    assert any(d.abs().sum() > 0 for d in floor.delta)  # (T2's accumulator is under way)
-
-
-@pytest.mark.parametrize("stages", [2, 3])
-def test_data_movement_floor_is_the_same_simulation(bench, stages):
-    """The floor (pointer moves and one copy per step, no bookkeeping) and the wrapper's dataflow give
-    bit-identical weights (float64 MLP: nn.Linear saves weight.t(), a view of the row the forward pointed at),
-    and the floor copies the weights once per step."""
-    out = []
-    for kind in ("staleopt", "floor"):
-        model = mlp()
-        base = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-        if kind == "staleopt":
-            opt = staleopt.PipelineOptimizer(model, base, stages=stages, schedule="dataflow")
-        else:
-            tf, _ = schedules.get("dataflow").delays(stages, 1)
-            floor = bench.DataMovementFloor(model, base, staleopt.partition_model(model, stages), tf)
-        for k, (x, y) in enumerate(batches(6)):
-            if kind == "staleopt":
-                opt.zero_grad()
-                mse(model(x), y).backward()
-                opt.step()
-            else:
-                with bench.OpCounter() as counter:
-                    floor.train_step(x, y, mse)
-                copied = sum(p.numel() * p.element_size() for p in floor.params)
-                base_copies = counter.copy_bytes - copied
-                assert base_copies == 0, base_copies  # (SGD itself copies nothing)
-        out.append(torch.cat([p.detach().flatten() for p in model.parameters()]))
-    assert torch.equal(out[0], out[1])
-    assert not torch.equal(out[0], torch.cat([p.detach().flatten() for p in mlp().parameters()]))
-    assert floor.seconds > 0
+@pytest.mark.parametrize("method, copies", [("dataflow", 1), ("pipemare", 2)])
+def test_floors_are_the_same_simulation(bench, method, copies, stages):
+    """A method's floor (its moves and arithmetic, no bookkeeping: pointer moves, the copies, for pipemare
+    T1's per-stage lr and T2's rewrite and accumulator) and the wrapper give bit-identical weights (float64
+    MLP: nn.Linear saves weight.t(), a view of the row the forward pointed at; pipemare while annealing),
+    and the floor copies the weights as often as the engine does."""
+    args = {"anneal_steps": 4} if method == "pipemare" else {}
+    model = mlp()
+    tf, _ = schedules.get("dataflow").delays(stages, 1)
+    floor = bench.FLOORS[method](model, torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
+                                 staleopt.partition_model(model, stages), tf, **args)
+    for x, y in batches(6):
+        with bench.OpCounter() as counter:  # (SGD itself copies nothing)
+            floor.train_step(x, y, mse)
+        assert counter.copy_bytes == copies * sum(p.numel() * p.element_size() for p in floor.params)
+    assert torch.equal(_wrapper_weights(method, stages, args or None), _flat(model))
+    assert not torch.equal(_flat(model), _flat(mlp())) and floor.seconds > 0
 
 
 def test_new_storage_bytes_counts_allocated_tensors(bench):
