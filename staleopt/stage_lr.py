@@ -46,14 +46,66 @@ def stepping_optimizers(base: torch.optim.Optimizer) -> List[torch.optim.Optimiz
     return out
 
 
+class _Group(dict):
+    """A parameter group the base optimizer steps (per stage, or per distinct factor): a dict that notes any
+    write to itself in ``written``, a cell shared by all groups of one :class:`StageGroups`, so that finding out
+    whether a step wrote a group key costs one read instead of a look at every value. :class:`StageGroups`
+    writes through ``dict``'s own methods, which note nothing."""
+
+    __slots__ = ("written",)
+
+    def __init__(self, items: dict, written: list):
+        dict.__init__(self, items)
+        self.written = written
+
+    def _wrote(self) -> None:
+        written = getattr(self, "written", None)  # (unset while copy or pickle rebuilds the dict)
+        if written is not None:
+            written[0] = True
+
+    def __setitem__(self, key, value):
+        self._wrote()
+        dict.__setitem__(self, key, value)
+
+    def __delitem__(self, key):
+        self._wrote()
+        dict.__delitem__(self, key)
+
+    def __ior__(self, other):
+        self._wrote()
+        dict.update(self, other)
+        return self
+
+    def setdefault(self, key, default=None):
+        if key not in self:
+            self._wrote()
+        return dict.setdefault(self, key, default)
+
+    def update(self, *args, **kwargs):
+        self._wrote()
+        dict.update(self, *args, **kwargs)
+
+    def pop(self, *args):
+        self._wrote()
+        return dict.pop(self, *args)
+
+    def popitem(self):
+        self._wrote()
+        return dict.popitem(self)
+
+    def clear(self):
+        self._wrote()
+        dict.clear(self)
+
+
 class _Split:
     """One base-optimizer group of a stage: ``group`` is stepped, ``own`` are the keys the optimizer wrote."""
 
     __slots__ = ("user", "stage", "group", "own", "shown")
 
-    def __init__(self, user: dict, stage: int, params: list, shown: dict):
+    def __init__(self, user: dict, stage: int, params: list, shown: dict, written: list):
         self.user, self.stage, self.own, self.shown = user, stage, set(), shown
-        self.group = {**user, "params": params}
+        self.group = _Group({**user, "params": params}, written)
 
 
 class StageGroups:
@@ -75,6 +127,10 @@ class StageGroups:
     (:func:`stepping_optimizers`), so the inner one steps them with the stage's ``lr`` and the
     wrapper's own keys (``lookahead_step``) live on in them as own keys.
 
+    Whether a step wrote a group key is noted by the groups themselves (:class:`_Group`), and while no key
+    became own and the user's groups hold the same values (but ``lr``) as at the last step, only ``lr`` is set
+    in the stepped groups: per step, a stage costs the base optimizer's own work on its group and one ``lr``.
+
     While no group has own keys, the stages of a user group whose factors are equal step as one group
     (as many groups as distinct factors, not stages: a foreach optimizer's launches per step follow the
     distinct delays, and a torch optimizer's arithmetic per tensor does not depend on which tensors
@@ -91,6 +147,8 @@ class StageGroups:
         self._merged: Dict[tuple, Tuple[List[dict], List[List[_Split]]]] = {}  # factor pattern -> groups, members
         self._driven: Optional[tuple] = None  # (base, its stepping optimizers, their group lists and lengths)
         self._last: Optional[tuple] = None  # (splits, factors, merged) of the latest _merge
+        self._written = [False]  # a stepped group was written (by the base optimizer: _Group)
+        self._values: Optional[tuple] = None  # (merged, the user groups' values but lr) the merged groups hold
 
     def _sync(self, groups: List[dict]) -> List[_Split]:
         """Splits of ``groups``, reusing those of user groups seen before (same dict object)."""
@@ -106,10 +164,10 @@ class StageGroups:
                 splits += kept
                 continue
             shown: dict = {}
-            splits += [_Split(group, s, ps, shown) for s, ps in self._by_stage(group)]
+            splits += [_Split(group, s, ps, shown, self._written) for s, ps in self._by_stage(group)]
         self._users, self._splits = list(groups), splits
         self._own = any(sp.own for sp in splits)
-        self._merged = {}
+        self._merged, self._values = {}, None
         return splits
 
     def _by_stage(self, group: dict) -> List[Tuple[int, list]]:
@@ -135,8 +193,8 @@ class StageGroups:
                 g, own, user = sp.group, sp.own, sp.user
                 for k, v in user.items():
                     if k != "params" and (k not in own or v is not sp.shown.get(k)):
-                        g[k] = v
-                g["lr"] = user["lr"] * (factors[sp.stage] if sp.stage >= 0 else 1.0)
+                        dict.__setitem__(g, k, v)
+                dict.__setitem__(g, "lr", user["lr"] * (factors[sp.stage] if sp.stage >= 0 else 1.0))
             stepped, members = [sp.group for sp in splits], [[sp] for sp in splits]
         else:
             stepped, members = self._merge(splits, factors)
@@ -144,7 +202,7 @@ class StageGroups:
                 any(a is not b for a, b in zip(self._stepped, stepped)):
             self._stepped = stepped
         driven = self._drive(base)
-        set_to = [list(g.values()) for g in stepped]  # what the step starts from, key by key
+        self._written[0] = False
         before = [o.param_groups for o in driven]
         for o in driven:
             o.param_groups = self._stepped
@@ -153,8 +211,9 @@ class StageGroups:
         finally:
             for o, g in zip(reversed(driven), reversed(before)):
                 o.param_groups = g
-        if all(len(g) == len(vals) and all(map(operator.is_, g.values(), vals)) for g, vals in zip(stepped, set_to)):
+        if not self._written[0]:
             return  # the step wrote no group key (torch's SGD, Adam, ...): nothing becomes own
+        self._values = None  # (the merged groups no longer hold just the user's values)
         shown = set()
         for group, sps in zip(stepped, members):  # a key the step wrote (not the value set from the user's
             for k, v in group.items():           # group) becomes own, in each stage the group stepped
@@ -163,7 +222,7 @@ class StageGroups:
                 for n, sp in enumerate(sps):
                     if k not in sp.own and (k not in sp.user or sp.user[k] is not v):
                         sp.own.add(k)
-                        sp.group[k] = v if n == 0 else copy.deepcopy(v)  # (a tensor the step updates in place)
+                        dict.__setitem__(sp.group, k, v if n == 0 else copy.deepcopy(v))  # (updated in place)
                         self._own = True
         for sp in splits:
             if sp.own and id(sp.shown) not in shown:  # the first stage of a user group shows its own keys
@@ -203,15 +262,22 @@ class StageGroups:
                 members: List[List[_Split]] = [[] for _ in classes]
                 for sp, c in zip(splits, pattern):
                     members[c].append(sp)
-                groups = [{"params": [p for sp in sps for p in sp.group["params"]]} for sps in members]
+                groups = [_Group({"params": [p for sp in sps for p in sp.group["params"]]}, self._written)
+                          for sps in members]
                 merged = self._merged[key] = (groups, members)
             self._last = (splits, key_f, merged)
         groups, members = merged
+        values = tuple([v for u in self._users for k, v in u.items() if k != "lr"])  # (compared by identity)
+        held = self._values
+        if held is None or held[0] is not merged or len(held[1]) != len(values) or \
+                not all(map(operator.is_, held[1], values)):
+            for g, sps in zip(groups, members):
+                params = g["params"]
+                dict.update(g, sps[0].user)  # every key from the user's group but the parameters
+                dict.__setitem__(g, "params", params)
+            self._values = (merged, values)
         for g, sps in zip(groups, members):
-            user, params = sps[0].user, g["params"]
-            g.update(user)  # every key from the user's group but the parameters
-            g["params"] = params
-            g["lr"] = user["lr"] * (factors[sps[0].stage] if sps[0].stage >= 0 else 1.0)
+            dict.__setitem__(g, "lr", sps[0].user["lr"] * (factors[sps[0].stage] if sps[0].stage >= 0 else 1.0))
         return merged
 
     def state(self, groups: List[dict]) -> List[dict]:
@@ -223,9 +289,10 @@ class StageGroups:
         if len(state) != len(splits):
             raise OptimizerMismatchError(f"the checkpoint has {len(state)} per-stage parameter groups but this "
                                          f"optimizer has {len(splits)}: rebuild it with the same parameter groups")
+        self._values = None
         for sp, own in zip(splits, state):
             sp.own = set(own)
-            sp.group.update(own)
+            dict.update(sp.group, own)
             for k in own:
                 sp.shown[k] = sp.user.get(k)
         self._own = any(sp.own for sp in splits)

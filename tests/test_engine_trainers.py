@@ -343,3 +343,33 @@ def test_partitioning_by_execution_order_trains_like_the_model_registered_in_ord
         train(m, opt, data)
         runs.append([m.body.weight.detach(), m.body.bias.detach(), m.head.weight.detach(), m.head.bias.detach()])
     _assert_equal(*runs)
+
+
+def test_a_user_change_to_a_group_key_reaches_every_stage_at_the_next_step():
+    """T1 with an optimizer that writes no group key (torch's SGD): the per-stage groups take only ``lr`` while
+    the user's group is unchanged, and every other key the user (or a scheduler) changes at the next step —
+    momentum and weight decay here, against one group per stage set by hand."""
+    data = batches(8, seed=13)
+    model, ref = mlp(seed=13), mlp(seed=13)
+    opt = staleopt.PipelineOptimizer(model, torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9), stages=3,
+                                     schedule="dataflow", corrections=[LRReschedule(6)])
+    layers = [m for m in ref if isinstance(m, nn.Linear)]
+    base = torch.optim.SGD([{"params": list(l.parameters())} for l in layers], lr=0.05, momentum=0.9)
+    ref_opt = staleopt.PipelineOptimizer(ref, base, stages=3, schedule="dataflow")
+    for t, (x, y) in enumerate(data):
+        if t == 3:
+            opt.param_groups[0]["momentum"] = 0.5
+            for group in base.param_groups:
+                group["momentum"] = 0.5
+        if t == 5:
+            opt.param_groups[0].update(weight_decay=0.01)
+            for group in base.param_groups:
+                group["weight_decay"] = 0.01
+        for group, tau in zip(base.param_groups, ref_opt.tau_fwd):
+            group["lr"] = 0.05 * t1_factor(tau, t, 6)
+        for m, o in ((model, opt), (ref, ref_opt)):
+            o.zero_grad()
+            mse(m(x), y).backward()
+            o.step()
+    _assert_equal(_weights(model), _weights(ref))
+    assert opt.param_groups[0]["momentum"] == 0.5 and "k" not in opt.param_groups[0]
