@@ -242,6 +242,16 @@ def test_per_stage_group_state_survives_a_checkpoint():
     _assert_equal(_weights(model), _weights(resumed))
 
 
+def _lockstep_with_hand_t1(t, x, y, wrapped, hand):
+    """Step ``t`` of both runs: the wrapper's T1 (K = 6) and, by hand, each stage group's ``lr`` scaled first."""
+    for group, tau in zip(hand[1].param_groups, hand[1].tau_fwd):
+        group["lr"] = 0.05 * t1_factor(tau, t, 6)
+    for m, o in (wrapped, hand):
+        o.zero_grad()
+        mse(m(x), y).backward()
+        o.step()
+
+
 def test_a_user_write_to_an_optimizer_owned_group_key_reaches_every_stage():
     data = batches(6, seed=12)
     model, ref = mlp(seed=12), mlp(seed=12)
@@ -251,12 +261,7 @@ def test_a_user_write_to_an_optimizer_owned_group_key_reaches_every_stage():
     for group in ref_opt.param_groups:
         group["weight_sum"] = 1.0
     for t, (x, y) in enumerate(data[3:], start=3):
-        for group, tau in zip(ref_opt.param_groups, ref_opt.tau_fwd):
-            group["lr"] = 0.05 * t1_factor(tau, t, 6)
-        for m, o in ((model, opt), (ref, ref_opt)):
-            o.zero_grad()
-            mse(m(x), y).backward()
-            o.step()
+        _lockstep_with_hand_t1(t, x, y, (model, opt), (ref, ref_opt))
     _assert_equal(_weights(model), _weights(ref))
 
 
@@ -365,11 +370,6 @@ def test_a_user_change_to_a_group_key_reaches_every_stage_at_the_next_step():
             opt.param_groups[0].update(weight_decay=0.01)
             for group in base.param_groups:
                 group["weight_decay"] = 0.01
-        for group, tau in zip(base.param_groups, ref_opt.tau_fwd):
-            group["lr"] = 0.05 * t1_factor(tau, t, 6)
-        for m, o in ((model, opt), (ref, ref_opt)):
-            o.zero_grad()
-            mse(m(x), y).backward()
-            o.step()
+        _lockstep_with_hand_t1(t, x, y, (model, opt), (ref, ref_opt))
     _assert_equal(_weights(model), _weights(ref))
     assert opt.param_groups[0]["momentum"] == 0.5 and "k" not in opt.param_groups[0]
