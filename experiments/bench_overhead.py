@@ -123,11 +123,11 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import staleopt
 from staleopt import methods, models, schedules, segments
-from staleopt.corrections import DiscrepancyCorrection, WeightPrediction
-from staleopt.corrections.lr_reschedule import t1_factor
+from staleopt._torch_compat import queue_callback
+from staleopt.corrections import DiscrepancyCorrection, WeightPrediction, t1_factor
 from staleopt.theory import t2_gamma
 
-__all__ = ["main", "HandRolled", "DataMovementFloor", "EngineClock", "OpCounter", "engine_counts", "SegmentClock", "TorchCheckpoint", "new_storage_bytes", "minimum_bytes",
+__all__ = ["main", "HandRolled", "DataMovementFloor", "PipemareFloor", "FLOORS", "EngineClock", "OpCounter", "engine_counts", "SegmentClock", "TorchCheckpoint", "new_storage_bytes", "minimum_bytes",
            "ModelSpec", "MODELS"]
 
 METHODS = ("pipemare", "pipedream", "pipeoptim")
@@ -340,7 +340,7 @@ class DataMovementFloor:
         t0 = clock()
         torch._foreach_copy_(self._pointed, self.own)  # w_t over the expiring w_(t - tau), read backward
         self._rewrite(self._pointed)
-        torch.autograd.Variable._execution_engine.queue_callback(self._end)
+        queue_callback(self._end)
         self.seconds += clock() - t0
 
     def _rewrite(self, rows: List[torch.Tensor]) -> None:
