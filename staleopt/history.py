@@ -5,9 +5,10 @@ slots and the parameters. :class:`~staleopt.optimizer.PipelineOptimizer` drives 
 calls, and corrections read it through the :class:`StageView` protocol:
 
 ==========================  ==========================================================================
-``load(targets, bind)``     put version ``v_i`` (raw, or to be rewritten in place) into stage view ``i``
-                            (forward, backward, and a recomputation's views, :mod:`staleopt.recompute`);
-                            the views in ``bind`` may instead point their parameters at the stored row
+``load(targets)``           put version ``v_i`` (raw, or to be rewritten in place) into stage view ``i``
+                            (forward, backward, and a recomputation's views, :mod:`staleopt.recompute`;
+                            :class:`Targets`, relative to the step); the views in ``targets.bind`` may
+                            instead point their parameters at the stored row
 ``restore()``               put ``w_t`` back into the parameters (their own storage)
 ``end_pass()``              no graph of this step's passes reads a row the parameters pointed at
 ``push(t)``                 the parameters hold ``w_t`` at rest: store it, forget ``w_{t - H_i}``
@@ -55,7 +56,7 @@ their own storage again at ``restore()`` (eval, ``state_dict``, the end of a bac
 ``step()``), and at the pass row again when a backward begins (:meth:`SlotHistory._plan_bound`).
 Every move of one phase is batched over all stages: a few
 ``torch.cat``/``torch._foreach_copy_``/``torch.split_with_sizes_copy`` calls, whatever the number of
-tensors. A load is planned once per (state, targets) relative to ``t`` and replayed afterwards (:class:`_Program`).
+tensors. A load is planned once per (state, targets) relative to ``t`` and replayed afterwards (:class:`_Load`).
 :class:`staleopt.reference.ReferenceHistory` is the readable version (every version kept, views
 copied) that this one is tested against step by step.
 """
@@ -69,7 +70,7 @@ from torch import nn
 
 from .errors import CheckpointError, CorrectionError, LoopError
 
-__all__ = ["StageView", "make_views", "History", "SlotHistory", "MoveStrategy", "SwapMoves", "CopyMoves",
+__all__ = ["StageView", "make_views", "Targets", "History", "SlotHistory", "MoveStrategy", "SwapMoves", "CopyMoves",
            "STRATEGIES", "SWAP_BLOCK_BYTES", "blocks"]
 
 Target = Tuple[int, bool]  # (version, rewritten in place)
@@ -176,6 +177,29 @@ def make_views(history: "History", partition, depths: Sequence[int]) -> List[Sta
     return views
 
 
+class Targets:
+    """Where :meth:`History.load` brings the views, relative to the current step ``t``: ``rel[i] = (t - v_i,
+    rewritten_i)`` (view ``i`` reads version ``v_i``, rewritten in place by a correction if ``rewritten_i``),
+    and for a pass's forward ``bind``, ``{view: kind}`` (the views that may point their parameters at the stored
+    version, :meth:`SlotHistory._plan_bound`; ``None`` elsewhere). Relative to ``t``, the same object serves
+    every step with the same delays: the engine makes one per set of delays (its pass plans), and a history
+    caches what a load does per state and ``Targets`` object (compared by identity, so that a load costs no
+    work over every view)."""
+
+    __slots__ = ("rel", "bind")
+
+    def __init__(self, rel: Sequence[Tuple[int, bool]], bind: Optional[Dict[int, int]] = None):
+        self.rel: Tuple[Tuple[int, bool], ...] = tuple((int(a), bool(m)) for a, m in rel)
+        self.bind = bind
+
+    def versions(self, t: int) -> List[Tuple[int, bool]]:
+        """``(version, rewritten)`` per view at step ``t``."""
+        return [(t - a, m) for a, m in self.rel]
+
+    def __repr__(self) -> str:
+        return f"Targets(rel={list(self.rel)}, bind={self.bind})"
+
+
 class History:
     """The interface :class:`~staleopt.optimizer.PipelineOptimizer` drives (module docstring)."""
 
@@ -183,16 +207,19 @@ class History:
     strategy: str
     _t: int  # the current step: the parameters at rest hold w_t
 
-    def load(self, targets: Sequence[Target], bind: Optional[Dict[int, int]] = None) -> List[StageView]:
-        """Bring view ``i`` to ``targets[i] = (version, rewrite)``; return the views to rewrite in place.
-        ``bind`` (a pass's forward): ``{view: kind}`` may point those views' parameters at the stored version
-        instead of copying it in (:meth:`SlotHistory._plan_bound` says how, per kind; a history that copies
-        ignores it)."""
+    def load(self, targets: "Targets") -> Sequence[StageView]:
+        """Bring view ``i`` to version ``t - targets.rel[i][0]``, rewritten in place if ``targets.rel[i][1]``;
+        return the views to rewrite in place. ``targets.bind`` (a pass's forward): ``{view: kind}`` may point those
+        views' parameters at the stored version instead of copying it in (:meth:`SlotHistory._plan_bound` says
+        how, per kind; a history that copies ignores it)."""
         raise NotImplementedError
 
     def restore(self) -> None:
         """Put the current weights ``w_t`` back into the parameters (raw)."""
-        self.load([(self._t, False)] * len(self.views))
+        at_rest = getattr(self, "_at_rest", None)
+        if at_rest is None:
+            at_rest = self._at_rest = Targets([(0, False)] * len(self.views))
+        self.load(at_rest)
 
     def push(self, t: int) -> None:
         """Store ``w_t`` (in the parameters, at rest) and forget what no later step needs."""
@@ -250,34 +277,73 @@ class _Moves:
         self.copies: Tuple[Tuple[list, list], ...] = (([], []), ([], []))
 
 
-class _BoundProgram:
-    """What :meth:`SlotHistory.load` does with the views that point at a row, planned once per (targets,
-    ``bind``, state) relative to ``t`` (:meth:`SlotHistory._plan_bound`): copies (``dst``, ``src``: references
-    as in :class:`_Moves`), the views to point at the row of version ``t - r`` (``point``: ``(i, r)``), the
-    views to rewrite, the relative targets left to :meth:`SlotHistory._program`, and the state it leaves.
-    ``owners``: the parameters of the views to point (flat); ``ends``/``homes``: the first and last parameter of
-    each and their own storage's addresses (checked before pointing); ``bound_ends``/``release``: of every view
-    pointing elsewhere once it ran, the first and last parameter, and all parameters with their own storage (flat,
-    for :meth:`SlotHistory.restore`)."""
-
-    __slots__ = ("bind", "dst", "src", "point", "rewrite", "run", "state", "after", "owners", "ends", "homes",
-                 "bound_ends", "release")
-
-    def __init__(self, bind, dst, src, point, rewrite, run, state, owners, ends, homes, bound_ends, release):
-        self.bind, self.dst, self.src, self.point, self.rewrite, self.run, self.state = \
-            bind, dst, src, point, rewrite, run, state
-        self.owners, self.ends, self.homes, self.bound_ends, self.release = owners, ends, homes, bound_ends, release
-        self.after: Optional[_Program] = None  # the _Program of run from that state (found at the first replay)
+#: the fields of a :class:`_State`, in order
+_FIELDS = ("loaded", "rewritten", "saved", "expired", "gone", "pass_rel", "held", "writable", "passing", "bound")
 
 
-class _Program:
-    """What one :meth:`SlotHistory.load` does from one state to one set of targets, both relative to ``t``:
-    its rounds of :class:`_Moves`, the views it hands back to be rewritten, and the state it leaves."""
+class _State:
+    """The bookkeeping of a :class:`SlotHistory` relative to ``t``, immutable and interned (one object per
+    distinct value, :meth:`SlotHistory._intern`). Per view: ``loaded`` (``t - v`` of the version the parameters
+    hold), ``rewritten`` (rewritten in place), ``saved`` (``w_t`` is stored in its row; in a swap view before
+    ``push``: ``w_{t-H}`` was dropped), ``expired`` (no later load of the step reads ``w_{t-H}``, :meth:`History.expire`),
+    ``gone`` (``w_{t-H}`` was written over in its row); of the pass rows (:meth:`SlotHistory._plan_bound`):
+    ``pass_rel`` (``t -`` the version of the row a pending pass's graph reads; ``None``: the parameters' own
+    storage), ``held`` (what that row holds: ``(t - version, rewritten)``), ``writable`` (its version expired:
+    the backward view is written over it); ``passing`` and ``bound``: the views with a pass row, and those whose
+    parameters point at it now (in pointing order). ``rest``: every view's own storage holds ``w_t`` raw.
+    ``next`` caches what the history does from this state (a load per :class:`Targets`, ``expire``, ``push``,
+    ``end_pass``, ...): a steady step looks each up instead of building keys over every view."""
 
-    __slots__ = ("rounds", "rewrite", "state", "rest")
+    __slots__ = _FIELDS + ("rest", "next")
 
-    def __init__(self, rounds, rewrite, state, rest):
-        self.rounds, self.rewrite, self.state, self.rest = rounds, rewrite, state, rest
+    def __init__(self, values: tuple):
+        for name, value in zip(_FIELDS, values):
+            setattr(self, name, value)
+        self.rest = all(a == 0 and not m for a, m in zip(self.loaded, self.rewritten))
+        self.next: dict = {}
+
+    def values(self) -> tuple:
+        return tuple(getattr(self, name) for name in _FIELDS)
+
+
+class _Draft:
+    """A :class:`_State` being changed while a load is planned: its fields as lists, ``loaded`` as versions (``t``
+    minus the state's), and what the strategies read of the history (``t``, ``H``, ``copy``, ``views``)."""
+
+    def __init__(self, history: "SlotHistory", state: _State):
+        t = self.t = history._t
+        self.H, self.copy, self.views = history._H, history._copy, history.views
+        self.loaded = [t - a for a in state.loaded]
+        self.rewritten, self.saved, self.expired, self.gone = (list(x) for x in (state.rewritten, state.saved,
+                                                                                 state.expired, state.gone))
+        self.pass_rel, self.held, self.writable = list(state.pass_rel), list(state.held), list(state.writable)
+        self.passing, self.bound = list(state.passing), list(state.bound)
+
+    def values(self) -> tuple:
+        t = self.t
+        return (tuple([t - v for v in self.loaded]), tuple(self.rewritten), tuple(self.saved), tuple(self.expired),
+                tuple(self.gone), tuple(self.pass_rel), tuple(self.held), tuple(self.writable), tuple(self.passing),
+                tuple(self.bound))
+
+
+class _Load:
+    """What :meth:`SlotHistory.load` does from one state to one :class:`Targets`, planned once
+    (:meth:`SlotHistory._plan`) and replayed at any step (references relative to ``t``, as in :class:`_Moves`):
+    first the copies into the pass rows (``dst``, ``src``), then the ``rounds`` of :class:`_Moves` of the views in
+    their own storage, then the views to point at the row of version ``t - r`` (``point``: ``(i, r)``). ``rewrite``:
+    the views to rewrite in place (:class:`StageView`); ``state``: the :class:`_State` it leaves. ``owners``: the
+    parameters of the views to point (flat); ``ends``/``homes``: the first and last parameter of each and their
+    own storage's addresses (checked before pointing); ``bound_ends``/``release``: of every view pointing elsewhere
+    once it ran, the first and last parameter, and all parameters with their own storage (flat, for
+    :meth:`SlotHistory.restore`)."""
+
+    __slots__ = ("dst", "src", "point", "owners", "ends", "homes", "bound_ends", "release", "rounds", "rewrite",
+                 "state")
+
+    def __init__(self, dst, src, point, owners, ends, homes, bound_ends, release, rounds, rewrite, state):
+        self.dst, self.src, self.point, self.owners, self.ends, self.homes = dst, src, point, owners, ends, homes
+        self.bound_ends, self.release, self.rounds, self.rewrite, self.state = \
+            bound_ends, release, rounds, rewrite, state
 
 
 _data_ptr = torch.Tensor.data_ptr
@@ -307,13 +373,13 @@ class MoveStrategy:
         (:class:`CopyMoves`), ``M = H`` a swap view (:class:`SwapMoves`)."""
         raise NotImplementedError
 
-    def plan(self, history: "SlotHistory", pending: List[int], targets: Sequence[Target],
+    def plan(self, draft: _Draft, pending: List[int], targets: Sequence[Target],
              moves: _Moves) -> Callable[[], None]:
         """Queue into ``moves`` one round of symbolic moves (:class:`_Moves`) towards ``targets`` for the views
-        ``pending``; return the bookkeeping the round leaves (the history's ``loaded``/``rewritten``/``saved``),
-        which :meth:`SlotHistory.load` applies while it plans. Views not at their target after it get another
+        ``pending``; return the bookkeeping the round leaves (the draft's ``loaded``/``rewritten``/``saved``),
+        which :meth:`SlotHistory._plan` applies while it plans. Views not at their target after it get another
         round. The moves may depend on the targets and the bookkeeping relative to ``t`` only: a plan is
-        replayed at later steps (:class:`_Program`)."""
+        replayed at later steps (:class:`_Load`)."""
         raise NotImplementedError
 
 
@@ -328,8 +394,8 @@ class CopyMoves(MoveStrategy):
     def rows(self, depth, rewritten):
         return depth + 1 if depth else 0
 
-    def plan(self, h, pending, targets, moves):
-        t, loaded, rewritten, saved = h._t, h._loaded, h._rewritten, h._saved
+    def plan(self, d, pending, targets, moves):
+        t, loaded, rewritten, saved = d.t, d.loaded, d.rewritten, d.saved
         c1, c2 = moves.copies
         newly = [i for i in pending if not saved[i] and (targets[i][0] != t or targets[i][1])]
         for i in newly:  # save w_t to its row once
@@ -369,25 +435,25 @@ class SwapMoves(MoveStrategy):
     def rows(self, depth, rewritten):
         return depth + 1 if rewritten and depth else depth
 
-    def plan(self, h, pending, targets, moves):
-        t, loaded = h._t, h._loaded
-        copies = [i for i in pending if h._copy[i]]
-        commit_copies = self._copies.plan(h, copies, targets, moves) if copies else None
+    def plan(self, d, pending, targets, moves):
+        t, loaded = d.t, d.loaded
+        copies = [i for i in pending if d.copy[i]]
+        commit_copies = self._copies.plan(d, copies, targets, moves) if copies else None
         done, dropped = [], []
         dst, src = moves.copies[1]
         for i in pending:
-            if h._copy[i]:
+            if d.copy[i]:
                 continue
             v, m = targets[i]
             if m:
-                raise CorrectionError(f"stage {h.views[i].stage}: a correction rewrites a view the history did "
+                raise CorrectionError(f"stage {d.views[i].stage}: a correction rewrites a view the history did "
                                       "not reserve a row for (please report this)")
             L = loaded[i]
-            if h._saved[i]:  # w_t is stored (w_{t-H} was dropped): a plain copy of the wanted row
+            if d.saved[i]:  # w_t is stored (w_{t-H} was dropped): a plain copy of the wanted row
                 dst.append((i, None))
                 src.append((i, t - v))
                 done.append((i, v))
-            elif L == t - h._H[i] and h._expired[i]:  # drop w_{t-H}: its row holds w_t since the swap
+            elif L == t - d.H[i] and d.expired[i]:  # drop w_{t-H}: its row holds w_t since the swap
                 dst.append((i, None))
                 src.append((i, t - L))
                 dropped.append(i)
@@ -402,7 +468,7 @@ class SwapMoves(MoveStrategy):
             for i, version in done:
                 loaded[i] = version
             for i in dropped:
-                h._saved[i] = True
+                d.saved[i] = True
         return commit
 
 
@@ -413,12 +479,15 @@ class SlotHistory(History):
     """Exactly the versions the delays need, per view one ``(S_i, numel_i)`` buffer (module docstring).
 
     Version ``v`` lives in row ``v mod M_i`` (``v < 0`` is ``w_0``), so no table of slots is kept:
-    per view the history only tracks which version the parameters hold (``loaded``), whether it was
-    rewritten in place (``rewritten``), whether ``w_t`` was already saved to its row (``saved``; in a
-    swap view before ``push``: ``w_{t-H}`` was dropped) and whether ``w_{t-H}`` expired (``expired``).
+    per view the history only tracks which version the parameters hold, whether it was rewritten in
+    place, whether ``w_t`` was already saved to its row, whether ``w_{t-H}`` expired and the pass rows:
+    its :class:`_State`, relative to ``t`` and interned, on which every transition it took is cached.
     ``depths[i]`` is stage ``i``'s ``H_i``; ``rewritten[i]`` says a correction may rewrite stage ``i``'s
     backward view in place.
     """
+
+    #: a history forgets its cached transitions once it made this many (random delays meet ever new ones)
+    MAX_PLANS = 1024
 
     def __init__(self, partition, depths: Sequence[int], rewritten: Sequence[bool], strategy: MoveStrategy,
                  foreach: bool = True):
@@ -446,75 +515,116 @@ class SlotHistory(History):
         self._delayed = [v.index for v in self.views if v.ring is not None]
         self._H = [v.H for v in self.views]
         n = len(self.views)
-        self._loaded, self._rewritten, self._saved = [0] * n, [False] * n, [False] * n
-        self._expired = [False] * n  # no later load of this step reads w_{t-H} (History.expire)
-        self._rest = True  # every view holds w_t, raw
+        self._states: Dict[tuple, _State] = {}  # the interned states (_intern)
+        self._plans = 0  # transitions cached on them (_remember)
+        self._at_rest_state = self._st = self._intern(((0,) * n, (False,) * n, (False,) * n, (False,) * n,
+                                                       (False,) * n, (None,) * n, (None,) * n, (False,) * n, (), ()))
+        self._at_rest = Targets([(0, False)] * n)
         self._swap_blocks: Dict[tuple, List[tuple]] = {}  # views swapped together -> their blocks
         self._pieces: List[list] = [[None] * M for M in self._M]  # [view][row] -> its pieces, as _blocks cuts them
         self._data = [v.data for v in self.views]  # aliases of the parameters' own storage
-        self._programs: Dict[tuple, _Program] = {}  # (targets, state) relative to t -> what load does
         # binding (module docstring): a view of contiguous tensors may point its parameters at a row
         self._bindable = [M > 0 and all(d.is_contiguous() for d in v.data) for M, v in zip(self._M, self.views)]
-        # the row a pending pass's graph reads, as t - (the version of that row); None: its own storage
-        self._pass_rel: List[Optional[int]] = [None] * n
-        self._held: List[Optional[Tuple[int, bool]]] = [None] * n  # what that row holds: (t - version, rewritten)
-        self._writable = [False] * n  # the pass row's version expired: the backward view is written over it
-        self._passing: List[int] = []  # the views with a pass row
-        self._bound: List[int] = []  # the views whose parameters point at their pass row now, in pointing order
-        self._gone = [False] * n  # w_{t-H} was written over in its row (lost until the step ends)
-        self._bound_programs: Dict[tuple, _BoundProgram] = {}  # (targets, bind, state) relative to t -> load
         # the storage checks (load, restore; _moved) compare addresses: per view its first and last parameter (owner)
         # and the addresses of their own storage
         self._ends = [(v.owners[0], v.owners[-1]) for v in self.views]
         self._home_ptrs = [(d[0].data_ptr(), d[-1].data_ptr()) for d in self._data]
-        # of the views in _bound: their ends, the addresses they were pointed at, and their parameters and own storage
+        # of the state's bound views: their ends, the addresses they were pointed at, and their parameters and own storage
         self._bound_ends: Tuple[torch.Tensor, ...] = ()
         self._bound_ptrs: List[int] = []
         self._release: Tuple[tuple, tuple] = ((), ())
 
     # ------------------------------------------------------------------ API
-    def load(self, targets, bind=None):
-        """``bind``: ``{view: kind}`` for a pass's forward (:meth:`_plan_bound`): a view at rest whose target is
-        a stored raw version points its parameters at a row (its pass row). A view with a pass row loads into
-        that row (module docstring). Planned once per (targets, bind, state) relative to ``t``, then replayed."""
-        if not bind and not self._passing:
-            return [self.views[i] for i in self._replay(self._program(targets))]
+    def load(self, targets):
+        """A view at rest whose target is a stored raw version and that ``targets.bind`` names points its
+        parameters at a row (its pass row, :meth:`_plan_bound`); a view with a pass row loads into that row
+        (module docstring). Planned once per (state, ``targets``), then replayed (:class:`_Load`)."""
+        run = self._st.next.get(targets)
+        if run is None:
+            run = self._plan(targets)
         t = self._t
-        key = (tuple([(t - v, m) for v, m in targets]), id(bind), tuple(self._pass_rel), tuple(self._held),
-               tuple(self._writable), tuple(self._bound), self._state())
-        program = self._bound_programs.get(key)
-        if program is None or program.bind is not bind:
-            program = self._plan_bound(targets, bind)
-            if len(self._bound_programs) >= 256:  # random delays (Hogwild) meet ever new ones
-                self._bound_programs.clear()
-            self._bound_programs[key] = program
-        if program.point and list(map(_data_ptr, program.ends)) != program.homes:
-            raise self._moved([i for i, _ in program.point], home=True)
-        if program.dst:  # (rows and .data aliases: no autograd, no need for no_grad)
-            _copy(self._tensors(program.dst), self._tensors(program.src), self._foreach)
-        (pass_rel, held, writable, passing, bound, saved, gone) = program.state
-        self._pass_rel, self._held, self._writable = list(pass_rel), list(held), list(writable)
-        self._passing, self._bound, self._saved, self._gone = list(passing), list(bound), list(saved), list(gone)
-        if program.point:  # the parameters (and data) point at the rows
+        if run.point and list(map(_data_ptr, run.ends)) != run.homes:
+            raise self._moved([i for i, _ in run.point], home=True)
+        if run.dst:  # (rows and .data aliases: no autograd, no need for no_grad)
+            _copy(self._tensors(run.dst), self._tensors(run.src), self._foreach)
+        for moves in run.rounds:  # (of the views in their own storage: none of those it points)
+            if moves.swaps:
+                M = self._M
+                self._swap([(i, (t - r) % M[i]) for i, r in moves.swaps])
+            for dst, src in moves.copies:
+                if dst:
+                    _copy(self._tensors(dst), self._tensors(src), self._foreach)
+        if run.point:  # the parameters (and data) point at the rows (last: a move that raised changed nothing)
             M, slots, views = self._M, self._slot_views, self.views
-            rows = [slots[i][(t - r) % M[i]] for i, r in program.point]
-            for owner, x in zip(program.owners, chain.from_iterable(rows)):
+            rows = [slots[i][(t - r) % M[i]] for i, r in run.point]
+            for owner, x in zip(run.owners, chain.from_iterable(rows)):
                 owner.data = x
-            for (i, _), tensors in zip(program.point, rows):
+            for (i, _), tensors in zip(run.point, rows):
                 views[i].data = tensors
-            self._bound_ptrs += map(_data_ptr, program.ends)  # (where they point now)
-            self._bound_ends, self._release = program.bound_ends, program.release
-        if program.after is None:  # (the state is now the one it was planned for: its _Program is fixed)
-            program.after = self._program([(t - a, m) for a, m in program.run])
-        rewrite = self._replay(program.after)
-        if program.rewrite:
-            rewrite = sorted(rewrite + list(program.rewrite))
-        return [self.views[i] for i in rewrite]
+            self._bound_ptrs += map(_data_ptr, run.ends)  # (where they point now)
+            self._bound_ends, self._release = run.bound_ends, run.release
+        self._st = run.state
+        return run.rewrite
 
-    def _plan_bound(self, targets, bind) -> "_BoundProgram":
+    def _plan(self, targets: Targets) -> _Load:
+        """What :meth:`load` does from the current state to ``targets``: the pass rows' part (:meth:`_plan_bound`,
+        where ``targets.bind`` names views or views have pass rows), then the moves of the views in their own
+        storage (:meth:`_plan_load`); cached on the state. (:meth:`restore`'s targets leave the pass rows as they are.)"""
+        t, state = self._t, self._st
+        draft = _Draft(self, state)
+        versions = targets.versions(t)
+        if targets is not self._at_rest and (targets.bind or draft.passing):
+            dst, src, point, rewrite, versions = self._plan_bound(draft, versions, targets.bind)
+        else:
+            dst, src, point, rewrite = (), (), (), ()
+        rounds, more = self._plan_load(draft, versions)
+        views, ends = self.views, self._ends
+        run = _Load(dst, src, point,
+                    tuple(chain.from_iterable([views[i].owners for i, _ in point])),
+                    tuple(chain.from_iterable([ends[i] for i, _ in point])),
+                    list(chain.from_iterable([self._home_ptrs[i] for i, _ in point])),
+                    tuple(chain.from_iterable([ends[i] for i in draft.bound])),
+                    (tuple(chain.from_iterable([views[i].owners for i in draft.bound])),
+                     tuple(chain.from_iterable([self._data[i] for i in draft.bound]))),
+                    rounds, tuple(views[i] for i in sorted(set(rewrite) | set(more))), self._intern(draft.values()))
+        self._remember(state, targets, run)
+        return run
+
+    def _intern(self, values: tuple) -> _State:
+        """The one :class:`_State` of these field values."""
+        state = self._states.get(values)
+        if state is None:
+            state = self._states[values] = _State(values)
+        return state
+
+    def _remember(self, state: _State, key, value) -> None:
+        """Cache a transition from ``state``; past :attr:`MAX_PLANS` of them, forget every cached one first."""
+        if self._plans >= self.MAX_PLANS:
+            keep = (state, self._at_rest_state, getattr(value, "state", value))
+            for s in self._states.values():
+                s.next.clear()
+            self._states = {v: s for v, s in self._states.items() if any(s is k for k in keep)}
+            self._plans = 0
+        state.next[key] = value
+        self._plans += 1
+
+    def _derive(self, key, fields: Callable[[_State], dict]) -> _State:
+        """The state that ``fields(state)`` (new values of some fields) makes of the current one, cached under
+        ``key``."""
+        state = self._st
+        got = state.next.get(key)
+        if got is None:
+            new = fields(state)
+            got = self._intern(tuple(new.get(name, value) for name, value in zip(_FIELDS, state.values())))
+            self._remember(state, key, got)
+        return got
+
+    def _plan_bound(self, d: _Draft, targets: List[Target], bind: Optional[Dict[int, int]]) -> tuple:
         """Plan what :meth:`load` does with the views that have a pass row, and those ``bind`` gives one (rows
-        pointed at, backward views written into them), without changing the bookkeeping; the rest of the load
-        is a :class:`_Program`'s, with those views at rest (their own storage holds ``w_t``).
+        pointed at, backward views written into them), changing the draft ``d`` as that does; returns
+        ``(dst, src, point, rewrite, targets)``: the copies, the views to point at the row of version ``t - r``
+        (``(i, r)``), the views to rewrite, and the targets left to :meth:`_plan_load` (those views at rest: their
+        own storage holds ``w_t``).
 
         ``bind[i]`` (:class:`~staleopt.optimizer._PassPlan`): 0, the backward reads the forward's raw version
         (the pass row is its row, never written); 1, the forward's ``w_{t-H}`` expires in this pass (a swap
@@ -524,16 +634,16 @@ class SlotHistory(History):
         ``t mod M`` (``w_{t-H-1}``, expired), the forward's version copied in; the backward view is then
         written over that copy, nothing is lost, and a raw ``w_t`` there is ``push``'s. References are
         relative to ``t`` (:class:`_Moves`)."""
-        t, M, H = self._t, self._M, self._H
-        pass_rel, held, writable = list(self._pass_rel), list(self._held), list(self._writable)
-        pointing = set(self._bound)
-        passing, bound, saved, gone = list(self._passing), list(self._bound), list(self._saved), list(self._gone)
-        run = [(t - v, m) for v, m in targets]
+        t, M, H = d.t, self._M, self._H
+        pass_rel, held, writable, passing, bound, saved, gone = \
+            d.pass_rel, d.held, d.writable, d.passing, d.bound, d.saved, d.gone
+        pointing = set(bound)
+        run = list(targets)
         dst, src, point, rewrite = [], [], [], []
         for i, kind in (bind or {}).items():
             v, m = targets[i]
-            if (pass_rel[i] is not None or not self._bindable[i] or m or v == t or self._loaded[i] != t
-                    or self._rewritten[i] or v < t - H[i] or (v == t - H[i] and (gone[i] or (
+            if (pass_rel[i] is not None or not self._bindable[i] or m or v == t or d.loaded[i] != t
+                    or d.rewritten[i] or v < t - H[i] or (v == t - H[i] and (gone[i] or (
                     saved[i] and not self._copy[i])))):
                 continue  # (copied in instead; a version no longer stored raises there)
             if kind == 0 or (kind == 1 and not self._strategy.keeps_expired):
@@ -547,7 +657,7 @@ class SlotHistory(History):
             held[i], writable[i] = (t - v, False), kind > 0
             passing.append(i)
         for i in passing:
-            a, m = run[i]
+            a, m = t - run[i][0], run[i][1]
             if (a, m) != held[i]:  # the backward (or recompute) view, written over the pass row
                 if a == H[i] and gone[i]:
                     raise self._dropped(i)
@@ -571,17 +681,8 @@ class SlotHistory(History):
                 point.append((i, pass_rel[i]))
                 pointing.add(i)
                 bound.append(i)
-            run[i] = (0, False)
-        ends, views = self._ends, self.views
-        return _BoundProgram(bind, tuple(dst), tuple(src), tuple(point), tuple(rewrite), tuple(run),
-                             (tuple(pass_rel), tuple(held), tuple(writable), tuple(passing),
-                              tuple(bound), tuple(saved), tuple(gone)),
-                             tuple(chain.from_iterable([views[i].owners for i, _ in point])),
-                             tuple(chain.from_iterable([ends[i] for i, _ in point])),
-                             list(chain.from_iterable([self._home_ptrs[i] for i, _ in point])),
-                             tuple(chain.from_iterable([ends[i] for i in bound])),
-                             (tuple(chain.from_iterable([views[i].owners for i in bound])),
-                              tuple(chain.from_iterable([self._data[i] for i in bound]))))
+            run[i] = (t, False)
+        return tuple(dst), tuple(src), tuple(point), tuple(rewrite), run
 
     def _dropped(self, i: int) -> LoopError:
         return LoopError(f"stage {self.views[i].stage} reads w_(t-{self._H[i]}) again at step {self._t}, but "
@@ -592,54 +693,15 @@ class SlotHistory(History):
                          "inf or NaN gradient). Run the same number of passes in every step (fewer is fine), or use "
                          "memory='fast' (one more version per delayed stage; it also trains through skipped steps)")
 
-    def _program(self, targets) -> _Program:
-        """What moving the unbound views to ``targets`` in the parameters' own storage does from the current
-        state: planned once per (state, targets) relative to ``t`` (:meth:`_plan_load`), then replayed."""
-        t = self._t
-        key = (tuple([t - v for v, _ in targets]), tuple([m for _, m in targets]), self._state())
-        program = self._programs.get(key)
-        if program is None:
-            before = key[2]
-            program = self._plan_load(targets)
-            self._set_state(before)  # (the state moves on once the data has moved)
-            if len(self._programs) >= 256:  # random delays (Hogwild) meet ever new ones
-                self._programs.clear()
-            self._programs[key] = program
-        return program
-
-    def _replay(self, program: _Program) -> List[int]:
-        """Run ``program``'s moves at the current step; returns the views to rewrite in place."""
-        t, M = self._t, self._M
-        for moves in program.rounds:  # (rows and .data aliases: no autograd, no need for no_grad)
-            if moves.swaps:
-                self._swap([(i, (t - r) % M[i]) for i, r in moves.swaps])
-            for dst, src in moves.copies:
-                if dst:
-                    _copy(self._tensors(dst), self._tensors(src), self._foreach)
-        self._set_state(program.state)
-        self._rest = program.rest
-        return list(program.rewrite)
-
     def _tensors(self, refs: List[Tuple[int, Optional[int]]]) -> List[torch.Tensor]:
         """The tensors of a move's references (:class:`_Moves`) at the current step, in order."""
         t, data, slots, M = self._t, self._data, self._slot_views, self._M
         return list(chain.from_iterable([data[i] if r is None else slots[i][(t - r) % M[i]] for i, r in refs]))
 
-    def _state(self) -> tuple:
-        """The bookkeeping relative to ``t``: ``(t - loaded, rewritten, saved, expired, gone)`` per view."""
-        t = self._t
-        return (tuple([t - v for v in self._loaded]), tuple(self._rewritten), tuple(self._saved),
-                tuple(self._expired), tuple(self._gone))
-
-    def _set_state(self, state: tuple) -> None:
-        t = self._t
-        self._loaded = [t - r for r in state[0]]
-        self._rewritten, self._saved, self._expired = list(state[1]), list(state[2]), list(state[3])
-        self._gone = list(state[4])
-
-    def _plan_load(self, targets) -> _Program:
-        """Check ``targets`` and plan the rounds of moves that reach them (updating the bookkeeping as if they ran)."""
-        t, loaded, rewritten = self._t, self._loaded, self._rewritten
+    def _plan_load(self, d: _Draft, targets: List[Target]) -> Tuple[tuple, tuple]:
+        """Check ``targets`` (versions) and plan the rounds of moves that bring the views in their own storage to them,
+        changing the draft ``d`` as they do; returns the rounds and the views to rewrite (indices)."""
+        t, loaded, rewritten = d.t, d.loaded, d.rewritten
         pending = [i for i in self._delayed if (loaded[i], rewritten[i]) != targets[i]]
         for i in pending:
             if not t - self._H[i] <= targets[i][0] <= t:
@@ -647,18 +709,18 @@ class SlotHistory(History):
                                       f"at step {t}; this is a bug in a correction's delays (please report it)")
             if targets[i][0] != t - self._H[i]:
                 continue
-            if not (self._saved[i] and not self._copy[i]) and not self._gone[i]:
-                self._expired[i] = False  # read again: it did not expire (the engine expected fewer passes)
+            if not (d.saved[i] and not self._copy[i]) and not d.gone[i]:
+                d.expired[i] = False  # read again: it did not expire (the engine expected fewer passes)
                 continue
             raise self._dropped(i)
         rewrite = tuple(i for i in pending if targets[i][1])
         rounds = []
         while pending:  # at most two rounds: a view between two stale versions passes through w_t
             moves = _Moves()
-            self._strategy.plan(self, pending, targets, moves)()
+            self._strategy.plan(d, pending, targets, moves)()
             rounds.append(moves)
             pending = [i for i in pending if (loaded[i], rewritten[i]) != targets[i]]
-        return _Program(tuple(rounds), rewrite, self._state(), all(v == t and not m for v, m in targets))
+        return tuple(rounds), rewrite
 
     def _swap(self, swaps: List[Tuple[int, int]]) -> None:
         """Exchange the parameters of view ``i`` with its row ``r`` for every ``(i, r)`` in ``swaps``.
@@ -762,12 +824,13 @@ class SlotHistory(History):
         return out
 
     def restore(self):
-        if self._bound:
+        bound = self._st.bound
+        if bound:
             if list(map(_data_ptr, self._bound_ends)) != self._bound_ptrs:
-                raise self._moved(self._bound, home=False)
+                raise self._moved(bound, home=False)
             self._unpoint()
-        if not self._rest:  # (the views not pointing elsewhere hold w_t in their own storage: _rest)
-            self._replay(self._program([(self._t, False)] * len(self.views)))
+        if not self._st.rest:  # (the views not pointing elsewhere hold w_t in their own storage: rest)
+            self.load(self._at_rest)
 
     def _moved(self, indices: Sequence[int], home: bool) -> Exception:
         """The error for views ``indices`` whose first or last parameter is no longer its own storage (``home``)
@@ -787,64 +850,74 @@ class SlotHistory(History):
 
     def _unpoint(self) -> None:
         """Every view's parameters (and ``data``) point at their own storage again (no data moves)."""
-        if self._bound:
+        bound = self._st.bound
+        if bound:
             for owner, x in zip(*self._release):  # the parameters point at their own storage again
                 owner.data = x
             views, data = self.views, self._data
-            for i in self._bound:
+            for i in bound:
                 views[i].data = data[i]
-            self._bound, self._bound_ptrs, self._bound_ends, self._release = [], [], (), ((), ())
+            self._bound_ptrs, self._bound_ends, self._release = [], (), ((), ())
+            self._st = self._derive("unpoint", lambda state: {"bound": ()})
 
     def end_pass(self):
-        if self._bound:
+        state = self._st
+        if state.bound:
             raise CorrectionError("end_pass() with the parameters pointing at a row (a bug: please report it)")
-        if self._passing:
+        if state.passing:
             n = len(self.views)
-            self._pass_rel, self._held, self._writable, self._passing = [None] * n, [None] * n, [False] * n, []
+            self._st = self._derive("end_pass", lambda state: {"pass_rel": (None,) * n, "held": (None,) * n,
+                                                                "writable": (False,) * n, "passing": ()})
 
     def push(self, t):
         if t != self._t:
             raise CorrectionError(f"the history is at step {self._t}, not {t}: push follows advance")
-        saved = self._saved
-        todo = [i for i in self._delayed if not saved[i]]
+        state = self._st
+        todo = state.next.get("push")
+        if todo is None:
+            todo = tuple(i for i in self._delayed if not state.saved[i])
+            self._remember(state, "push", todo)
         if not todo:  # (a pass already stored w_t: the copy back of a dropped w_{t-H}, a pass row)
             return
         _copy(list(chain.from_iterable([self._slot_views[i][t % self._M[i]] for i in todo])),  # replaces
               list(chain.from_iterable([self._data[i] for i in todo])), self._foreach)  # w_{t-H} (fast: w_{t-H-1})
-        for i in todo:
-            saved[i] = True
+        self._st = self._derive("pushed", lambda state: {"saved": tuple(
+            s or i in todo for i, s in enumerate(state.saved))})
 
     def expire(self, views):
-        for i in views:
-            self._expired[i] = True
+        views = tuple(views)
+
+        def fields(state):
+            marked = set(views)
+            return {"expired": tuple(e or i in marked for i, e in enumerate(state.expired))}
+        self._st = self._derive(("expire", views), fields)
 
     def advance(self, t):
         self.end_pass()
-        n = len(self.views)
-        self._t, self._loaded, self._rewritten, self._saved, self._rest = t, [t] * n, [False] * n, [False] * n, True
-        self._expired, self._gone = [False] * n, [False] * n
+        self._t, self._st = t, self._at_rest_state
 
     def restart(self):
-        if self._t != 0 or not self._rest:
+        if self._t != 0 or not self._st.rest:
             raise CorrectionError("the history restarts only at step 0 with the parameters at rest (a bug: "
                                   "please report it)")
         with torch.no_grad():
             for i in self._delayed:
                 _copy(list(chain.from_iterable(self._slot_views[i][:self._M[i]])),
                       self._data[i] * self._M[i], self._foreach)
-        self._saved = [False] * len(self.views)
+        self._st = self._derive("restart", lambda state: {"saved": (False,) * len(self.views)})
         self.end_pass()  # (every row was written)
 
     def stored(self, view, version):
-        i, t = view.index, self._t
+        i, t, state = view.index, self._t, self._st
+        saved = state.saved[i]
         # the ring's M rows hold t - M + 1 .. t once w_t is pushed (minimal: M = H, so pushing w_t
         # overwrote w_{t-H}), else t - H .. t - 1
-        oldest = t - self._M[i] + 1 if self._saved[i] else t - view.H
-        if self._gone[i]:  # (its row was written over by a backward view)
+        oldest = t - self._M[i] + 1 if saved else t - view.H
+        if state.gone[i]:  # (its row was written over by a backward view)
             oldest = max(oldest, t - view.H + 1)
-        if not oldest <= version <= (t if self._saved[i] else t - 1):
+        if not oldest <= version <= (t if saved else t - 1):
             raise CorrectionError(f"stage {view.stage}: weight version {version} is not stored at step {t} "
-                                  f"(stored: {oldest}..{t if self._saved[i] else t - 1}; w_t is stored once "
+                                  f"(stored: {oldest}..{t if saved else t - 1}; w_t is stored once "
                                   f"step() pushed it, and then replaced w_(t-{self._M[i]}))")
         return self._slot_views[i][version % self._M[i]]
 
@@ -853,8 +926,9 @@ class SlotHistory(History):
         return sum(self.views[i].ring.numel() * self.views[i].ring.element_size() for i in self._delayed)
 
     def state_dict(self):
-        return {"strategy": self.strategy, "t": self._t, "loaded": list(self._loaded), "rows": list(self._M),
-                "rewritten": list(self._rewritten), "saved": list(self._saved), "gone": list(self._gone),
+        t, state = self._t, self._st
+        return {"strategy": self.strategy, "t": t, "loaded": [t - a for a in state.loaded], "rows": list(self._M),
+                "rewritten": list(state.rewritten), "saved": list(state.saved), "gone": list(state.gone),
                 "rings": [v.ring for v in self.views]}
 
     def load_state_dict(self, state):
@@ -881,11 +955,12 @@ class SlotHistory(History):
                                           "not hold w_t): save it with opt.state_dict(), which restores w_t first")
                 for version in range(t - v.H, t + int(saved[v.index])):  # the versions stored at rest
                     v.ring[version % M].copy_(ring[version % old])
-        self._t = t
-        self._loaded, self._rewritten, self._saved = (list(state[k]) for k in ("loaded", "rewritten", "saved"))
-        self._expired = [False] * len(self.views)  # the engine declares it again from its pass counts
-        self._gone = list(state.get("gone") or [False] * len(self.views))
-        self._rest = all(v == self._t and not m for v, m in zip(self._loaded, self._rewritten))
+        self._t, n = t, len(self.views)
+        # (expired: the engine declares it again from its pass counts; no pass rows: end_pass)
+        self._st = self._intern((tuple(t - int(v) for v in state["loaded"]), tuple(map(bool, state["rewritten"])),
+                                 tuple(map(bool, saved)), (False,) * n,
+                                 tuple(map(bool, state.get("gone") or [False] * n)), (None,) * n, (None,) * n,
+                                 (False,) * n, (), ()))
 
     def _from_slot_tables(self, state: dict) -> dict:
         """Format 0 (``where``/``free``/``key``/``unique`` per view, saved at rest) in today's layout."""

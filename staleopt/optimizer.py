@@ -79,7 +79,7 @@ import contextlib
 import inspect
 import warnings
 import weakref
-from typing import Callable, Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple, Union
+from typing import Callable, Dict, FrozenSet, Iterable, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.utils.checkpoint
@@ -90,7 +90,7 @@ from ._torch_compat import (current_autograd_node, disable_dynamo, flatten, opti
 from .corrections.base import Correction
 from .errors import (CheckpointError, ConfigError, CorrectionError, DetachedError, LoopError, OptimizerMismatchError,
                      RecomputeNotice, SegmentError, SharedParameterError)
-from .history import STRATEGIES, History, SlotHistory, StageView
+from .history import STRATEGIES, History, SlotHistory, StageView, Targets
 from .partition import Partition, dataflow, partition_model, refuse_shared
 from .recompute import RecomputeWindow, reached_parameters
 from .replicas import EngineHook, Replica, Replicas, plan_replicas, refuse_with_replicas
@@ -305,7 +305,7 @@ class PipelineOptimizer(torch.optim.Optimizer):
         self._history: History = self._make_history([max(f, b) for f, b in zip(tf, tb)], rewritten)
         self._views = self._history.views
         self._stored = [v for v in self._views if v.H]  # the views whose versions the history keeps
-        self._stored_index = [v.index for v in self._stored]
+        self._stored_index = tuple(v.index for v in self._stored)
         self._pending: Optional[dict] = None  # the "staleopt" entry between the two load hooks
         self._ptr_params = [p for v in self._views for p in (v.params[0], v.params[-1])]
         self._ptrs = [p.data_ptr() for p in self._ptr_params]  # where the parameters' storage was
@@ -539,7 +539,7 @@ class PipelineOptimizer(torch.optim.Optimizer):
             plans = []
             for tf, tb, tr in raw:
                 tf, tb, tr = _apply_corrections(self._corrections, tf, tb, tr, self._step)
-                plans.append(_PassPlan(self._step, (tf, tb), tr, self._views, self._corrections,
+                plans.append(_PassPlan((tf, tb), tr, self._views, self._corrections,
                                        self._plan_cache, self._check_delays))
             self._plans = plans
         return self._plans
@@ -580,7 +580,7 @@ class PipelineOptimizer(torch.optim.Optimizer):
                    for i, d in enumerate(delays)] for name, delays in (("tau_fwd", tau_fwd), ("tau_bkwd", tau_bkwd)))
         own, step = self._step_plans(), self._step
         # a recomputation inside these passes reads the backward view (tau_recomp := tau_bkwd)
-        self._plans = [_PassPlan(step, (tf, tb), list(tb), self._views, self._corrections, self._plan_cache,
+        self._plans = [_PassPlan((tf, tb), list(tb), self._views, self._corrections, self._plan_cache,
                                  point=False)]
         try:
             yield
@@ -594,7 +594,7 @@ class PipelineOptimizer(torch.optim.Optimizer):
         in the step's expected last pass also where the forward's version expires)."""
         plan = plan or self._plan()
         if not backward:
-            self._history.load(plan.forward, plan.bind_last if self._last_forward() else plan.bind_any)
+            self._history.load(plan.forward_last if self._last_forward() else plan.forward)
             return
         rewrite = self._history.load(plan.backward)
         if not rewrite:
@@ -747,8 +747,7 @@ class PipelineOptimizer(torch.optim.Optimizer):
             self._on_backward_start(None)
         self._seen.add("recompute")
         plan, inside = window.plan, window.views
-        targets = [plan.recompute[i] if i in inside else b for i, b in enumerate(plan.backward)]
-        rewrite = self._history.load(targets)  # (a history may hand back views it reloaded outside the window)
+        rewrite = self._history.load(plan.recompute_in(inside))  # (a history may hand back views it reloaded outside the window)
         if rewrite:
             with torch.no_grad():
                 for k, stages in plan.recompute_rewriters:
@@ -1114,7 +1113,7 @@ class PipelineOptimizer(torch.optim.Optimizer):
         if delays is not None and recompute is None:  # saved before tau_recomp: it was tau_bkwd
             recompute = [b for _, b in delays]
         self._plans = None if delays is None else \
-            [_PassPlan(self._step, (list(f), list(b)), list(r), self._views, self._corrections, self._plan_cache)
+            [_PassPlan((list(f), list(b)), list(r), self._views, self._corrections, self._plan_cache)
              for (f, b), r in zip(delays, recompute)]
         self._passes, self._pass = mine["passes"]
         counts = mine["pass_counts"]  # None (an older checkpoint): this step's passes are unknown
@@ -1170,24 +1169,24 @@ def _upgrade(mine: dict) -> dict:
 
 
 class _PassPlan:
-    """What one pass of step ``t`` loads: ``forward``/``backward``/``recompute`` are the history
-    targets ``(version, rewritten)`` per view; ``rewriters`` (``recompute_rewriters``) pairs each
-    correction that rewrites backward (recompute) views this pass with the indices of those views
-    (declared by ``modifies_backward``, ``modifies_recompute``); ``recomputing``: the views whose
-    recompute view is not their backward view (``tau_recomp != tau_bkwd``; elsewhere the recompute
-    target *is* the backward one); ``needs_checkpoint``: some stage has ``tau_bkwd < tau_recomp <
-    tau_fwd`` (``tau_recomp = tau_fwd`` recomputes the forward's activations: no checkpoint needed).
-    ``expiring``: the stored views whose ``w_{t-H}`` neither this pass's backward nor its recompute view
-    reads (:meth:`PipelineOptimizer._expire`). ``bind_any``/``bind_last``: ``{view: kind}`` a forward
-    may bind (:meth:`~staleopt.history.SlotHistory._plan_bound`), in any pass / in the step's expected last
-    one (``point=False``: none, the passes of :meth:`PipelineOptimizer.passes_with_delays`). The part that
-    does not depend on ``t`` is computed once per set of delays (``cache``, a :class:`_Relative`);
-    ``check`` (the engine's bounds on its delays) runs once per set."""
+    """What one pass loads: ``forward`` (``forward_last`` in the step's expected last pass), ``backward`` and
+    ``recompute`` are the history's :class:`~staleopt.history.Targets` (relative to the step, so one object per
+    set of delays serves every step); ``rewriters`` (``recompute_rewriters``) pairs each correction that rewrites
+    backward (recompute) views this pass with the indices of those views (declared by ``modifies_backward``,
+    ``modifies_recompute``); ``recomputing``: the views whose recompute view is not their backward view
+    (``tau_recomp != tau_bkwd``; elsewhere the recompute target *is* the backward one); ``needs_checkpoint``:
+    some stage has ``tau_bkwd < tau_recomp < tau_fwd`` (``tau_recomp = tau_fwd`` recomputes the forward's
+    activations: no checkpoint needed). ``expiring``: the stored views whose ``w_{t-H}`` neither this pass's
+    backward nor its recompute view reads (:meth:`PipelineOptimizer._expire`). The forward targets' ``bind``
+    (:meth:`~staleopt.history.SlotHistory._plan_bound`): the views a forward may bind in any pass, in the step's
+    expected last one, or (``point=False``: the passes of :meth:`PipelineOptimizer.passes_with_delays`) none.
+    Everything is computed once per set of delays (``cache``, a :class:`_Relative`); ``check`` (the engine's
+    bounds on its delays) runs once per set."""
 
-    __slots__ = ("delays", "recomp", "forward", "backward", "rewriters", "recompute", "recompute_rewriters",
-                 "recomputing", "needs_checkpoint", "expiring", "bind_any", "bind_last")
+    __slots__ = ("delays", "recomp", "forward", "forward_last", "backward", "rewriters", "recompute",
+                 "recompute_rewriters", "recomputing", "needs_checkpoint", "expiring", "_rel")
 
-    def __init__(self, t: int, delays: Tuple[List[int], List[int]], recomp: List[int], views: Sequence[StageView],
+    def __init__(self, delays: Tuple[List[int], List[int]], recomp: List[int], views: Sequence[StageView],
                  corrections: Sequence[Correction], cache: Dict[tuple, "_Relative"],
                  check: Optional[Callable] = None, point: bool = True):
         tf, tb = self.delays = delays
@@ -1212,7 +1211,7 @@ class _PassPlan:
             recompute = [(tr[v.stage], bool(ks)) if v.index in recomputing else b
                          for v, ks, b in zip(views, by_view_r, backward)]
             # the stored views whose w_(t-H) neither the backward nor the recompute view reads
-            expiring = [v.index for v in views if v.H and v.H not in (backward[v.index][0], recompute[v.index][0])]
+            expiring = tuple(v.index for v in views if v.H and v.H not in (backward[v.index][0], recompute[v.index][0]))
             # views a forward may bind (SlotHistory.load; no view that recomputes with another version): 0, the
             # backward reads the same raw version; 1, in the step's last pass the forward's w_(t-H) expires; 2, other
             delayed = [v for v in views if tf[v.stage] and v.index not in recomputing]
@@ -1220,34 +1219,46 @@ class _PassPlan:
             expires = set(expiring)
             bind_last = {**bind_any, **{v.index: 1 for v in delayed
                                         if bind_any[v.index] and tf[v.stage] == v.H and v.index in expires}}
+            forward = [(tf[v.stage], False) for v in views]
             rel = cache[key] = _Relative(
-                [tf[v.stage] for v in views], backward, [(k, idx) for k, idx in rewriters if idx], recompute,
+                Targets(forward), Targets(forward, bind_any), Targets(forward, bind_last), Targets(backward),
+                [(k, idx) for k, idx in rewriters if idx], Targets(recompute),
                 [(k, idx) for k, idx in recompute_rewriters if idx], recomputing,
-                any(b != r != f for f, b, r in zip(tf, tb, tr)), expiring, check is not None, bind_any, bind_last)
-        self.forward = [(t - a, False) for a in rel.forward]
-        self.backward = [(t - a, m) for a, m in rel.backward]
+                any(b != r != f for f, b, r in zip(tf, tb, tr)), expiring, check is not None, {})
+        self.forward, self.forward_last = (rel.forward_any, rel.forward_last) if point else (rel.forward,) * 2
+        self.backward = rel.backward
         self.rewriters = rel.rewriters
-        self.recompute = [(t - a, m) for a, m in rel.recompute]
+        self.recompute = rel.recompute
         self.recompute_rewriters = rel.recompute_rewriters
         self.recomputing = rel.recomputing
         self.needs_checkpoint = rel.needs_checkpoint
         self.expiring = rel.expiring
-        self.bind_any, self.bind_last = (rel.bind_any, rel.bind_last) if point else (None, None)
+        self._rel = rel
+
+    def recompute_in(self, inside: FrozenSet[int]) -> Targets:
+        """The targets of a recomputation of the views ``inside``: their recompute views, the backward views
+        elsewhere (one object per set of views)."""
+        got = self._rel.mixed.get(inside)
+        if got is None:
+            got = self._rel.mixed[inside] = Targets([r if i in inside else b for i, (r, b) in
+                                                     enumerate(zip(self.recompute.rel, self.backward.rel))])
+        return got
 
 
 class _Relative(NamedTuple):
-    """The part of a :class:`_PassPlan` that does not depend on ``t``: delays where the plan has versions
-    (``forward``: ``tau_fwd`` per view; ``backward``/``recompute``: ``(tau, rewritten)`` per view), and
-    ``checked``: the engine's bounds were checked on these delays."""
+    """What a :class:`_PassPlan` holds for one set of delays (``forward``: without binding; ``forward_any``,
+    ``forward_last``: with the views a forward may bind; ``mixed``: :meth:`_PassPlan.recompute_in`'s targets),
+    and ``checked``: the engine's bounds were checked on these delays."""
 
-    forward: List[int]
-    backward: List[Tuple[int, bool]]
+    forward: Targets
+    forward_any: Targets
+    forward_last: Targets
+    backward: Targets
     rewriters: list
-    recompute: List[Tuple[int, bool]]
+    recompute: Targets
     recompute_rewriters: list
     recomputing: frozenset
     needs_checkpoint: bool
-    expiring: List[int]
+    expiring: Tuple[int, ...]
     checked: bool
-    bind_any: Dict[int, int]
-    bind_last: Dict[int, int]
+    mixed: Dict[FrozenSet[int], Targets]

@@ -57,13 +57,13 @@ class ReferenceHistory(History):
         with torch.no_grad():
             if self._rest:
                 self._now = [[d.clone() for d in v.data] for v in self.views]
-            for v, (version, mod) in zip(self.views, targets):
+            for v, (version, mod) in zip(self.views, targets.versions(self._t)):
                 src = self._now[v.index] if version == self._t else self._versions[v.index][version]
                 for d, s in zip(v.data, src):
                     d.copy_(s)
                 if mod:
                     rewrite.append(v)
-        self._rest = all(version == self._t and not mod for version, mod in targets)
+        self._rest = all(a == 0 and not mod for a, mod in targets.rel)
         return rewrite
 
     def push(self, t):

@@ -530,10 +530,12 @@ def test_the_corrections_since_the_seeds_launch_as_many_ops_whatever_the_tensors
                                           ("pipemare-recompute", {"anneal_steps": 2, "decay": 0.3})])
 def test_steady_steps_replay_what_earlier_steps_planned(monkeypatch, method, args, memory):
     """Per-step planning does not grow with the stages: once the delays stop changing, every history load replays
-    the moves planned at an earlier step for the same state and targets relative to t (no SlotHistory._plan_load
-    nor _plan_bound), and T2's rewrite reuses its lists; the weights stay those of the engine with planning (run
-    again without the replay, bit for bit)."""
+    the moves planned at an earlier step from the same state to the same targets, both relative to t (no
+    SlotHistory._plan), and T2's rewrite reuses its lists; the weights stay those of the engine with planning (run
+    again with every cached transition forgotten after each step, bit for bit)."""
     from staleopt import history
+
+    calls = []
 
     def run(replay):
         model = mlp((5,) + (12,) * 6 + (3,))
@@ -549,18 +551,14 @@ def test_steady_steps_replay_what_earlier_steps_planned(monkeypatch, method, arg
                 made = rewrites()
             _step(model, opt, x, y)
             if not replay:
-                opt.history._programs.clear()
-                opt.history._bound_programs.clear()
-            planned.append((len(opt.history._programs), len(opt.history._bound_programs)))
+                for state in opt.history._states.values():
+                    state.next.clear()
+            planned.append(len(calls))
         assert rewrites() == made  # T2 made its lists (per set of chunks and delays) before step 10
         return [p.detach().clone() for p in model.parameters()], planned
 
-    calls = []
-    plan_load, plan_bound = history.SlotHistory._plan_load, history.SlotHistory._plan_bound
-    monkeypatch.setattr(history.SlotHistory, "_plan_load", lambda self, targets: calls.append(1) or
-                        plan_load(self, targets))
-    monkeypatch.setattr(history.SlotHistory, "_plan_bound", lambda self, targets, bind: calls.append(1) or
-                        plan_bound(self, targets, bind))
+    plan = history.SlotHistory._plan
+    monkeypatch.setattr(history.SlotHistory, "_plan", lambda self, targets: calls.append(1) or plan(self, targets))
     weights, planned = run(replay=True)
     steady = len(calls)
     assert len(set(planned)) == 1 and steady > 0  # the last six steps planned nothing new

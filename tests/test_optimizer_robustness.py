@@ -146,7 +146,7 @@ def test_a_failed_move_leaves_the_bookkeeping_consistent(monkeypatch, memory, fa
     opt = _opt(model, schedule="dataflow", memory=memory)
     train(model, opt, batches(0 if failing == "_swap" else 3, seed=10))
     state = {k: v for k, v in opt.history.state_dict().items() if k != "rings"}
-    passing = list(opt.history._passing)
+    passing = opt.history._st.passing
 
     def boom(*args):
         raise RuntimeError("injected")
@@ -156,6 +156,6 @@ def test_a_failed_move_leaves_the_bookkeeping_consistent(monkeypatch, memory, fa
     with pytest.raises(RuntimeError, match="injected"):
         model(x)
     assert {k: v for k, v in opt.history.state_dict().items() if k != "rings"} == state
-    assert opt.history._passing == passing
+    assert opt.history._st.passing == passing
     monkeypatch.undo()
     train(model, opt, batches(2, seed=11))
