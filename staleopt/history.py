@@ -326,12 +326,32 @@ class _Draft:
                 tuple(self.bound))
 
 
+class _Refs:
+    """The tensors of a list of move references (:class:`_Moves`) at any step, in order: the parameters' own
+    storage (``r`` None) and the row ``(t - r) mod M_i`` of view ``i``'s version ``t - r``; a list of parameters
+    only is chained once (``fixed``)."""
+
+    __slots__ = ("fixed", "rows")
+
+    def __init__(self, history: "SlotHistory", refs: Sequence[Tuple[int, Optional[int]]]):
+        data, slots, M = history._data, history._slot_views, history._M
+        self.fixed = list(chain.from_iterable([data[i] for i, _ in refs])) \
+            if all(r is None for _, r in refs) else None
+        self.rows = tuple((data[i], None, 1) if r is None else (slots[i], r, M[i]) for i, r in refs)
+
+    def at(self, t: int) -> List[torch.Tensor]:
+        if self.fixed is not None:
+            return self.fixed
+        return list(chain.from_iterable([rows if r is None else rows[(t - r) % M] for rows, r, M in self.rows]))
+
+
 class _Load:
     """What :meth:`SlotHistory.load` does from one state to one :class:`Targets`, planned once
     (:meth:`SlotHistory._plan`) and replayed at any step (references relative to ``t``, as in :class:`_Moves`):
     first the copies into the pass rows (``dst``, ``src``), then the ``rounds`` of :class:`_Moves` of the views in
     their own storage, then the views to point at the row of version ``t - r`` (``point``: ``(i, r)``). ``rewrite``:
-    the views to rewrite in place (:class:`StageView`); ``state``: the :class:`_State` it leaves. ``owners``: the
+    the views to rewrite in place (:class:`StageView`); ``state``: the :class:`_State` it leaves (``dst``/``src``:
+    :class:`_Refs`, or ``None``; ``rounds``: ``(swaps, ((dst, src), ...))`` per round). ``owners``: the
     parameters of the views to point (flat); ``ends``/``homes``: the first and last parameter of each and their
     own storage's addresses (checked before pointing); ``bound_ends``/``release``: of every view pointing elsewhere
     once it ran, the first and last parameter, and all parameters with their own storage (flat, for
@@ -545,15 +565,14 @@ class SlotHistory(History):
         t = self._t
         if run.point and list(map(_data_ptr, run.ends)) != run.homes:
             raise self._moved([i for i, _ in run.point], home=True)
-        if run.dst:  # (rows and .data aliases: no autograd, no need for no_grad)
-            _copy(self._tensors(run.dst), self._tensors(run.src), self._foreach)
-        for moves in run.rounds:  # (of the views in their own storage: none of those it points)
-            if moves.swaps:
+        if run.dst is not None:  # (rows and .data aliases: no autograd, no need for no_grad)
+            _copy(run.dst.at(t), run.src.at(t), self._foreach)
+        for swaps, copies in run.rounds:  # (of the views in their own storage: none of those it points)
+            if swaps:
                 M = self._M
-                self._swap([(i, (t - r) % M[i]) for i, r in moves.swaps])
-            for dst, src in moves.copies:
-                if dst:
-                    _copy(self._tensors(dst), self._tensors(src), self._foreach)
+                self._swap([(i, (t - r) % M[i]) for i, r in swaps])
+            for dst, src in copies:
+                _copy(dst.at(t), src.at(t), self._foreach)
         if run.point:  # the parameters (and data) point at the rows (last: a move that raised changed nothing)
             M, slots, views = self._M, self._slot_views, self.views
             rows = [slots[i][(t - r) % M[i]] for i, r in run.point]
@@ -579,14 +598,16 @@ class SlotHistory(History):
             dst, src, point, rewrite = (), (), (), ()
         rounds, more = self._plan_load(draft, versions)
         views, ends = self.views, self._ends
-        run = _Load(dst, src, point,
+        run = _Load(_Refs(self, dst) if dst else None, _Refs(self, src) if dst else None, point,
                     tuple(chain.from_iterable([views[i].owners for i, _ in point])),
                     tuple(chain.from_iterable([ends[i] for i, _ in point])),
                     list(chain.from_iterable([self._home_ptrs[i] for i, _ in point])),
                     tuple(chain.from_iterable([ends[i] for i in draft.bound])),
                     (tuple(chain.from_iterable([views[i].owners for i in draft.bound])),
                      tuple(chain.from_iterable([self._data[i] for i in draft.bound]))),
-                    rounds, tuple(views[i] for i in sorted(set(rewrite) | set(more))), self._intern(draft.values()))
+                    tuple((tuple(m.swaps), tuple((_Refs(self, a), _Refs(self, b)) for a, b in m.copies if a))
+                          for m in rounds),
+                    tuple(views[i] for i in sorted(set(rewrite) | set(more))), self._intern(draft.values()))
         self._remember(state, targets, run)
         return run
 
@@ -692,11 +713,6 @@ class SlotHistory(History):
                          "runs again after a step() that did not happen (torch.amp.GradScaler skips step() after an "
                          "inf or NaN gradient). Run the same number of passes in every step (fewer is fine), or use "
                          "memory='fast' (one more version per delayed stage; it also trains through skipped steps)")
-
-    def _tensors(self, refs: List[Tuple[int, Optional[int]]]) -> List[torch.Tensor]:
-        """The tensors of a move's references (:class:`_Moves`) at the current step, in order."""
-        t, data, slots, M = self._t, self._data, self._slot_views, self._M
-        return list(chain.from_iterable([data[i] if r is None else slots[i][(t - r) % M[i]] for i, r in refs]))
 
     def _plan_load(self, d: _Draft, targets: List[Target]) -> Tuple[tuple, tuple]:
         """Check ``targets`` (versions) and plan the rounds of moves that bring the views in their own storage to them,

@@ -565,3 +565,28 @@ def test_steady_steps_replay_what_earlier_steps_planned(monkeypatch, method, arg
     again, _ = run(replay=False)
     assert len(calls) > 2 * steady  # (planned afresh at every load)
     assert all(torch.equal(a, b) for a, b in zip(weights, again))
+
+
+@pytest.mark.parametrize("memory", ["minimal", "fast"])
+def test_random_delays_keep_the_cached_transitions_bounded(monkeypatch, memory):
+    """Random delays (hogwild) meet ever new states and targets: the history forgets its cached transitions past
+    ``MAX_PLANS`` (here 6), keeps only the states it still needs, and trains bit for bit as with them all kept."""
+    from staleopt import history
+
+    def run(limit):
+        monkeypatch.setattr(history.SlotHistory, "MAX_PLANS", limit)
+        model = mlp((5,) + (12,) * 6 + (3,))
+        opt = staleopt.PipelineOptimizer(model, torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9),
+                                         stages=5, schedule="hogwild", seed=7, memory=memory)
+        most = 0
+        for x, y in batches(40, in_dim=5, out_dim=3):
+            _step(model, opt, x, y)
+            cached = sum(len(state.next) for state in opt.history._states.values())
+            most = max(most, opt.history._plans)
+            assert cached <= opt.history._plans <= limit
+        return [p.detach().clone() for p in model.parameters()], most, len(opt.history._states)
+
+    kept, most_kept, states_kept = run(10 ** 6)
+    forgot, most, states = run(6)
+    assert most_kept > 6 and most == 6 and states < states_kept  # (the bound was reached, and states dropped)
+    assert all(torch.equal(a, b) for a, b in zip(kept, forgot))
