@@ -889,14 +889,15 @@ class SlotHistory(History):
         if t != self._t:
             raise CorrectionError(f"the history is at step {self._t}, not {t}: push follows advance")
         state = self._st
-        todo = state.next.get("push")
-        if todo is None:
+        moves = state.next.get("push")
+        if moves is None:  # w_t into its row (t mod M), which held w_{t-H} (fast: w_{t-H-1})
             todo = tuple(i for i in self._delayed if not state.saved[i])
-            self._remember(state, "push", todo)
+            moves = (todo, _Refs(self, [(i, 0) for i in todo]), _Refs(self, [(i, None) for i in todo]))
+            self._remember(state, "push", moves)
+        todo, rows, params = moves
         if not todo:  # (a pass already stored w_t: the copy back of a dropped w_{t-H}, a pass row)
             return
-        _copy(list(chain.from_iterable([self._slot_views[i][t % self._M[i]] for i in todo])),  # replaces
-              list(chain.from_iterable([self._data[i] for i in todo])), self._foreach)  # w_{t-H} (fast: w_{t-H-1})
+        _copy(rows.at(t), params.at(t), self._foreach)
         self._st = self._derive("pushed", lambda state: {"saved": tuple(
             s or i in todo for i, s in enumerate(state.saved))})
 
