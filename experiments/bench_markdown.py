@@ -106,7 +106,13 @@ def meta_line(meta: dict) -> str:
     """Date, machine, torch, threads, load before/after, clock and run time of the run."""
     return (f"{meta['date']}; {meta['machine']}; torch {meta['torch']}, {meta['threads']} thread(s); "
             f"load average {meta['load_before']:.1f} before, {meta['load_after']:.1f} after; "
-            f"{meta['rounds']} rounds; {meta['clock']}; {meta['seconds']:.0f} s")
+            f"{meta['rounds']} rounds{_short_rounds(meta)}; {meta['clock']}; {meta['seconds']:.0f} s")
+
+
+def _short_rounds(meta: dict) -> str:
+    """The short-step models' rounds where they differ (``bench_overhead.SHORT_STEP_ROUNDS``; runs before it: none)."""
+    short = meta.get("short_step_rounds", meta["rounds"])
+    return f" ({short} for the short-step models)" if short != meta["rounds"] else ""
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
