@@ -1,6 +1,6 @@
 """Markdown tables for docs/performance.md from the CSVs of experiments/bench_overhead.py.
 
-    python experiments/bench_markdown.py runs/bench     # tables 1, 4, 6 and 7 of the run, and its meta
+    python experiments/bench_markdown.py runs/bench     # tables 1, 4, 6, 7 and 8 of the run, and its meta
 
 Prints the tables as written in docs/performance.md, so a dated section copies the run's numbers
 instead of retyping them.
@@ -15,7 +15,7 @@ from typing import List, Optional, Sequence
 
 import pandas as pd
 
-__all__ = ["main", "step_table", "recompute_table", "growth_table", "goals_table", "meta_line"]
+__all__ = ["main", "step_table", "recompute_table", "growth_table", "budget_table", "goals_table", "meta_line"]
 
 #: Table 1's rows: per model, the variants shown (the CSV has every variant); the same in every dated section.
 #: (Runs before commit f92cfe6 have no floor row.)
@@ -61,7 +61,7 @@ def step_table(step: pd.DataFrame) -> str:
 
 
 def recompute_table(rec: pd.DataFrame) -> str:
-    """Table 7: (a), (b), (c) per ResNet-20 setting: step, its ratios, engine time, memory."""
+    """Table 8: (a), (b), (c) per ResNet-20 setting: step, its ratios, engine time, memory."""
     lines = ["| ResNet-20 (P) | variant | whole step | / plain step | / (a) | / (b) | engine time / step "
              "| of which recompute machinery | stale-weight memory (`opt.memory_bytes()`) |",
              "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
@@ -94,8 +94,18 @@ def growth_table(growth: pd.DataFrame) -> str:
     return "\n".join(lines)
 
 
+def budget_table(ladder: pd.DataFrame) -> str:
+    """Table 6: ``pipemare``'s whole step piece by piece, each rung's ratio to the plain step and what it adds."""
+    lines = ["| rung (each adds one piece to the one before) | whole step | / plain step, median [IQR] "
+             "| adds |", "|---|---:|---:|---:|"]
+    for _, r in ladder.iterrows():
+        lines.append(f"| {r.rung} | {_ms(r.step_ms)} | {r.ratio:.3f} [{r.ratio_q1:.3f}, {r.ratio_q3:.3f}] | "
+                     f"{r.adds:+.3f} |")
+    return "\n".join(lines)
+
+
 def goals_table(goals: pd.DataFrame) -> str:
-    """Table 6: each goal, its target and the measured value."""
+    """Table 7: each goal, its target and the measured value."""
     lines = ["| goal | target | measured | met |", "|---|---:|---:|---|"]
     for _, r in goals.iterrows():
         lines.append(f"| {r.goal} | {r.target:g} | {r.measured:.3g} | {'yes' if r.met else '**no**'} |")
@@ -124,6 +134,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                         step_table(pd.read_csv(out / "step.csv")), recompute_table(pd.read_csv(out / "recompute.csv"))]
     if (out / "growth.csv").exists():
         parts.append(growth_table(pd.read_csv(out / "growth.csv")))
+    if (out / "budget.csv").exists():  # (runs/bench-20 and earlier have none)
+        parts.append(budget_table(pd.read_csv(out / "budget.csv")))
     parts.append(goals_table(pd.read_csv(out / "goals.csv")))
     print("\n\n".join(parts))
     return 0

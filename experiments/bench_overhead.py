@@ -74,12 +74,19 @@ after is recorded in ``meta.json``.
    bookkeeping, corrections), with the
    number of such calls per step and the movement in units of one copy of
    all weights.
-6. **Goals** of issue 23, measured in the engine-bound setting (:func:`goals`):
+6. **Piece by piece.** ``pipemare``'s whole step in the same setting as a ladder
+   of floors, each adding one piece to the one before (:data:`LADDER`): the
+   hooks alone, the stale forward views (pointing and one copy: ``dataflow``'s
+   floor), pipemare's second copy, T2's backward rewrite, T2's accumulator
+   update, T1's per-stage groups (pipemare's floor), then the wrapper; per
+   rung the median over interleaved rounds of its step over the plain step
+   and what it adds (:func:`budget`, ``budget.csv``).
+7. **Goals** of issue 23, measured in the engine-bound setting (:func:`goals`):
    weight copies per step, ``pipemare``'s whole step against the plain step
    (target <= 1.10), its engine ops at ``P`` = 39 and 214, and the overhead
    ratio against the hand-rolled deque (target >= 5).
 
-7. **Recompute.** ResNet-20 (batch 4, the engine-bound setting, and batch 128)
+8. **Recompute.** ResNet-20 (batch 4, the engine-bound setting, and batch 128)
    at ``P`` = 39 with the ``dataflow-recompute`` segments (PipeMare App. A.3):
    (a) ``pipemare`` without checkpointing; (b) ``pipemare`` with each segment
    through torch's non-reentrant checkpoint (:class:`TorchCheckpoint`: the
@@ -93,7 +100,7 @@ after is recorded in ``meta.json``.
    and the bytes measured as in table 2, exact.
 
 Outputs in ``--out``: ``step.csv``, ``memory.csv``, ``handrolled.csv``,
-``breakdown.csv``, ``goals.csv``, ``recompute.csv``, ``growth.csv``, ``growth.png``,
+``breakdown.csv``, ``budget.csv``, ``goals.csv``, ``recompute.csv``, ``growth.csv``, ``growth.png``,
 ``meta.json``; the tables are printed.
 """
 from __future__ import annotations
@@ -127,7 +134,7 @@ from staleopt._torch_compat import queue_callback
 from staleopt.corrections import DiscrepancyCorrection, WeightPrediction, t1_factor
 from staleopt.theory import t2_gamma
 
-__all__ = ["main", "HandRolled", "DataMovementFloor", "PipemareFloor", "FLOORS", "EngineClock", "OpCounter", "engine_counts", "SegmentClock", "TorchCheckpoint", "new_storage_bytes", "minimum_bytes",
+__all__ = ["main", "HandRolled", "DataMovementFloor", "PipemareFloor", "FLOORS", "HooksFloor", "LADDER", "budget", "EngineClock", "OpCounter", "engine_counts", "SegmentClock", "TorchCheckpoint", "new_storage_bytes", "minimum_bytes",
            "ModelSpec", "MODELS"]
 
 METHODS = ("pipemare", "pipedream", "pipeoptim")
@@ -383,13 +390,21 @@ class PipemareFloor(DataMovementFloor):
     ``1 / tau^(1 - min(t/K, 1))``, and updates ``delta <- lerp(delta, w_(t+1) - w_t, 1 - gamma)``. Two weight
     copies per step, as the engine's. ``seconds`` times its hooks' bodies and its step but the base step (what
     stepping one group per stage adds to the base step is added by :func:`_engine`, as it is in the
-    wrapper's time).
+    wrapper's time). ``without`` leaves pieces out, for :func:`budget` only (the weights then are not
+    pipemare's): ``"t1"`` (one group at the user's ``lr``), ``"t2-rewrite"`` (the backward reads ``w_t``),
+    ``"t2-update"`` (``delta`` stays 0; the rewrite's arithmetic still runs).
     """
 
     spare = 1
+    #: the pieces :attr:`without` may leave out (:data:`LADDER`, timing only: the weights then differ from pipemare's)
+    PIECES = ("t1", "t2-rewrite", "t2-update")
 
     def __init__(self, model: nn.Module, base: torch.optim.Optimizer, partition, tau_fwd,
-                 anneal_steps: int = methods.ANNEAL_STEPS, decay: float = methods.DECAY):
+                 anneal_steps: int = methods.ANNEAL_STEPS, decay: float = methods.DECAY, without: Sequence[str] = ()):
+        unknown = sorted(set(without) - set(self.PIECES))
+        if unknown:
+            raise ValueError(f"PipemareFloor(without=...) takes pieces of {self.PIECES}, got {unknown}")
+        self.without = frozenset(without)
         super().__init__(model, base, partition, tau_fwd)
         self._t1 = functools.partial(t1_factor, anneal_steps=anneal_steps)
         self.delta = [torch.zeros_like(p) for p in self.params]
@@ -398,28 +413,56 @@ class PipemareFloor(DataMovementFloor):
         self.weights = [1.0 - t2_gamma(decay, tau, 0) for tau in self.taus]
         (user,) = base.param_groups  # one group per stage, lr set at each step (StageGroups' arithmetic)
         self.lr = user["lr"]
-        base.param_groups = [{**user, "params": list(s.params)} for s in partition]
+        if "t1" not in self.without:
+            base.param_groups = [{**user, "params": list(s.params)} for s in partition]
         self.stage_taus = [tau_fwd[s.index] for s in partition]
 
     def _rewrite(self, rows: List[torch.Tensor]) -> None:
-        torch._foreach_addcmul_(rows, self.delta, self.factors)  # T2: w_t - tau delta
+        if "t2-rewrite" not in self.without:
+            torch._foreach_addcmul_(rows, self.delta, self.factors)  # T2: w_t - tau delta
 
     def _update(self) -> None:
         t0 = clock()
         t = self.t
         stored = [rows[t % len(rows)] for rows in self.rows]  # the spare row: w_t's
         torch._foreach_copy_(stored, self.own)
-        for group, tau in zip(self.base.param_groups, self.stage_taus):
-            group["lr"] = self.lr * self._t1(tau, t)
+        if "t1" not in self.without:
+            for group, tau in zip(self.base.param_groups, self.stage_taus):
+                group["lr"] = self.lr * self._t1(tau, t)
         t1 = clock()
         self.base.step()
         t2 = clock()
-        torch._foreach_lerp_(self.delta, torch._foreach_sub(self.own, stored), self.weights)
+        if "t2-update" not in self.without:
+            torch._foreach_lerp_(self.delta, torch._foreach_sub(self.own, stored), self.weights)
         self.seconds += (t1 - t0) + (clock() - t2)
 
 
 #: method -> its floor (the method's moves and arithmetic without the engine's bookkeeping)
 FLOORS = {"dataflow": DataMovementFloor, "pipemare": PipemareFloor}
+
+
+class HooksFloor(DataMovementFloor):
+    """:class:`DataMovementFloor`'s hooks (forward pre-hook, forward hook with a tensor hook on the output,
+    end-of-backward callback) with no data movement: the weights train as the plain loop's."""
+
+    def _forward(self, module, args) -> None:
+        pass
+
+    def _backward(self, grad) -> None:
+        queue_callback(self._end)
+
+    def _end(self) -> None:
+        pass
+
+
+#: ``pipemare``'s whole step (issue 23's 1.10 goal) piece by piece, each rung adding one piece to the one
+#: before: (label, the floor that times it). The wrapper itself is the last rung (:func:`budget`).
+LADDER = (("hooks (no data movement)", HooksFloor),
+          ("+ stale forward views: pointing, one copy (dataflow's floor)", DataMovementFloor),
+          ("+ pipemare's spare row: a second copy", functools.partial(PipemareFloor, without=PipemareFloor.PIECES)),
+          ("+ T2's backward rewrite", functools.partial(PipemareFloor, without=("t1", "t2-update"))),
+          ("+ T2's accumulator update", functools.partial(PipemareFloor, without=("t1",))),
+          ("+ T1's per-stage groups (pipemare's floor)", PipemareFloor))
 
 
 class HandRolled:
@@ -607,11 +650,12 @@ class Variant:
     ``recompute``: ``None`` (the model's own forward), ``"torch"`` (the layers of
     :func:`staleopt.models.steps` with the ``dataflow-recompute`` segments through torch's
     checkpoint, :class:`TorchCheckpoint`) or ``"opt"`` (through ``opt.checkpoint``:
-    :func:`staleopt.segments.checkpoint_segments` with the wrapper itself).
+    :func:`staleopt.segments.checkpoint_segments` with the wrapper itself). ``floor``: for ``kind="floor"``,
+    the floor to build instead of ``FLOORS[method]`` (a :data:`LADDER` rung's).
     """
 
     def __init__(self, name: str, spec: ModelSpec, stages: int, x, y, kind: str, method: Optional[str] = None,
-                 memory: str = "minimal", recompute: Optional[str] = None):
+                 memory: str = "minimal", recompute: Optional[str] = None, floor=None):
         self.name, self.kind, self.method = name, kind, method
         self.model = spec.build(seed=0)
         self.model.train()
@@ -636,9 +680,9 @@ class Variant:
             part = staleopt.partition_model(self.model, stages)
             tf, tb = schedules.get(sched).delays(stages, 1)
             self.hand = HandRolled(self.model, self.base, part, tf, list(tf) if stash else tb)
-        if kind == "floor":  # (dataflow's delays; pipemare's are dataflow's too)
-            self.hand = FLOORS[method](self.model, self.base, staleopt.partition_model(self.model, stages),
-                                       schedules.get("dataflow").delays(stages, 1)[0])
+        if kind == "floor":  # (dataflow's delays; pipemare's are dataflow's too; ``floor``: a LADDER rung's)
+            self.hand = (floor or FLOORS[method])(self.model, self.base, staleopt.partition_model(self.model, stages),
+                                                  schedules.get("dataflow").delays(stages, 1)[0])
         self.rounds_s: List[float] = []
         self.engine_s: List[float] = []
         self.base_s: List[float] = []
@@ -997,6 +1041,30 @@ def breakdown(spec: ModelSpec, stages: int, rounds: int, steps: int, log) -> Lis
     return rows
 
 
+def budget(spec: ModelSpec, stages: int, rounds: int, steps: int, log) -> List[dict]:
+    """``pipemare``'s whole step against the plain one, piece by piece (:data:`LADDER`, then the wrapper), all
+    timed in the same interleaved rounds: per rung the median over rounds of its step over the plain step's
+    ([IQR]) and ``adds``, the difference of its median to the rung before's (noisy: each is a difference of two
+    medians of the same spread)."""
+    x, y = spec.batch_of()
+    variants = [Variant("plain", spec, stages, x, y, "plain")]
+    variants += [Variant(label, spec, stages, x, y, "floor", floor=floor) for label, floor in LADDER]
+    variants.append(Variant("the wrapper: pipemare", spec, stages, x, y, "staleopt", "pipemare"))
+    interleaved(variants, rounds, steps)
+    plain = variants[0]
+    rows, before = [], 1.0
+    for v in variants[1:]:
+        q1, ratio, q3 = _quantiles([a / b for a, b in zip(v.rounds_s, plain.rounds_s)])
+        rows.append({"model": spec.label, "stages": stages, "rung": v.name, "plain_ms": 1e3 * statistics.median(
+            plain.rounds_s), "step_ms": 1e3 * statistics.median(v.rounds_s), "ratio": ratio, "ratio_q1": q1,
+            "ratio_q3": q3, "adds": ratio - before})
+        before = ratio
+    for v in variants:
+        v.release()
+    log("  budget: done")
+    return rows
+
+
 #: The recompute comparison: (label, method, how the segments are checkpointed; see :class:`Variant`).
 RECOMPUTE = (("(a) pipemare", "pipemare", None),
              ("(b) pipemare + torch checkpoint", "pipemare", "torch"),
@@ -1133,6 +1201,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     tiny = table["resnet20-tiny"]
     split = pd.DataFrame(breakdown(tiny, tiny.max_stages, rounds, 5, log=log))
     split.to_csv(out / "breakdown.csv", index=False)
+    ladder = pd.DataFrame(budget(tiny, tiny.max_stages, rounds if args.rounds or args.quick else SHORT_STEP_ROUNDS,
+                                 5, log=log))
+    ladder.to_csv(out / "budget.csv", index=False)
     recompute = pd.DataFrame([row for key in ("resnet20-tiny", "resnet20")
                               for row in bench_recompute(key, table[key], rounds, 5 if key == "resnet20-tiny" else 1,
                                                          log=log)])
@@ -1178,13 +1249,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     print(_table(split, ["stages", "variant", "engine_ms", "moves_ms", "base_step_extra_ms", "other_ms",
                          "move_ops_per_step",
                          "weights_copy_ms", "moves_in_copies"]))
-    print("\n6. goals (issue 23)")
+    print("\n6. pipemare's whole step piece by piece (engine-bound setting): each rung adds one piece to the "
+          "one before;\n   ratio = median over rounds of step / plain step [IQR], adds = its difference to the rung "
+          "before")
+    print(_table(ladder, ["stages", "rung", "plain_ms", "step_ms", "ratio", "ratio_q1", "ratio_q3", "adds"]))
+    print("\n7. goals (issue 23)")
     print(_table(goal, ["goal", "target", "measured", "met"]) if len(goal) else "(none measured in this run)")
-    print("\n7. recompute (max P, dataflow-recompute segments): (a) no checkpointing, (b) torch's checkpoint, "
+    print("\n8. recompute (max P, dataflow-recompute segments): (a) no checkpointing, (b) torch's checkpoint, "
           "(c) opt.checkpoint\n   ratio_x = median over rounds of step / step of x; memory_bytes = opt.memory_bytes()")
     print(_table(recompute, ["model", "batch", "stages", "variant", "step_ms", "ratio_plain", "ratio_a", "ratio_b",
                              "engine_ms", "recompute_engine_ms", "probes_ms", "memory_bytes", "measured_bytes"]))
-    print(f"\nwrote {out}/step.csv, memory.csv, handrolled.csv, breakdown.csv, goals.csv, recompute.csv"
+    print(f"\nwrote {out}/step.csv, memory.csv, handrolled.csv, breakdown.csv, budget.csv, goals.csv, recompute.csv"
           + ("" if args.no_growth else ", growth.csv, growth.png")
           + f" in {meta['seconds']:.0f} s")
     return 0

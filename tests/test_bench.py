@@ -78,6 +78,48 @@ def test_floors_are_the_same_simulation(bench, method, copies, stages):
     assert not torch.equal(_flat(model), _flat(mlp())) and floor.seconds > 0
 
 
+@pytest.mark.parametrize("without, method, corrections", [
+    (("t1", "t2-rewrite", "t2-update"), "dataflow", False),  # the spare row alone: dataflow's weights
+    (("t2-rewrite", "t2-update"), "pipemare-t1", False),
+    (("t1",), "dataflow", True),  # T2 alone
+])
+def test_ladder_rungs_are_the_pieces_they_name(bench, without, method, corrections):
+    """Each rung of the budget ladder without some of pipemare's pieces is bit for bit the wrapper with just the
+    others (float64 MLP, 3 stages, annealing), so a rung's time is that of the pieces it names."""
+    model = mlp()
+    tf, _ = schedules.get("dataflow").delays(3, 1)
+    floor = bench.PipemareFloor(model, torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
+                                staleopt.partition_model(model, 3), tf, anneal_steps=4, without=without)
+    for x, y in batches(6):
+        floor.train_step(x, y, mse)
+    wrapper = mlp()
+    opt = staleopt.PipelineOptimizer(wrapper, torch.optim.SGD(wrapper.parameters(), lr=0.1, momentum=0.9), stages=3,
+                                     schedule=method, method_args={"anneal_steps": 4} if method != "dataflow" else None,
+                                     corrections=[staleopt.corrections.DiscrepancyCorrection(bench.methods.DECAY)]
+                                     if corrections else ())
+    for x, y in batches(6):
+        opt.zero_grad()
+        mse(wrapper(x), y).backward()
+        opt.step()
+    assert torch.equal(_flat(wrapper), _flat(model)) and not torch.equal(_flat(model), _flat(mlp()))
+    with pytest.raises(ValueError, match="t3"):
+        bench.PipemareFloor(mlp(), torch.optim.SGD(mlp().parameters(), lr=0.1), staleopt.partition_model(mlp(), 3), tf,
+                            without=("t3",))
+
+
+def test_hooks_rung_trains_as_the_plain_loop(bench):
+    model, plain = mlp(), mlp()
+    floor = bench.HooksFloor(model, torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
+                             staleopt.partition_model(model, 3), schedules.get("dataflow").delays(3, 1)[0])
+    base = torch.optim.SGD(plain.parameters(), lr=0.1, momentum=0.9)
+    for x, y in batches(6):
+        floor.train_step(x, y, mse)
+        base.zero_grad()
+        mse(plain(x), y).backward()
+        base.step()
+    assert torch.equal(_flat(model), _flat(plain))
+
+
 def test_new_storage_bytes_counts_allocated_tensors(bench):
     before = bench._storages()
     kept = [torch.empty(1000, dtype=torch.float64), torch.empty(10, dtype=torch.float32)]
@@ -130,8 +172,11 @@ def test_engine_counts_the_moves_and_ops_a_simulator_adds(bench):
 def test_quick_run_writes_tables_and_plot(bench, tmp_path):
     assert bench.main(["--quick", "--out", str(tmp_path), "--models", "cnn1d", "--rounds", "1"]) == 0
     for name in ("step.csv", "memory.csv", "handrolled.csv", "recompute.csv", "growth.csv", "growth.png",
-                 "meta.json"):
+                 "budget.csv", "meta.json"):
         assert (tmp_path / name).is_file(), name
+    ladder = pd.read_csv(tmp_path / "budget.csv")
+    assert list(ladder.rung) == [label for label, _ in bench.LADDER] + ["the wrapper: pipemare"]
+    assert (ladder.ratio > 0).all() and ladder.adds.sum() == pytest.approx(ladder.ratio.iloc[-1] - 1)
     step = pd.read_csv(tmp_path / "step.csv")
     assert set(step.variant) == {"pipemare", "pipedream", "pipeoptim", "dataflow", "dataflow (memory=fast)",
                                  "pipedream (memory=fast)", "hand-rolled dataflow", "hand-rolled pipedream",
@@ -167,13 +212,14 @@ def test_quick_run_writes_tables_and_plot(bench, tmp_path):
     assert md.growth_table(growth).count("\n| size | 32 | 4 |") == 1
     goals = pd.read_csv(tmp_path / "goals.csv")  # issue 23's, on the engine-bound ResNet-20 (absent with --models cnn1d)
     assert md.goals_table(goals).startswith("| goal | target | measured | met |")
+    assert md.budget_table(ladder).count("\n| ") == len(bench.LADDER) + 1  # (the rungs, the wrapper)
     table = md.recompute_table(pd.read_csv(tmp_path / "recompute.csv")).splitlines()
     assert len(table) == 2 + 6 and all(line.count("|") == 10 for line in table)
     assert [line.split(" | ")[1] for line in table[2:]] == [label for label, _, _ in bench.RECOMPUTE] * 2
 
 
 def check_recompute_table(bench, rec: pd.DataFrame) -> None:
-    """Table 7: (a), (b), (c) for both ResNet-20 settings at the max P, with the dataflow-recompute segments."""
+    """Table 8: (a), (b), (c) for both ResNet-20 settings at the max P, with the dataflow-recompute segments."""
     assert list(rec.model) == ["resnet20-tiny"] * 3 + ["resnet20"] * 3
     assert list(rec.checkpoint) == ["none", "torch.utils.checkpoint", "opt.checkpoint"] * 2
     assert list(rec.method) == ["pipemare", "pipemare", "pipemare-recompute"] * 2
