@@ -120,9 +120,12 @@ def meta_line(meta: dict) -> str:
 
 
 def _short_rounds(meta: dict) -> str:
-    """The short-step models' rounds where they differ (``bench_overhead.SHORT_STEP_ROUNDS``; runs before it: none)."""
-    short = meta.get("short_step_rounds", meta["rounds"])
-    return f" ({short} for the short-step models)" if short != meta["rounds"] else ""
+    """The short-step models' and the ladder's rounds where they differ (``bench_overhead.SHORT_STEP_ROUNDS``,
+    ``BUDGET_ROUNDS``; runs before them: none)."""
+    parts = [f"{n} for {what}" for n, what in ((meta.get("short_step_rounds", meta["rounds"]), "the short-step models"),
+                                                (meta.get("budget_rounds", meta["rounds"]), "the ladder"))
+             if n != meta["rounds"]]
+    return f" ({', '.join(parts)})" if parts else ""
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

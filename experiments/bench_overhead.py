@@ -193,6 +193,10 @@ SIZE_STAGES = 4
 #: percent on a shared machine, so their medians take 25 rounds by default (5 gave interquartile ranges of
 #: 3-7 % around goals 10 % wide); a round costs well under a second there.
 SHORT_STEP_ROUNDS = 25
+#: Rounds of the piece-by-piece ladder (:func:`budget`, 8 variants at the engine-bound ResNet-20): its rungs differ
+#: by 0.5-3 % of the step, so it takes more rounds than table 1 (a round costs about half a second there; with 25
+#: rounds one run on a busy machine, runs/bench-21, had interquartile ranges of +-5 % and rungs out of order).
+BUDGET_ROUNDS = 60
 QUICK_SIZES = {32: ModelSpec("GPT d_model 32", "gpt", 1, {"num_classes": 512, "input_shape": (16,), "d_model": 32,
                                                          "layers": 2, "heads": 2})}
 QUICK = {
@@ -1182,6 +1186,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.processor() or platform.system()}",
             "torch": torch.__version__, "threads": torch.get_num_threads(), "rounds": rounds,
             "short_step_rounds": rounds if args.rounds or args.quick else SHORT_STEP_ROUNDS,
+            "budget_rounds": rounds if args.rounds or args.quick else BUDGET_ROUNDS,
             "load_before": os.getloadavg()[0], "quick": args.quick,
             "clock": "thread CPU time" if clock is time.thread_time else "wall time"}
     torch.manual_seed(0)
@@ -1201,7 +1206,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     tiny = table["resnet20-tiny"]
     split = pd.DataFrame(breakdown(tiny, tiny.max_stages, rounds, 5, log=log))
     split.to_csv(out / "breakdown.csv", index=False)
-    ladder = pd.DataFrame(budget(tiny, tiny.max_stages, rounds if args.rounds or args.quick else SHORT_STEP_ROUNDS,
+    ladder = pd.DataFrame(budget(tiny, tiny.max_stages, rounds if args.rounds or args.quick else BUDGET_ROUNDS,
                                  5, log=log))
     ladder.to_csv(out / "budget.csv", index=False)
     recompute = pd.DataFrame([row for key in ("resnet20-tiny", "resnet20")
