@@ -194,8 +194,8 @@ SIZE_STAGES = 4
 #: 3-7 % around goals 10 % wide); a round costs well under a second there.
 SHORT_STEP_ROUNDS = 25
 #: Rounds of the piece-by-piece ladder (:func:`budget`, 8 variants at the engine-bound ResNet-20): its rungs differ
-#: by 0.5-3 % of the step, so it takes more rounds than table 1 (a round costs about half a second there; with 25
-#: rounds one run on a busy machine, runs/bench-21, had interquartile ranges of +-5 % and rungs out of order).
+#: by up to about 3 % of the step, so it takes more rounds than table 1 (a round costs about half a second there; with 25
+#: rounds one run, runs/bench-21, had interquartile ranges of +-5 % and rungs out of order).
 BUDGET_ROUNDS = 60
 QUICK_SIZES = {32: ModelSpec("GPT d_model 32", "gpt", 1, {"num_classes": 512, "input_shape": (16,), "d_model": 32,
                                                          "layers": 2, "heads": 2})}
