@@ -518,8 +518,11 @@ class HandRolled:
 
 
 # ---------------------------------------------------------------------------------------------- memory
-def _storages() -> Dict[int, int]:
-    """``{data_ptr: nbytes}`` of every tensor storage reachable from a gc-tracked Python object."""
+def _storages() -> Dict[int, torch.UntypedStorage]:
+    """``{data_ptr: storage}`` of every tensor storage reachable from a gc-tracked Python object. The storages
+    are held, so none of them is freed while the result lives: a tensor allocated meanwhile cannot take the
+    address of one that died (a garbage tensor freed by the next ``gc.collect()``), which would hide it from
+    :func:`new_storage_bytes`."""
     out = {}
     # type(), not isinstance(): isinstance reads __class__, which fails on dead weak proxies
     # and warns on some lazily deprecated torch objects
@@ -533,14 +536,14 @@ def _storages() -> Dict[int, int]:
         except RuntimeError:  # tensors without real storage (fake tensors left by torch.compile)
             continue
         if ptr:
-            out[ptr] = s.nbytes()
+            out[ptr] = s
     return out
 
 
-def new_storage_bytes(before: Dict[int, int]) -> int:
+def new_storage_bytes(before: Dict[int, torch.UntypedStorage]) -> int:
     """Bytes of tensor storages alive now that were not alive in ``before`` (from :func:`_storages`)."""
     gc.collect()
-    return sum(n for ptr, n in _storages().items() if ptr not in before)
+    return sum(s.nbytes() for ptr, s in _storages().items() if ptr not in before)
 
 
 def documented_buffers(correction, partition, tau_fwd, tau_bkwd, tau_recomp=None) -> int:
