@@ -133,13 +133,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("out", help="the --out directory of a bench_overhead.py run")
     args = ap.parse_args(argv)
     out = Path(args.out)
-    parts: List[str] = [meta_line(json.loads((out / "meta.json").read_text())),
-                        step_table(pd.read_csv(out / "step.csv")), recompute_table(pd.read_csv(out / "recompute.csv"))]
+    parts: List[str] = [meta_line(json.loads((out / "meta.json").read_text())), step_table(pd.read_csv(out / "step.csv"))]
     if (out / "growth.csv").exists():
         parts.append(growth_table(pd.read_csv(out / "growth.csv")))
-    if (out / "budget.csv").exists():  # (runs/bench-20 and earlier have none)
+    if (out / "budget.csv").exists():  # (runs before commit 7103a8c have none)
         parts.append(budget_table(pd.read_csv(out / "budget.csv")))
-    parts.append(goals_table(pd.read_csv(out / "goals.csv")))
+    parts += [goals_table(pd.read_csv(out / "goals.csv")), recompute_table(pd.read_csv(out / "recompute.csv"))]
     print("\n\n".join(parts))
     return 0
 

@@ -195,7 +195,8 @@ SIZE_STAGES = 4
 SHORT_STEP_ROUNDS = 25
 #: Rounds of the piece-by-piece ladder (:func:`budget`, 8 variants at the engine-bound ResNet-20): its rungs differ
 #: by up to about 3 % of the step, so it takes more rounds than table 1 (a round costs about half a second there; with 25
-#: rounds one run, runs/bench-21, had interquartile ranges of +-5 % and rungs out of order).
+#: rounds, the first run with the ladder, at commit 7103a8c on 2026-11-24, had interquartile ranges of +-5 % and rungs
+#: out of order).
 BUDGET_ROUNDS = 60
 QUICK_SIZES = {32: ModelSpec("GPT d_model 32", "gpt", 1, {"num_classes": 512, "input_shape": (16,), "d_model": 32,
                                                          "layers": 2, "heads": 2})}
@@ -1183,13 +1184,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if unknown:
         ap.error(f"unknown model(s) {unknown}; choose from {list(table)}")
     rounds = args.rounds or (2 if args.quick else 5)
+    budget_rounds = rounds if args.rounds or args.quick else BUDGET_ROUNDS
     log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
     started = time.perf_counter()
     meta = {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
             "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.processor() or platform.system()}",
             "torch": torch.__version__, "threads": torch.get_num_threads(), "rounds": rounds,
             "short_step_rounds": rounds if args.rounds or args.quick else SHORT_STEP_ROUNDS,
-            "budget_rounds": rounds if args.rounds or args.quick else BUDGET_ROUNDS,
+            "budget_rounds": budget_rounds,
             "load_before": os.getloadavg()[0], "quick": args.quick,
             "clock": "thread CPU time" if clock is time.thread_time else "wall time"}
     torch.manual_seed(0)
@@ -1209,8 +1211,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     tiny = table["resnet20-tiny"]
     split = pd.DataFrame(breakdown(tiny, tiny.max_stages, rounds, 5, log=log))
     split.to_csv(out / "breakdown.csv", index=False)
-    ladder = pd.DataFrame(budget(tiny, tiny.max_stages, rounds if args.rounds or args.quick else BUDGET_ROUNDS,
-                                 5, log=log))
+    ladder = pd.DataFrame(budget(tiny, tiny.max_stages, budget_rounds, 5, log=log))
     ladder.to_csv(out / "budget.csv", index=False)
     recompute = pd.DataFrame([row for key in ("resnet20-tiny", "resnet20")
                               for row in bench_recompute(key, table[key], rounds, 5 if key == "resnet20-tiny" else 1,
