@@ -802,6 +802,11 @@ def _quantiles(xs: Sequence[float]) -> Tuple[float, float, float]:
     return q[0], statistics.median(xs), q[2]
 
 
+def _ratio_quantiles(v: "Variant", ref: "Variant") -> Tuple[float, float, float]:
+    """(q1, median, q3) over rounds of ``v``'s step over ``ref``'s in the same round."""
+    return _quantiles([a / b for a, b in zip(v.rounds_s, ref.rounds_s)])
+
+
 def check_same_weights(spec: ModelSpec, stages: int, method: str, steps: int, batch: int,
                        against: str = "hand") -> float:
     """Largest |difference| of the weights after ``steps`` steps: staleopt vs the hand-rolled loop (``against``
@@ -849,8 +854,7 @@ def bench_model(key: str, spec: ModelSpec, rounds: int, steps: int, log) -> Tupl
     step_rows, mem_rows, hand_rows = [], [], []
     by = {v.name: v for v in variants}
     for v in variants[1:]:
-        ratios = [a / b for a, b in zip(v.rounds_s, plain.rounds_s)]
-        q1, med, q3 = _quantiles(ratios)
+        q1, med, q3 = _ratio_quantiles(v, plain)
         engine, engine_min = _engine(v, plain)
         ops, copies = engine_counts(v, plain)
         step_rows.append({"model": key, "stages": P, "variant": v.name, "batch": spec.batch,
@@ -877,7 +881,7 @@ def bench_model(key: str, spec: ModelSpec, rounds: int, steps: int, log) -> Tupl
         minimum = minimum_bytes(s.opt)
         hand_rows.append({"model": key, "stages": P, "simulation": h,
                           "staleopt_ratio": s_row["ratio"], "hand_ratio": h_row["ratio"],
-                          "speed_ratio": statistics.median([a / b for a, b in zip(hr.rounds_s, s.rounds_s)]),
+                          "speed_ratio": _ratio_quantiles(hr, s)[1],
                           "staleopt_engine_ms": s_row["engine_ms"], "hand_engine_ms": h_row["engine_ms"],
                           "overhead_ratio": h_row["engine_ms"] / max(s_row["engine_ms"], 1e-9),
                           "overhead_ratio_min": h_row["engine_min_ms"] / max(s_row["engine_min_ms"], 1e-9),
@@ -1062,7 +1066,7 @@ def budget(spec: ModelSpec, stages: int, rounds: int, steps: int, log) -> List[d
     plain = variants[0]
     rows, before = [], 1.0
     for v in variants[1:]:
-        q1, ratio, q3 = _quantiles([a / b for a, b in zip(v.rounds_s, plain.rounds_s)])
+        q1, ratio, q3 = _ratio_quantiles(v, plain)
         rows.append({"model": spec.label, "stages": stages, "rung": v.name, "plain_ms": 1e3 * statistics.median(
             plain.rounds_s), "step_ms": 1e3 * statistics.median(v.rounds_s), "ratio": ratio, "ratio_q1": q1,
             "ratio_q3": q3, "adds": ratio - before})
@@ -1105,7 +1109,7 @@ def bench_recompute(key: str, spec: ModelSpec, rounds: int, steps: int, log) -> 
                                                                    "opt": "opt.checkpoint"}[how],
                "plain_ms": 1e3 * statistics.median(plain.rounds_s), "step_ms": 1e3 * statistics.median(v.rounds_s)}
         for ref, name in ((plain, "plain"), (a, "a"), (b, "b")):
-            q1, med, q3 = _quantiles([t / r for t, r in zip(v.rounds_s, ref.rounds_s)])
+            q1, med, q3 = _ratio_quantiles(v, ref)
             row.update({f"ratio_{name}": med, f"ratio_{name}_q1": q1, f"ratio_{name}_q3": q3})
         row.update({"engine_ms": 1e3 * (engine + machinery[0]), "engine_min_ms": 1e3 * (engine_min + machinery[1]),
                     "recompute_engine_ms": 1e3 * machinery[0],
@@ -1184,13 +1188,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if unknown:
         ap.error(f"unknown model(s) {unknown}; choose from {list(table)}")
     rounds = args.rounds or (2 if args.quick else 5)
-    budget_rounds = rounds if args.rounds or args.quick else BUDGET_ROUNDS
+    fixed = bool(args.rounds or args.quick)  # (else the short-step models and the ladder take more rounds)
+    short_rounds, budget_rounds = (rounds, rounds) if fixed else (SHORT_STEP_ROUNDS, BUDGET_ROUNDS)
     log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
     started = time.perf_counter()
     meta = {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
             "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.processor() or platform.system()}",
             "torch": torch.__version__, "threads": torch.get_num_threads(), "rounds": rounds,
-            "short_step_rounds": rounds if args.rounds or args.quick else SHORT_STEP_ROUNDS,
+            "short_step_rounds": short_rounds,
             "budget_rounds": budget_rounds,
             "load_before": os.getloadavg()[0], "quick": args.quick,
             "clock": "thread CPU time" if clock is time.thread_time else "wall time"}
@@ -1199,8 +1204,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     for key in keys:
         spec = table[key]
         steps = 1 if spec.batch >= 64 and key != "cnn1d" else 5
-        short = steps > 1 and not (args.rounds or args.quick)  # (a short step: more rounds at little cost)
-        s, m, h = bench_model(key, spec, SHORT_STEP_ROUNDS if short else rounds, steps, log=log)
+        # (a short step: more rounds at little cost)
+        s, m, h = bench_model(key, spec, short_rounds if steps > 1 else rounds, steps, log=log)
         step_rows += s
         mem_rows += m
         hand_rows += h
