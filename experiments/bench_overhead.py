@@ -328,13 +328,14 @@ class DataMovementFloor:
     """
 
     spare = 0  # rows per parameter beyond tau
+    moves = True  # it keeps rows and moves the weights (HooksFloor: neither)
 
     def __init__(self, model: nn.Module, base: torch.optim.Optimizer, partition, tau_fwd):
         self.model, self.base = model, base
         delayed = [(p, tau_fwd[s.index]) for s in partition for p in s.params if tau_fwd[s.index]]
         self.params, self.taus = [p for p, _ in delayed], [tau for _, tau in delayed]
         self.own = [p.data for p in self.params]
-        self.rows = [[p.detach().clone() for _ in range(tau + self.spare)] for p, tau in delayed]
+        self.rows = [[p.detach().clone() for _ in range(tau + self.spare)] for p, tau in delayed] if self.moves else []
         self.t, self.seconds = 0, 0.0
         self._pointed: List[torch.Tensor] = []
         model.register_forward_pre_hook(self._forward)
@@ -448,7 +449,9 @@ FLOORS = {"dataflow": DataMovementFloor, "pipemare": PipemareFloor}
 
 class HooksFloor(DataMovementFloor):
     """:class:`DataMovementFloor`'s hooks (forward pre-hook, forward hook with a tensor hook on the output,
-    end-of-backward callback) with no data movement: the weights train as the plain loop's."""
+    end-of-backward callback) with no data movement and no rows: the weights train as the plain loop's."""
+
+    moves = False
 
     def _forward(self, module, args) -> None:
         pass

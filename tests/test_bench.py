@@ -162,6 +162,19 @@ def test_hooks_rung_trains_as_the_plain_loop(bench):
     assert torch.equal(_flat(model), _flat(plain))
 
 
+def test_hooks_rung_allocates_no_rows(bench):
+    model = mlp()
+    base = torch.optim.SGD(model.parameters(), lr=0.1)
+    args = (staleopt.partition_model(model, 3), schedules.get("dataflow").delays(3, 1)[0])
+    before = bench._storages()
+    floor = bench.HooksFloor(model, base, *args)
+    assert floor.rows == [] and bench.new_storage_bytes(before) == 0
+    before = bench._storages()
+    moving = bench.DataMovementFloor(model, base, *args)  # (the rung above it keeps tau rows per parameter)
+    assert bench.new_storage_bytes(before) > 0
+    del floor, moving
+
+
 def test_new_storage_bytes_counts_allocated_tensors(bench):
     before = bench._storages()
     kept = [torch.empty(1000, dtype=torch.float64), torch.empty(10, dtype=torch.float32)]
