@@ -165,7 +165,8 @@ class PipelineOptimizer(torch.optim.Optimizer):
     Args:
         model: the module whose forward/backward the training loop calls.
         base_optimizer: any ``torch.optim.Optimizer`` over (a subset of) the model's parameters.
-        stages: a stage count ``P`` or a :class:`~staleopt.partition.Partition`.
+        stages: a stage count ``P``, ``"max"`` (one stage per parametrized operator) or a
+            :class:`~staleopt.partition.Partition`.
         schedule: a schedule or method name (``"dataflow"``, ``"1f1b"``, ``"pipemare"``, ...)
             or a :class:`~staleopt.schedules.Schedule`.
         microbatches: ``N``, microbatches per minibatch (enters the delay formulas).
@@ -205,7 +206,7 @@ class PipelineOptimizer(torch.optim.Optimizer):
     """
 
     def __init__(self, model: nn.Module, base_optimizer: torch.optim.Optimizer, *positional,
-                 stages: Union[int, Partition] = 1, schedule: Union[str, Schedule] = "dataflow",
+                 stages: Union[int, str, Partition] = 1, schedule: Union[str, Schedule] = "dataflow",
                  microbatches: int = 1, corrections: Iterable[Correction] = (), seed: Optional[int] = None,
                  partition: Optional[str] = None, foreach: bool = True, method_args: Optional[dict] = None,
                  microbatch_passes: bool = False, memory: str = "minimal", shared_parameters: str = "replicate"):
@@ -238,7 +239,14 @@ class PipelineOptimizer(torch.optim.Optimizer):
             raise ConfigError(f"partition={partition!r} chooses how a stage count is split, but stages is already a "
                               "Partition: pass stages=staleopt.partition_model(model, P, strategy) alone")
         microbatches = check_int("microbatches", microbatches, 1, why="microbatches per minibatch")
-        corrections = list(corrections)
+        if isinstance(corrections, Correction):
+            raise CorrectionError(f"corrections takes a list of Correction objects, got one: {corrections!r}; pass "
+                                  f"corrections=[{type(corrections).__name__}(...)]")
+        try:
+            corrections = list(corrections)
+        except TypeError:
+            raise CorrectionError(f"corrections takes a list of Correction objects (e.g. [staleopt.corrections."
+                                  f"Stashing()]), got {type(corrections).__name__} {corrections!r}") from None
         for c in corrections:
             if not isinstance(c, Correction):
                 raise CorrectionError(f"corrections must be Correction objects (e.g. staleopt.corrections."
@@ -794,9 +802,12 @@ class PipelineOptimizer(torch.optim.Optimizer):
                 self._replicas.follow()
             if self._microbatch_passes:
                 if self._passes >= self._microbatches:
-                    raise LoopError(f"microbatch_passes=True expects at most N={self._microbatches} training "
-                                        "forward passes between zero_grad() and step(); call zero_grad() "
-                                        "before the first microbatch of each step")
+                    N = self._microbatches
+                    raise LoopError(f"this is training forward {self._passes + 1} since the last zero_grad() or "
+                                    f"step(), but microbatch_passes=True with N={N} runs exactly one training "
+                                    f"forward per microbatch: split each minibatch into N={N} microbatches "
+                                    "(x.chunk(N)), one forward and backward each, then step() (zero_grad() "
+                                    "before the first microbatch of a step restarts the count)")
                 self._pass, self._passes = self._passes, self._passes + 1
             self._calls = []
             self._load(backward=False)
@@ -999,6 +1010,12 @@ class PipelineOptimizer(torch.optim.Optimizer):
         delays = self._step_plans()[0].delays  # microbatch 0's: the step's nominal delays
         self._check_recomputed()
         self._warn_if_unseen(delays)
+        if self._microbatch_passes and 0 < self._passes < self._microbatches:
+            self._warn_once("short", f"step() after {self._passes} of N={self._microbatches} microbatch passes "
+                            f"(microbatch_passes=True): microbatches {self._passes}..{self._microbatches - 1} of "
+                            "this step did not run, so their delays were not simulated; split each minibatch into "
+                            "N microbatches, one training forward and backward each (a short last batch of an "
+                            "epoch may give fewer: then this is expected; warned once)")
         self._history.push(t)
         stored = self._stored
         factors = [1.0] * self._partition.num_stages

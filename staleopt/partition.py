@@ -415,11 +415,12 @@ def _probe(model: nn.Module, units: Sequence[Unit], example_input: Any) -> Dataf
             m.training = training
 
 
-def partition_model(model: nn.Module, stages: Union[int, Sequence[int]], strategy: str = "ops",
+def partition_model(model: nn.Module, stages: Union[int, str, Sequence[int]], strategy: str = "ops",
                     example_input: Any = None) -> Partition:
     """Split ``model`` into stages.
 
-    ``stages`` is a stage count ``P`` (with ``strategy`` "ops" or "params") or a list of
+    ``stages`` is a stage count ``P`` (with ``strategy`` "ops" or "params"), ``"max"`` (one stage per
+    parametrized operator, as in :func:`staleopt.compare` and sweep files), or a list of
     cut points (unit indices where stages 1..P-1 begin, strictly increasing). Units are in
     registration order, or, given ``example_input`` (a tensor or a tuple of forward
     arguments), in the order one forward pass on it first uses them (:func:`execution_order`).
@@ -438,8 +439,11 @@ def partition_model(model: nn.Module, stages: Union[int, Sequence[int]], strateg
     if n == 0:
         raise StageError("the model has no trainable parameters: nothing to pipeline "
                          "(check requires_grad, or pass the model whose weights you train)")
+    if isinstance(stages, str) and stages == "max":
+        stages = n
     if isinstance(stages, bool) or not isinstance(stages, (int, list, tuple)):
-        raise StageError(f"stages must be an int (number of stages) or a list of cut points, got {stages!r}")
+        raise StageError(f"stages must be an int (number of stages), \"max\" (one per parametrized operator, {n} "
+                         f"here) or a list of cut points, got {stages!r}")
     if isinstance(stages, int):
         if stages < 1 or stages > n:
             raise StageError(f"stages={stages} is out of range: this model has {n} parametrized "

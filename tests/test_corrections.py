@@ -7,7 +7,7 @@ import torch
 
 import staleopt
 from staleopt import methods, schedules
-from staleopt.corrections import (DiscrepancyCorrection, LRReschedule, VerticalSync, Warmup, WeightPrediction,
+from staleopt.corrections import (DiscrepancyCorrection, LRReschedule, Stashing, VerticalSync, Warmup, WeightPrediction,
                                   t1_factor)
 from staleopt.errors import CorrectionError, ScheduleError
 
@@ -356,6 +356,11 @@ def test_bad_correction_inputs():
     with pytest.raises(CorrectionError, match="Correction objects"):
         staleopt.PipelineOptimizer(model, torch.optim.SGD(model.parameters(), lr=0.1), stages=3,
                                    corrections=["t2"])
+    with pytest.raises(CorrectionError, match=r"got one: Stashing\(\).*corrections=\[Stashing\(...\)\]"):
+        staleopt.PipelineOptimizer(model, torch.optim.SGD(model.parameters(), lr=0.1), stages=3,
+                                   corrections=Stashing())  # one object, not a list
+    with pytest.raises(CorrectionError, match="takes a list of Correction objects.*got int 3"):
+        staleopt.PipelineOptimizer(model, torch.optim.SGD(model.parameters(), lr=0.1), stages=3, corrections=3)
 
 
 def test_prediction_skips_parameters_outside_the_base_optimizer_and_follows_added_groups():

@@ -4,6 +4,7 @@ their own storage holding ``w_t``. Every case is checked bit for bit against the
 which copies every view."""
 import copy
 import math
+import warnings
 
 import pytest
 import torch
@@ -124,6 +125,34 @@ def test_microbatch_forwards_ahead_of_their_backwards_are_refused():
                                                   run(staleopt.PipelineOptimizer, False)))
     with pytest.raises(staleopt.errors.LoopError, match="microbatch_passes=True, microbatch j.s backward before"):
         run(staleopt.PipelineOptimizer, True)
+
+
+def test_microbatch_passes_more_or_fewer_than_n_say_so():
+    """``microbatch_passes=True`` with ``N = 2``: a third training forward in a step raises with the count and the
+    fix; a step after one pass warns once that the second microbatch did not run."""
+    model = mlp(SIZES, seed=9)
+    opt = staleopt.PipelineOptimizer(model, torch.optim.SGD(model.parameters(), lr=0.05), stages=4,
+                                     schedule="dataflow", microbatches=2, microbatch_passes=True)
+    (x, y), = batches(1, in_dim=SIZES[0], out_dim=SIZES[-1], batch=6, seed=8)
+    opt.zero_grad()
+    for a, b in zip(x.chunk(2), y.chunk(2)):
+        mse(model(a), b).backward()
+    with pytest.raises(staleopt.errors.LoopError, match=r"training forward 3 since the last zero_grad\(\) or step\(\)"
+                                                        r".*N=2.*x.chunk\(N\)"):
+        model(x)
+    opt.step()
+    with pytest.warns(UserWarning, match=r"step\(\) after 1 of N=2 microbatch passes.*microbatches 1..1"):
+        opt.zero_grad()
+        mse(model(x), y).backward()
+        opt.step()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # once
+        opt.zero_grad()
+        mse(model(x), y).backward()
+        opt.step()
+        for a, b in zip(x.chunk(2), y.chunk(2)):  # (a full step: no warning either)
+            mse(model(a), b).backward()
+        opt.step()
 
 
 def _pair(run, method, memory, **kw):

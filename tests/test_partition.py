@@ -87,6 +87,18 @@ def test_partition_errors():
         partition_model(nn.Linear(2, 2), 1, strategy="layers")
     with pytest.raises(StageError, match="int"):
         partition_model(nn.Linear(2, 2), 1.5)
+    with pytest.raises(StageError, match=r"\"max\" \(one per parametrized operator, 1 here\).*got 'min'"):
+        partition_model(nn.Linear(2, 2), "min")
+
+
+def test_max_stages_is_one_per_parametrized_operator():
+    """``stages="max"`` (as compare and sweep files take it): the wrapper pipelines every operator."""
+    import staleopt
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 2))
+    assert partition_model(model, "max").num_stages == 3 == len(partition_model(model, 3))
+    opt = staleopt.PipelineOptimizer(model, torch.optim.SGD(model.parameters(), lr=0.1), stages="max",
+                                     schedule="dataflow")
+    assert opt.partition.num_stages == 3 and opt.tau_fwd == [5, 3, 1]
 
 
 # ----------------------------------------------------------------------------- execution order
