@@ -321,12 +321,13 @@ def evaluate(records: pd.DataFrame, claims: Sequence[Claim] = None, level: float
                    metric)
     rows = []
     for claim in claims:
+        text = None
         try:
             text = claim.text(ctx)
             evidence, holds = claim.check(ctx)
             verdict = VERDICTS[0] if holds else VERDICTS[1]
-        except ConfigError as e:
-            text, evidence, verdict = repr(claim), str(e), VERDICTS[2]
+        except ConfigError as e:  # (the statement itself, unless it names a P the records lack)
+            text, evidence, verdict = repr(claim) if text is None else text, str(e), VERDICTS[2]
         rows.append({"claim": text, "evidence": evidence, "verdict": verdict})
     return pd.DataFrame(rows, columns=list(CLAIM_COLUMNS))
 

@@ -143,6 +143,8 @@ def test_claims_the_records_cannot_decide_are_not_evaluated():
                             [Diverges("dataflow", "max"), Beats("pipemare", "gpipe", 16), Matches("pipemare", "gpipe")])
     assert table["verdict"].tolist() == ["not evaluated", "not evaluated", "holds"]
     assert "lack" in table["evidence"][0] and "P in [2, 8]" in table["evidence"][1]
+    # the statement where it can be said (the records lack the method), else the claim's repr (they lack the P)
+    assert table["claim"][0] == "dataflow diverges at P = 8 (every run)" and table["claim"][1].startswith("Beats(")
     with pytest.raises(ConfigError, match="no finished runs"):
         claims.evaluate(hand_records().iloc[:0])
     markdown = claims.format_table(table)
