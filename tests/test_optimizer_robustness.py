@@ -51,6 +51,42 @@ def test_parameters_hold_current_weights_after_every_backward():
         assert torch.equal(p, w)
 
 
+def test_a_training_forward_without_backward_leaves_its_stale_view_until_rest():
+    """docs/wrapper.md: a forward in train mode with grad enabled leaves the stale views in the parameters until
+    its backward ends, an eval-mode or no_grad forward, ``state_dict()`` or ``current_weights()`` (or ``step()``);
+    ``model.eval()`` alone changes nothing."""
+    model = mlp(seed=4)
+    opt = _opt(model)
+    train(model, opt, batches(6, seed=4))
+    x, _ = batches(1, seed=5)[0]
+
+    def at_rest():
+        return all(torch.equal(p, w) for p, w in zip(model.parameters(), w_t))
+
+    def current():
+        with opt.current_weights():
+            assert at_rest()
+
+    def no_grad_forward():
+        with torch.no_grad():
+            model(x)
+
+    def eval_forward():
+        model.eval()
+        model(x)
+        model.train()
+
+    w_t = [p.detach().clone() for p in model.parameters()]
+    for back_to_rest in (current, model.state_dict, no_grad_forward, eval_forward):
+        model(x)  # a prediction in train mode: stage 0 reads w_(t - 5)
+        assert not at_rest()
+        model.eval()
+        assert not at_rest()  # (switching modes moves nothing)
+        model.train()
+        back_to_rest()
+        assert at_rest()
+
+
 def test_per_stage_lr_keeps_the_users_groups():
     model = mlp(seed=6)
     params = list(model.parameters())
