@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, List, Optional, Sequence, Union
@@ -99,7 +100,8 @@ def compare(model: Union[str, Callable], data: Union[str, Callable] = "mnist1d",
     perplexity plus 1%, when ``methods`` has ``gpipe``; none otherwise). ``claims``: default the demo's
     (:data:`staleopt.claims.DEMO_CLAIMS`; a claim on a method not run is ``"not
     evaluated"``). ``workers``, ``threads``, ``bar``: as :func:`staleopt.sweep.run_sweep`.
-    Returns a :class:`Comparison`; the files are written into ``out``.
+    Returns a :class:`Comparison`; the files are written into ``out``. Runs that did not finish (failed, left to
+    another launch, damaged files: ``result.report``) are left out of the tables, with a warning that names them.
     """
     from . import sweep
     taken = sorted({"model", "data", "method", "stages", "seed"} & set(config))
@@ -120,6 +122,17 @@ def compare(model: Union[str, Callable], data: Union[str, Callable] = "mnist1d",
     records = records[records["run"].isin(ids)].reset_index(drop=True)
     if records.empty:
         raise ConfigError(f"no run finished; see the error.txt files under {out / 'runs'}")
+    unfinished = {what: [i for i in runs if i in ids] for what, runs in
+                  (("failed", report.failed), ("left to another launch", report.claimed),
+                   ("damaged", list(report.damaged)))}
+    lost = sum(map(len, unfinished.values()))
+    if lost:  # (the tables below are over the runs that finished: say so, and which)
+        parts = "; ".join(f"{len(v)} {what} ({', '.join(v[:3])}{', ...' if len(v) > 3 else ''})"
+                          for what, v in unfinished.items() if v)
+        warnings.warn(f"{lost} of {len(ids)} runs of this comparison did not finish: {parts}. Its tables, claims "
+                      f"and figures are over the {records['run'].nunique()} runs that did (a cell then has fewer "
+                      f"runs than seeds). A failed run's error is in {out / 'runs'}/<run id>/error.txt; calling "
+                      "compare again retries it", stacklevel=2)
     metric = metrics_module.of(records, metric)
     if target is None and "gpipe" in set(records["method"]):
         from .speedup import default_target
@@ -139,12 +152,14 @@ def write_report(records: pd.DataFrame, out: Union[str, os.PathLike], target: Op
     figures (the metric against stages; against epochs and, with a target, against pipeline time at the
     largest P; into ``figures``, default ``out``). ``metric``: default the records' task's
     (:func:`staleopt.metrics.of`). ``write_records=False`` leaves ``records.csv`` as it is (a report rebuilt
-    from it)."""
+    from it). A file the previous ``report.json`` in ``out`` listed and this report does not write (the time
+    table without a target, the figures of another largest P) is removed, so none contradicts the new tables."""
     from . import claims as claims_module
     from . import hardware, speedup, sweep
     from .plot import sweep as plots
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
+    before = _listed(out / "report.json")
     metric = metrics_module.of(records, metric)
     summary = sweep.summarize(records, by=["method", "stages"], level=level, metric=metric)
     fast = speedup.speedup_table(records, target, metric=metric) if target is not None else pd.DataFrame()
@@ -181,4 +196,20 @@ def write_report(records: pd.DataFrame, out: Union[str, os.PathLike], target: Op
                                      "runs": int(records["run"].nunique()),
                                      "files": [p.name for p in files[:-1]],
                                      "figures": [p.name for p in figures]}, indent=2) + "\n")
+    # what the last report here wrote and this one does not (the time table and figure without a target, the
+    # figures of another largest P) would contradict the new tables: removed
+    for folder, names, now in ((out, before[0], files), (where, before[1], figures)):
+        for name in set(names) - {p.name for p in now}:
+            if name == Path(name).name:  # (a bare file name, as report.json lists them)
+                (folder / name).unlink(missing_ok=True)
     return Comparison(out, records, summary, fast, verdicts, target, memory, figures, files, metric=metric)
+
+
+def _listed(path: Path) -> tuple:
+    """``(files, figures)`` that the report at ``path`` (``report.json``) lists; nothing if there is none, or if it
+    cannot be read (then no file is removed)."""
+    try:
+        listed = json.loads(path.read_text())
+        return tuple([str(n) for n in listed.get(key, []) if isinstance(n, str)] for key in ("files", "figures"))
+    except (OSError, ValueError, AttributeError):
+        return (), ()

@@ -3,6 +3,7 @@ records, claims and time to accuracy, with no change to the package: staleopt.co
 import json
 import math
 import textwrap
+import warnings
 
 import pandas as pd
 import pytest
@@ -182,3 +183,69 @@ def test_tutorial_shows_the_code_of_its_file():
     body = code[code.index('"""', 3) + 4:]  # after the module docstring
     page = docgen.code_blocks((repo / "docs" / "tutorial.md").read_text())
     assert body.strip() in page[0].code
+
+
+def test_a_run_that_failed_is_named_in_a_warning_and_the_next_call_retries_it(tmp_path, monkeypatch):
+    """A run whose data factory raised (its third call: the first resolves the shapes, the second feeds the first
+    run) is left out of the tables with a warning that says so (before, the tables were silently over the other
+    runs); calling compare again retries it."""
+    monkeypatch.chdir(tmp_path)
+    calls = []
+
+    def flaky_net(num_classes, input_shape):
+        return nn.Sequential(nn.Flatten(), nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, num_classes))
+
+    def flaky_blobs():
+        calls.append(1)
+        if len(calls) == 3:
+            raise ValueError("boom")
+        g = torch.Generator().manual_seed(0)
+        y = torch.randint(3, (120,), generator=g)
+        x = 2 * torch.randn(3, 6, generator=g)[y] + torch.randn(120, 6, generator=g)
+        return TensorDataset(x[:80], y[:80]), TensorDataset(x[80:], y[80:])
+
+    before = {id(reg): set(reg) for reg in (models._USER, datasets._USER)}
+    try:
+        kw = dict(methods=["gpipe", "pipemare"], stages=[2], seeds=[0, 1], out="cmp", bar=False, epochs=1,
+                  batch_size=20, lr=0.05)
+        with pytest.warns(UserWarning, match=r"1 of 4 runs of this comparison did not finish: 1 failed \(\w+\)\. "
+                                             r"Its tables, claims and figures are over the 3 runs"):
+            result = staleopt.compare(flaky_net, flaky_blobs, **kw)
+        failed, = result.report.failed
+        assert "boom" in (tmp_path / "cmp" / "runs" / failed / "error.txt").read_text()
+        assert result.summary["runs"].sum() == 3
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", UserWarning)
+            again = staleopt.compare(flaky_net, flaky_blobs, **kw)
+        assert again.report.ok and again.summary["runs"].sum() == 4 and list(again.report.finished) == [failed]
+    finally:
+        for reg in (models._USER, datasets._USER):
+            for name in set(reg) - before[id(reg)]:
+                del reg[name]
+        datasets.shape.cache_clear()
+
+
+def test_a_report_removes_the_files_of_the_last_report_it_does_not_write(user_file):
+    """Two comparisons into one ``out``: the second has no gpipe (no target, so no time table or time figure)
+    and a smaller largest P; the first one's speedup.csv and P=3 figures would contradict its tables: gone."""
+    tiny_net = registry.load_spec(f"{user_file}:tiny_net")
+    blobs = registry.load_spec(f"{user_file}:blobs")
+    out = user_file.parent / "cmp"
+    first = staleopt.compare(tiny_net, blobs, methods=["gpipe", "pipemare"], stages=[2, 3], seeds=[0], out=out,
+                             bar=False, **SMALL)
+    names = {p.name for p in first.files + first.figures}
+    assert {"speedup.csv", "accuracy_vs_time_P3.png", "accuracy_vs_epoch_P3.png"} <= names
+    assert all((out / n).is_file() for n in names)
+    second = staleopt.compare(tiny_net, blobs, methods=["pipemare"], stages=[2], seeds=[0], out=out, bar=False,
+                              **SMALL)
+    now = {p.name for p in second.files + second.figures}
+    assert "speedup.csv" not in now and "accuracy_vs_epoch_P2.png" in now
+    for name in names - now:
+        assert not (out / name).exists(), name
+    listed = json.loads((out / "report.json").read_text())
+    assert sorted(listed["files"] + listed["figures"] + ["report.json"]) == sorted(now)
+    assert all((out / n).is_file() for n in now)
+    (out / "mine.txt").write_text("a user's file")  # not a report's: never touched
+    staleopt.compare(tiny_net, blobs, methods=["gpipe", "pipemare"], stages=[2], seeds=[0], out=out, bar=False,
+                     **SMALL)
+    assert (out / "mine.txt").read_text() == "a user's file"
