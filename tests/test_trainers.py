@@ -127,8 +127,8 @@ class _HFNet(nn.Module):
 
 
 def test_hugging_face_trainer_trains_as_the_loop_by_hand():
+    pytest.importorskip("accelerate")  # (first: the Trainer needs it, and it imports faster)
     transformers = pytest.importorskip("transformers")
-    pytest.importorskip("accelerate")
 
     class InOrder(transformers.Trainer):  # (the loop by hand reads the batches in order)
         def _get_train_sampler(self, *args, **kwargs):
