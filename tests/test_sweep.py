@@ -9,6 +9,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+import staleopt.train
 from staleopt import sweep
 from staleopt.cli import main
 from staleopt.config import RunConfig
@@ -254,7 +255,7 @@ def test_records_round_trip_exactly_and_carry_the_config(tmp_path):
     assert RunConfig.from_dict(saved).run_id() == cfg.run_id()
 
 
-def test_failed_runs_are_recorded_and_retried(tmp_path):
+def test_failed_runs_are_recorded_and_retried(tmp_path, capsys):
     path = _write(tmp_path)
     report = sweep.run_sweep(path, tmp_path / "s", train_fn=broken_train, bar=False)
     assert not report.ok and len(report.failed) == 2 and len(report.finished) == 2
@@ -262,9 +263,29 @@ def test_failed_runs_are_recorded_and_retried(tmp_path):
     assert len(failed) == 2 and (failed.stages == 2).all()
     assert "RuntimeError: boom" in (tmp_path / "s" / "runs" / failed.run.iloc[0] / "error.txt").read_text()
     assert len(sweep.collect(tmp_path / "s").run.unique()) == 2
+    assert main(["results", str(tmp_path / "s")]) == 1  # it says the failed runs are missing from its table
+    err = capsys.readouterr().err
+    assert "2 run(s) failed" in err and failed.run.iloc[0] in err and "the summary is over the runs that finished" in err
     retry = sweep.run_sweep(path, tmp_path / "s", train_fn=fake_train, bar=False)
     assert sorted(retry.finished) == sorted(failed.run) and len(retry.skipped) == 2
     assert not (tmp_path / "s" / "runs" / failed.run.iloc[0] / "error.txt").exists()
+    assert main(["results", str(tmp_path / "s")]) == 0 and "failed" not in capsys.readouterr().err
+
+
+def broken_real_train(config, progress=False):
+    if config.stages == 2 and config.seed == 1:
+        raise RuntimeError("boom")
+    return staleopt.train.run(config, progress)
+
+
+def test_plot_says_which_runs_failed_and_exits_1(tmp_path, capsys):
+    spec = sweep.from_spec({"name": "p", "base": {"model": "mlp", "data": "synthetic", "epochs": 1},
+                            "grid": {"method": ["gpipe"], "stages": [1, 2], "seed": [0, 1]}})
+    sweep.run_sweep(spec, tmp_path / "s", train_fn=broken_real_train, bar=False)
+    assert main(["plot", str(tmp_path / "s")]) == 1
+    err = capsys.readouterr().err
+    assert "1 run(s) failed" in err and "the figure is over the runs that finished" in err
+    assert (tmp_path / "s" / "plots" / "accuracy_vs_stages.png").is_file()  # (drawn all the same)
 
 
 def test_train_function_must_return_records(tmp_path):

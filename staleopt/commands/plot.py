@@ -3,6 +3,7 @@ accuracy against epochs or pipeline time at one stage count."""
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 __all__ = ["register", "run"]
@@ -99,4 +100,9 @@ def run(args) -> int:
                                             title=title, target=target)
         out = args.out or mine / "accuracy_vs_stages.png"
     print(f"wrote {plots.save(fig, out, dpi=args.dpi)}")
+    from .sweep import failed_runs_note
+    failed = failed_runs_note(sweep_dir, "the figure is")
+    if failed:
+        print(failed, file=sys.stderr)
+        return 1
     return 0

@@ -5,6 +5,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import Optional
 
 from ..errors import ConfigError
 from ..validate import check_int
@@ -187,6 +188,19 @@ def run_sweep_command(args) -> int:
 
 
 
+def failed_runs_note(sweep_dir: Path, what: str) -> Optional[str]:
+    """The line ``results`` and ``plot`` print (to stderr, then exit 1) when runs of the sweep failed: their
+    tables and figures are over the runs that finished."""
+    from .. import sweep
+    listed = sweep.runs(sweep_dir)
+    failed = sorted(listed.loc[listed["state"] == "failed", "run"]) if len(listed) else []
+    if not failed:
+        return None
+    return (f"{len(failed)} run(s) failed ({', '.join(failed[:3])}{', ...' if len(failed) > 3 else ''}; "
+            f"{sweep_dir / 'runs'}/<run>/error.txt says why, and launching the sweep again retries them): {what} "
+            "over the runs that finished, so a configuration with fewer runs than the others lacks them")
+
+
 def run_results_command(args) -> int:
     from .. import speedup, sweep
     from ..config import field_names
@@ -222,10 +236,14 @@ def run_results_command(args) -> int:
     caption = interval_caption(int(summary['runs'].max()), args.level, metric.bounds)
     what = "accuracies" if metric is metrics.ACCURACY else \
         f"{metric.label}, {'higher' if metric.higher_is_better else 'lower'} is better"
-    print(f"({what}: {caption})")
+    print(f"({what}: {caption}" + ("; rows with fewer runs: see the runs column" if summary["runs"].nunique() > 1
+                                   else "") + ")")
     if "excess_loss" in summary.columns:
         print("(excess_loss: the lowest test loss above the dataset's best achievable loss, nats per token)")
     print(f"\n{sum(states.values())} runs: " + ", ".join(f"{n} {s}" for s, n in sorted(states.items())))
+    failed = failed_runs_note(sweep_dir, "the summary is")
+    if failed:
+        print(failed, file=sys.stderr)
     if args.partial and set(states) - {"done"}:
         print("--partial: runs not done count with their last recorded epoch as the final one")
     written = [args.csv or mine / "summary.csv", args.records or mine / "records.csv"]
@@ -239,4 +257,4 @@ def run_results_command(args) -> int:
               "gpipe at the same configuration; mean over the runs that reached it):")
         print(fast.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
     print(f"wrote {', '.join(map(str, written))}")
-    return 1 if damaged else 0
+    return 1 if damaged or failed else 0
