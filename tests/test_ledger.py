@@ -138,6 +138,22 @@ def test_not_worse_and_matches_use_the_margin():
     assert verdict.evaluate(_check("matches", **ab), noisy, "e", "").verdict == PARTLY
 
 
+def test_a_reason_past_the_margin_reads_past_it():
+    """A difference just past the margin is printed with the digits that show it (0.0104, not 0.010 against the
+    margin 0.01), in both rules' reasons; the page names the checks whose file sets another margin."""
+    ab = {"a": {"method": "x"}, "b": {"method": "y"}}
+    behind = _runs("x", [0.8896, 0.8896, 0.8896]) + _runs("y", [0.90, 0.90, 0.90])  # behind by 0.0104
+    row = verdict.evaluate(_check("not-worse", **ab), behind, "e", "")
+    assert row.verdict == NOT and "behind by 0.0104, more than the margin 0.01" in row.reason
+    row = verdict.evaluate(_check("matches", **ab), behind, "e", "")
+    assert row.verdict == NOT and "differs by -0.0104, more than the margin ±0.01" in row.reason
+    wide = spec.Check("lm-c", "a claim", "Paper §1", "1.0", "matches", {k: {"recipe": "r", **v} for k, v in ab.items()},
+                      margin=0.05)
+    page = report.markdown([row], {}, {}, checks={("e", "c"): _check("matches", **ab), ("e", "lm-c"): wide})
+    assert "Margins other than 0.01, in the units of the check's metric" in page and "`lm-c` 0.05" in page
+    assert "Margins other than" not in report.markdown([row], {}, {}, checks={("e", "c"): _check("matches", **ab)})
+
+
 def test_gap_grows_pairs_seeds_across_stage_counts():
     runs = (_runs("pm", [0.90, 0.91, 0.90], stages=4) + _runs("t1", [0.90, 0.90, 0.90], stages=4)
             + _runs("pm", [0.85, 0.86, 0.85], stages=39) + _runs("t1", [0.70, 0.72, 0.71], stages=39))

@@ -35,8 +35,9 @@ is better, with every difference taken so that positive means better
 order, so methods are compared per seed; intervals are 95% Student-t
 intervals over seeds (`mean ± t s / sqrt(n)`). "better": reproduced when the
 interval of the per-seed difference lies above 0, partly when only its mean
-does. "not worse" and "matches" use a margin of one accuracy point (0.01): the
-interval above -0.01, or inside ±0.01. "degrades with P": worse at the largest
+does. "not worse" and "matches" use the check's margin, one accuracy point
+(0.01) unless the check's file sets another (listed under the verdict counts):
+the interval above -margin, or inside ±margin. "degrades with P": worse at the largest
 P than at the smallest and below the synchronous reference there. "gap grows":
 the per-seed gap between two methods is larger at the largest P than at the
 smallest. A check without finished runs reads "not yet run".
@@ -197,6 +198,11 @@ def markdown(rows: Sequence[Row], provenance: Dict[str, str], sections: Dict[str
         out.append("\nVerdicts: " + _counts(rows) + ".\n")
     if any(r.verdict == NOT_RUN for r in rows):
         out.append("Rows marked \"not yet run\" had no finished runs when this page was generated.\n")
+    other = sorted({(c.id, c.margin) for c in (checks or {}).values()
+                    if c.rule in ("not-worse", "matches") and c.margin != Check.margin})
+    if other:
+        out.append("Margins other than 0.01, in the units of the check's metric (test perplexity for a language "
+                   "model): " + ", ".join(f"`{i}` {m:g}" for i, m in other) + ".\n")
     for name, (title, text) in sections.items():
         mine = [r for r in rows if r.experiment == name]
         if not mine:

@@ -154,6 +154,16 @@ def _diff_text(name: str, d: Sequence[float]) -> str:
     return f"{name} {mean:+.3f} [{mean - half:+.3f}, {mean + half:+.3f}]"
 
 
+def _beyond(x: float, margin: float, sign: str = "") -> str:
+    """``x``, a value past ``margin`` in size, with 3 decimals, or as many more as it takes to read as past it (a
+    difference of 0.0103 against the margin 0.01 reads "0.0103", not "0.010")."""
+    for digits in range(3, 7):
+        text = f"{x:{sign}.{digits}f}"
+        if abs(float(text)) > margin:
+            return text
+    return f"{x:{sign}.6g}"
+
+
 def _judge(d: Sequence[float], lo_ok, mean_ok) -> str:
     mean, half, n = t_interval(d)
     if n == 0:
@@ -232,11 +242,11 @@ def evaluate(check: Check, runs: Sequence[Dict], experiment: str, setting: str) 
             verdict = _judge(d, lambda lo, hi: lo > -m, lambda mu: mu > -m)
             reason = {PARTLY: f"mean difference {mean:+.3f} is above -{m:.2f}, but the 95% interval reaches below "
                               f"-{m:.2f}",
-                      NOT: f"behind by {-mean:.3f}, more than the margin {m:.2f}"}.get(verdict, "")
+                      NOT: f"behind by {_beyond(-mean, m)}, more than the margin {m:.2f}"}.get(verdict, "")
         else:
             verdict = _judge(d, lambda lo, hi: -m < lo and hi < m, lambda mu: abs(mu) < m)
             reason = {PARTLY: f"mean difference {mean:+.3f} is within ±{m:.2f}, but the 95% interval leaves ±{m:.2f}",
-                      NOT: f"differs by {mean:+.3f}, more than the margin ±{m:.2f}"}.get(verdict, "")
+                      NOT: f"differs by {_beyond(mean, m, '+')}, more than the margin ±{m:.2f}"}.get(verdict, "")
         return row(ours, verdict, reason, d, _paired_by_seed(by_seed(a), by_seed(b)))
     if check.rule == "gap-grows":
         a, b = _by_stages(groups["a"]), _by_stages(groups["b"])
