@@ -59,6 +59,8 @@ def test_quick_and_lm_are_two_demos():
 
 @pytest.mark.skipif(not (REPO / "docs" / "demo-lm" / "records.csv").is_file(), reason="no committed LM demo run")
 def test_committed_lm_demo_claims_are_what_its_records_give():
+    header = (REPO / "docs" / "demo-lm" / "records.csv").read_text().splitlines()[0].split(",")
+    assert len(header) == len(set(header)), "a column twice (pandas would read it as name.1)"
     records = pd.read_csv(REPO / "docs" / "demo-lm" / "records.csv")
     info = json.loads((REPO / "docs" / "demo-lm" / "run.json").read_text())
     assert set(records["run"]) == {c.run_id() for c in sweep.load_sweep(LM_SWEEP).configs}
