@@ -47,3 +47,24 @@ def test_committed_notebooks_carry_their_outputs(path):
     text = nbformat.writes(nb)
     for outside in (str(REPO.parent), tempfile.gettempdir(), "site-packages"):
         assert outside not in text, f"{path.name} names a path outside the repository ({outside})"
+
+
+def test_committed_ledger_notebook_shows_every_check_of_the_ledger():
+    """The committed outputs of notebooks/reproductions.ipynb are of today's ledger (every check of its files, the
+    language-model ones included), not of an older one."""
+    from staleopt.ledger import spec
+    nb = nbformat.read(REPO / "notebooks" / "reproductions.ipynb", as_version=4)
+    text = nbformat.writes(nb)
+    missing = [k.id for e in spec.load_all("cpu", spec.LEDGER_DIR) for k in e.checks if k.id not in text]
+    assert not missing, f"run `make reproduce` then `make notebooks`: the committed notebook lacks {missing}"
+
+
+def test_run_notebooks_keeps_the_ledger_notebook_without_a_ledger_run(monkeypatch, tmp_path, capsys):
+    import importlib.util
+    loaded = importlib.util.spec_from_file_location("run_notebooks", REPO / "experiments" / "run_notebooks.py")
+    module = importlib.util.module_from_spec(loaded)
+    loaded.loader.exec_module(module)
+    monkeypatch.setenv("STALEOPT_LEDGER_DIR", str(tmp_path / "no-ledger-here"))
+    monkeypatch.setattr(module, "run", lambda path: pytest.fail(f"executed {path.name}"))
+    assert module.main(["reproductions.ipynb"]) == 0
+    assert "kept notebooks/reproductions.ipynb as committed: no ledger run" in capsys.readouterr().err
