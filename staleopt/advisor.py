@@ -9,7 +9,10 @@ For each pipeline stage ``i`` the advisor
    ``tau_i``: PipeMare Lemma 1, ``(2/lam_i) sin(pi/(4 tau_i + 2))`` (exact for
    the delayed quadratic), or with momentum ``beta`` the first unstable step
    size of the heavy-ball companion matrix (App. B.2,
-   :func:`staleopt.theory.max_stable_lr`);
+   :func:`staleopt.theory.max_stable_lr`), or, for a method whose correction
+   holds Nesterov momentum (:class:`~staleopt.corrections.NesterovLookahead`:
+   ``pipemare-stash-nesterov``), that of the look-ahead's companion matrix at
+   the stage's ``gamma_i``;
 3. compares it with the step size the stage actually gets: ``lr`` times the
    method's per-stage factors (T1's ``1/tau_i^{p_k}``, PipeMare eq. 4, at T1
    step ``k``).
@@ -19,7 +22,7 @@ forward/backward discrepancy (the sensitivities ``Delta`` and ``Phi`` of a real
 network are unknown, so T2, ``tau_bkwd`` and ``tau_recomp`` do not enter; the
 table shows them, ``tau_recomp`` for methods that recompute ahead of the
 backward, with the convention of :mod:`staleopt.theory` and the executed
-timeline), weight prediction, and
+timeline), weight prediction, the gradient rewrites of DC-ASGD and Gap-Aware, and
 adaptive optimizers (the bound is for SGD with heavy-ball momentum, which is
 ``torch.optim.SGD(momentum=beta, dampening=0)`` with ``alpha = lr``). When the
 Hessian is block diagonal and the loss quadratic, the bound is exact.
@@ -158,6 +161,7 @@ class Advice:
     lr: float
     momentum: float
     step: int
+    nesterov: bool = False  # the method's correction holds Nesterov momentum (``momentum`` column per stage)
 
     @property
     def stable(self) -> bool:
@@ -170,7 +174,8 @@ class Advice:
         return float((self.table["max_stable_lr"] / self.table["lr_factor"]).min())
 
     def __str__(self) -> str:
-        bound = "Lemma 1" if self.momentum == 0 else f"momentum companion matrix, beta={self.momentum:g}"
+        bound = ("Nesterov look-ahead companion matrix, the stage's momentum" if self.nesterov else "Lemma 1"
+                 if self.momentum == 0 else f"momentum companion matrix, beta={self.momentum:g}")
         t = self.table.copy()
         for c in ("curvature", "max_stable_lr", "lr_factor", "effective_lr", "headroom"):
             t[c] = t[c].map(lambda v: f"{v:.4g}")
@@ -203,7 +208,9 @@ def advise(model: nn.Module, loss_fn: Callable, batch, method: Union[str, object
             :class:`~staleopt.methods.Pipeline` built for the partition's stage count.
         stages: a stage count or a :class:`~staleopt.partition.Partition`.
         microbatches: ``N``, enters the delay formulas.
-        lr: the base step size (what the lr scheduler sets); ``momentum``: heavy-ball ``beta``.
+        lr: the base step size (what the lr scheduler sets); ``momentum``: heavy-ball ``beta`` (0 for a method
+            whose correction holds the momentum, :class:`~staleopt.corrections.NesterovLookahead`: its ``gamma_i``
+            is used, with the look-ahead's bound).
         step: T1 step ``k`` at which the lr factors are taken (0: the start, factor ``1/tau``).
         method_args: a method's hyperparameters, e.g. ``{"anneal_steps": 500}``.
         iters, tol, seed: power iteration (per stage, seeded ``seed + i``).
@@ -225,6 +232,13 @@ def advise(model: nn.Module, loss_fn: Callable, batch, method: Union[str, object
     tf, tb = pipeline.delays                    # the asynchronous phase's, after the method's corrections
     tr, recomputes = pipeline.recompute_delays, bool(pipeline.schedule.segments(P))
     factors = pipeline.lr_factors(step)
+    from .corrections import NesterovLookahead
+    held = [k for k in pipeline.corrections if isinstance(k, NesterovLookahead)]
+    if held and momentum:
+        raise ConfigError(f"method {pipeline.name!r} holds Nesterov momentum in its correction ({held[0]!r}), to be "
+                          f"used over SGD without momentum; momentum={momentum!r} would add heavy-ball momentum on "
+                          "top: leave momentum=0 (the advisor takes the correction's gamma per stage)")
+    gammas = held[0].stage_momenta(list(tf)) if held else None
     # Measure on a copy: the model's buffers (BatchNorm statistics) stay untouched, and a
     # PipelineOptimizer's hooks, inert in copies, do not swap stale views in (curvature at w_t).
     probe = copy.deepcopy(model)
@@ -234,14 +248,18 @@ def advise(model: nn.Module, loss_fn: Callable, batch, method: Union[str, object
         lam = curv[i].value
         if lam <= 0.0:
             bound = math.inf  # no positive curvature: the quadratic model puts no limit on the step size
+        elif gammas is not None:
+            bound = theory.max_stable_lr(lam, tf[i], momentum=gammas[i], nesterov=True)
         elif momentum == 0.0:
             bound = float(theory.lemma1_bound(lam, tf[i]))
         else:
             bound = theory.max_stable_lr(lam, tf[i], momentum=float(momentum))
         eff = float(lr) * factors[i]
         row = {"stage": i, "params": stage.numel, "tau_fwd": tf[i], "tau_bkwd": tb[i]}
+        if gammas is not None:
+            row["momentum"] = gammas[i]
         if recomputes:
             row["tau_recomp"] = tr[i]
         rows.append({**row, "curvature": lam, "max_stable_lr": bound, "lr_factor": factors[i], "effective_lr": eff,
                      "headroom": bound / eff, "exceeds": eff >= bound, "converged": curv[i].converged})
-    return Advice(pd.DataFrame(rows), pipeline.name, float(lr), float(momentum), step)
+    return Advice(pd.DataFrame(rows), pipeline.name, float(lr), float(momentum), step, nesterov=gammas is not None)

@@ -108,8 +108,11 @@ def invariant_decay(tau_fwd: int, tau_bkwd: int) -> float:
 
 
 def _system(lr, curvature, tau_fwd, tau_bkwd, delta, momentum, correction_decay, tau_recomp, phi,
-            t2_accumulator="causal"):
-    """Coefficients of ``w_{t+1} = sum_k a[k] w_{t-k} + sum_k b[k] d_{t-k}``, and ``gamma`` (None without T2)."""
+            t2_accumulator="causal", nesterov=False):
+    """Coefficients of ``w_{t+1} = sum_k a[k] w_{t-k} + sum_k b[k] d_{t-k}``, and ``gamma`` (None without T2).
+    ``nesterov``: the momentum is Nesterov's look-ahead in the update (Sutskever et al. 2013; ``torch.optim.SGD(
+    nesterov=True)`` and :class:`~staleopt.corrections.NesterovLookahead`): the step ``-alpha g_t`` becomes
+    ``-alpha ((1 + beta) g_t - beta g_{t-1})``, with the heavy-ball term ``beta (w_t - w_{t-1})`` as before."""
     tf = _delay("tau_fwd", tau_fwd)
     tb = tf if tau_bkwd is None else _delay("tau_bkwd", tau_bkwd)
     if tau_recomp is None:
@@ -123,24 +126,27 @@ def _system(lr, curvature, tau_fwd, tau_bkwd, delta, momentum, correction_decay,
     corrected = correction_decay is not None and tf > tb
     gamma = t2_gamma(correction_decay, tf, tb) if corrected else None
     jb, jr = (tb, tr) if causal else (0, 0)  # the views read delta_{t-jb}, delta_{t-jr}
-    a = np.zeros(max(tf, tb, tr, 1 if beta else 0) + 1)
-    b = np.zeros(max(jb, jr) + 1) if corrected else None
+    look = bool(nesterov) and beta != 0.0   # the gradient also enters one step later: one more w (and delta)
+    a = np.zeros(max(tf, tb, tr, 1 if beta else 0) + 1 + look)
+    b = np.zeros(max(jb, jr) + 1 + look) if corrected else None
     a[0] += 1.0 + beta                       # w_t + beta (w_t - w_{t-1})
     if beta:
         a[1] -= beta
-    a[tf] -= alpha * (lam + dlt)             # - alpha (lam + Delta) u_fwd
-    a[tb] += alpha * (dlt - phi)             # + alpha (Delta - Phi) u_bkwd
-    a[tr] += alpha * phi                     # + alpha Phi u_recomp
-    if corrected:                            # u_bkwd, u_recomp extrapolated with delta (T2)
-        b[jb] -= alpha * (dlt - phi) * (tf - tb)
-        b[jr] -= alpha * phi * (tf - tr)
+    scale = (1.0 + beta) if look else 1.0    # Nesterov: (1 + beta) g_t - beta g_{t-1}
+    for k, shift in ((scale, 0), (-beta, 1)) if look else ((scale, 0),):
+        a[tf + shift] -= k * alpha * (lam + dlt)     # - alpha (lam + Delta) u_fwd
+        a[tb + shift] += k * alpha * (dlt - phi)     # + alpha (Delta - Phi) u_bkwd
+        a[tr + shift] += k * alpha * phi             # + alpha Phi u_recomp
+        if corrected:                                # u_bkwd, u_recomp extrapolated with delta (T2)
+            b[jb + shift] -= k * alpha * (dlt - phi) * (tf - tb)
+            b[jr + shift] -= k * alpha * phi * (tf - tr)
     return a, b, gamma
 
 
 def companion_matrix(lr: float, curvature: float, tau_fwd: int, tau_bkwd: Optional[int] = None,
                      delta: float = 0.0, momentum: float = 0.0,
                      correction_decay: Optional[Union[float, str]] = None, tau_recomp: Optional[int] = None,
-                     phi: float = 0.0, t2_accumulator: str = "causal") -> np.ndarray:
+                     phi: float = 0.0, t2_accumulator: str = "causal", nesterov: bool = False) -> np.ndarray:
     """Companion matrix ``C`` of the quadratic model: ``X_{t+1} = C X_t`` (+ noise), float64.
 
     The state is ``X_t = [w_t, w_{t-1}, ..., w_{t-L}]`` and, with T2, also
@@ -155,10 +161,13 @@ def companion_matrix(lr: float, curvature: float, tau_fwd: int, tau_bkwd: Option
     * discrepancy: ``w^(tf+1) - w^tf + alpha (lam+Delta) - alpha Delta w^(tf-tb)`` (§3.2 eq. 5);
     * T2 with ``correction_decay=D`` (or ``"invariant"``): App. B.4's polynomial, or with
       ``t2_accumulator="current"`` its last term times ``w^tau_bkwd`` (module docstring);
-    * recompute (``tau_recomp``, ``phi``), with or without T2: App. D.1's polynomial.
+    * recompute (``tau_recomp``, ``phi``), with or without T2: App. D.1's polynomial;
+    * ``nesterov=True`` with ``momentum=beta``: the look-ahead in the update, ``w^(tau+2) - (1+beta) w^(tau+1) +
+      beta w^tau + alpha lam ((1+beta) w - beta)`` for plain delays (:class:`~staleopt.corrections.NesterovLookahead`,
+      ``torch.optim.SGD(nesterov=True)``; not in PipeMare, which analyses heavy-ball momentum only).
     """
     a, b, gamma = _system(lr, curvature, tau_fwd, tau_bkwd, delta, momentum, correction_decay, tau_recomp, phi,
-                          t2_accumulator)
+                          t2_accumulator, nesterov)
     nw = len(a)
     nd = 0 if b is None else len(b)
     c = np.zeros((nw + nd, nw + nd))
@@ -177,17 +186,18 @@ def companion_matrix(lr: float, curvature: float, tau_fwd: int, tau_bkwd: Option
 
 def spectral_radius(lr: float, curvature: float, tau_fwd: int, tau_bkwd: Optional[int] = None,
                     delta: float = 0.0, momentum: float = 0.0, correction_decay: Optional[Union[float, str]] = None,
-                    tau_recomp: Optional[int] = None, phi: float = 0.0, t2_accumulator: str = "causal") -> float:
+                    tau_recomp: Optional[int] = None, phi: float = 0.0, t2_accumulator: str = "causal",
+                    nesterov: bool = False) -> float:
     """Largest eigenvalue magnitude of :func:`companion_matrix` (same arguments); < 1 means stable."""
     c = companion_matrix(lr, curvature, tau_fwd, tau_bkwd, delta, momentum, correction_decay, tau_recomp, phi,
-                         t2_accumulator)
+                         t2_accumulator, nesterov)
     return float(np.max(np.abs(np.linalg.eigvals(c))))
 
 
 def max_stable_lr(curvature: float, tau_fwd: int, tau_bkwd: Optional[int] = None, delta: float = 0.0,
                   momentum: float = 0.0, correction_decay: Optional[Union[float, str]] = None,
                   tau_recomp: Optional[int] = None, phi: float = 0.0, *, grid: int = 96,
-                  rtol: float = 1e-12, t2_accumulator: str = "causal") -> float:
+                  rtol: float = 1e-12, t2_accumulator: str = "causal", nesterov: bool = False) -> float:
     """The first step size at which the quadratic model stops being stable (spectral radius < 1).
 
     Returns ``sup{a : spectral_radius(x) < 1 for all 0 < x < a}``: the end of the
@@ -212,7 +222,7 @@ def max_stable_lr(curvature: float, tau_fwd: int, tau_bkwd: Optional[int] = None
     args = (curvature, tau_fwd, tau_bkwd, delta, momentum, correction_decay, tau_recomp, phi)
 
     def stable(lr):
-        return spectral_radius(lr, *args, t2_accumulator=t2_accumulator) < 1.0
+        return spectral_radius(lr, *args, t2_accumulator=t2_accumulator, nesterov=nesterov) < 1.0
 
     taus = [t for t in (tau_fwd, tau_bkwd, tau_recomp) if t is not None]
     lo = 1e-6 / ((lam + abs(float(delta)) + abs(float(phi))) * (max(taus) + 1))

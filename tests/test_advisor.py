@@ -175,6 +175,43 @@ def test_advised_lr_separates_divergence_from_convergence(method, taus):
     assert advise(make_model(widths), half_mse, (X, y), method, 2, lr=1.03 * adv.max_lr).table["exceeds"][0]
 
 
+def test_a_method_holding_nesterov_momentum_gets_the_look_ahead_bound():
+    """pipemare-stash-nesterov holds momentum 0.9 in its correction (over SGD without momentum): the bound is the
+    look-ahead's companion matrix at the stage's gamma (about 2.5x below Lemma 1's here, which the advisor used to
+    print), exact on decoupled blocks; heavy-ball momentum on top is refused."""
+    widths, tops = [3, 3], [1.0, 0.2]
+    X, y, _, truth = block_problem(widths, tops)
+    opt_loss = float(half_mse(X @ torch.linalg.lstsq(X, y).solution, y))
+    method = "pipemare-stash-nesterov"
+    adv = advise(make_model(widths), half_mse, (X, y), method, stages=2, lr=0.01, tol=1e-8)
+    assert list(adv.table["tau_fwd"]) == [3, 1] and list(adv.table["momentum"]) == [0.9, 0.9] and adv.nesterov
+    want = theory.max_stable_lr(truth[0], 3, momentum=0.9, nesterov=True)
+    assert adv.max_lr == pytest.approx(want, rel=1e-6) and want < 0.5 * float(theory.lemma1_bound(truth[0], 3))
+    assert "Nesterov look-ahead companion matrix" in str(adv)
+    first, below = run_pipeline(make_model(widths), X, y, 0.97 * adv.max_lr, 2000, method)
+    assert below - opt_loss < 1e-3 * (first - opt_loss)
+    first, above = run_pipeline(make_model(widths), X, y, 1.1 * adv.max_lr, 2000, method)
+    assert above > 1e3 * first
+    with pytest.raises(ConfigError, match="holds Nesterov momentum in its correction.*leave momentum=0"):
+        advise(make_model(widths), half_mse, (X, y), method, stages=2, lr=0.01, momentum=0.9)
+
+
+def test_nesterov_bound_is_where_the_delayed_recursion_diverges():
+    """theory.max_stable_lr(nesterov=True) against the look-ahead recursion iterated directly (m = gamma m + g,
+    w -= lr (g + gamma m), g = lam w_(t - tau)), and at tau = 0 the classic 2 (1 + beta) / ((1 + 2 beta) lam)."""
+    def blows_up(lr, lam, tau, gamma, steps=4000):
+        w, m = [1.0] * (tau + 1), 0.0
+        for _ in range(steps):
+            g = lam * w[-1 - tau]
+            m = gamma * m + g
+            w = (w + [w[-1] - lr * (g + gamma * m)])[-(tau + 1):]
+        return abs(w[-1]) > 1.0
+    for lam, tau, gamma in ((8.0, 3, 0.9), (2.0, 5, 0.9), (0.5, 1, 0.5)):
+        bound = theory.max_stable_lr(lam, tau, momentum=gamma, nesterov=True)
+        assert not blows_up(0.97 * bound, lam, tau, gamma) and blows_up(1.03 * bound, lam, tau, gamma)
+    assert theory.max_stable_lr(1.0, 0, momentum=0.9, nesterov=True) == pytest.approx(2 * 1.9 / 2.8, rel=1e-9)
+
+
 def test_zero_curvature_stage_has_no_bound():
     model = make_model([2, 2])
     X = torch.zeros(8, 4, dtype=torch.float64)

@@ -18,7 +18,8 @@ DESCRIPTION = """\
 Estimate each pipeline stage's curvature (top Hessian eigenvalue of the loss on
 one training batch, by power iteration) and compare the step size the stage
 gets under METHOD with PipeMare's quadratic-model bound for its delay
-(Lemma 1, or the momentum companion matrix with --momentum).
+(Lemma 1, or the momentum companion matrix with --momentum, or the Nesterov
+look-ahead's for a method whose correction holds the momentum).
 
 The loss is cross-entropy for classification data and mean squared error for
 regression data; the model is built at its seeded initialization and, with
