@@ -57,8 +57,8 @@ class LoopError(StaleoptError, ValueError):
 
 
 class DetachedError(LoopError):
-    """This PipelineOptimizer no longer drives its model: a newer one took over its parameters, or
-    ``remove_hooks()`` detached it."""
+    """This PipelineOptimizer no longer drives its model: a newer one took over its parameters, a parameter of the
+    model was replaced by another ``Parameter``, or ``remove_hooks()`` detached it."""
 
 
 class SegmentError(LoopError):

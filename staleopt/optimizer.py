@@ -153,6 +153,39 @@ def _forget(key: int, ref: weakref.ref) -> None:
         del _DRIVERS[key]
 
 
+#: id(module) -> [(weak reference to the module, weak reference to a wrapper that drives one of its parameters)]
+_WATCHED: Dict[int, List[Tuple[weakref.ref, weakref.ref]]] = {}
+#: the one global parameter-registration hook (registered with the first wrapper, never removed: removing a hook,
+#: or a wrapper's collection removing its own, while torch iterates the hooks would mutate the dict it iterates)
+_WATCHING: List = []
+
+
+def _parameter_registered(module, name, param):
+    """torch's global parameter-registration hook: tell the live wrappers that drive a parameter of ``module``."""
+    entries = _WATCHED.get(id(module))
+    if entries:
+        for module_ref, owner_ref in list(entries):
+            owner = owner_ref()
+            if module_ref() is module and owner is not None and owner._detached is None:
+                owner._on_parameter_registered(module, name, param)
+    return None
+
+
+def _watch_parameters(owner: "PipelineOptimizer", modules: Sequence[nn.Module]) -> None:
+    """Tell ``owner`` when a module of ``modules`` registers a parameter (:meth:`PipelineOptimizer._on_parameter_registered`)."""
+    if not _WATCHING:
+        _WATCHING.append(torch.nn.modules.module.register_module_parameter_registration_hook(_parameter_registered))
+    for key in list(_WATCHED):  # (forget the modules and wrappers collected since)
+        live = [(m, o) for m, o in _WATCHED[key] if m() is not None and o() is not None]
+        if live:
+            _WATCHED[key] = live
+        else:
+            del _WATCHED[key]
+    me = weakref.ref(owner)
+    for m in modules:
+        _WATCHED.setdefault(id(m), []).append((weakref.ref(m), me))
+
+
 def _remove_handles(handles: List) -> None:
     for h in handles:
         h.remove()
@@ -358,6 +391,12 @@ class PipelineOptimizer(torch.optim.Optimizer):
         self._watch = None  # while a backward pass runs: the global module pre-hook that spots recomputations
         self._noticed = False  # the RecomputeNotice was given
         self._names: Optional[Dict[int, str]] = None  # id(parameter) -> its name in the model (for messages)
+        # a parameter replaced by another Parameter (load_state_dict(assign=True), module.weight = nn.Parameter(...))
+        # leaves this wrapper and the base optimizer holding the old one: the model would silently stop training
+        self._registered = {(id(m), name): p for m in model.modules() for name, p in m._parameters.items()
+                            if p is not None and id(p) in self._stage_of_param}
+        _watch_parameters(self, [m for m in model.modules() if any((id(m), n) in self._registered
+                                                                   for n in m._parameters)])
         weakref.finalize(self, _remove_handles, self._hooks)  # hooks die with their wrapper
         # the history and the corrections' state travel in state_dict()["staleopt"], added and read by
         # torch's own optimizer hooks (so hooks a user registers see it too)
@@ -440,6 +479,11 @@ class PipelineOptimizer(torch.optim.Optimizer):
                             "model.state_dict(), and load them into a new optimizer")
 
     def _check_parameters(self) -> None:
+        meta = [p for s in self._partition for p in s.params if p.is_meta]
+        if meta:
+            raise ConfigError(f"{len(meta)} of the model's parameters are on the meta device (shapes only, no "
+                              "values): build the PipelineOptimizer after materializing them (model.to_empty("
+                              "device=...) and loading the weights), with the base optimizer built after that too")
         in_model = {id(p) for p in self._model.parameters()}
         in_base = [p for g in self._base.param_groups for p in g["params"]]
         foreign = [p for p in in_base if id(p) not in in_model]
@@ -972,6 +1016,18 @@ class PipelineOptimizer(torch.optim.Optimizer):
                             "in this step's training forward: wrap each recomputed segment of the model's forward "
                             "in opt.checkpoint(segment, x) (not torch.utils.checkpoint, which would recompute "
                             "with u_bkwd; docs/wrapper.md), or train schedule.without_recompute()")
+
+    def _on_parameter_registered(self, module, name, param):
+        """A module (re)registers a parameter: one this wrapper drives, replaced by another object, detaches the
+        wrapper (its base optimizer and history hold the old one, so the model would silently stop training; a
+        wrapper built after the replacement drives the new ones, and the old one's hooks would get in its way)."""
+        old = self._registered.get((id(module), name))
+        if old is not None and param is not old:
+            self._detach(f"its model's parameter {type(module).__name__}.{name} was replaced by another Parameter "
+                         "(load_state_dict(assign=True), or module.weight = nn.Parameter(...)), which this optimizer "
+                         "and its base optimizer do not hold, so the model would stop training; build the base "
+                         "optimizer and a new PipelineOptimizer after replacing parameters, or load weights in place "
+                         "(load_state_dict without assign=True)")
 
     def _check_storage(self) -> None:
         if list(map(torch.Tensor.data_ptr, self._ptr_params)) != self._ptrs:

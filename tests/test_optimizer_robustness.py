@@ -87,6 +87,41 @@ def test_a_training_forward_without_backward_leaves_its_stale_view_until_rest():
         assert at_rest()
 
 
+@pytest.mark.parametrize("replace", ["load_state_dict(assign=True)", "module.weight = nn.Parameter"])
+def test_a_replaced_parameter_detaches_the_wrapper_and_a_new_one_trains(replace):
+    """The model then holds Parameters neither the wrapper nor its base optimizer has: before, every later step
+    silently left the weights as they were. Now the wrapper detaches (its next step raises DetachedError), and
+    one built after the replacement trains as one built on a model that had those weights all along."""
+    model, other = mlp(seed=4), mlp(seed=7)
+    opt = _opt(model)
+    train(model, opt, batches(2, seed=4))
+    if replace.startswith("load"):
+        model.load_state_dict(other.state_dict(), assign=True)
+    else:
+        model[0].weight = nn.Parameter(other[0].weight.detach().clone())
+    with pytest.raises(staleopt.errors.DetachedError, match="was replaced by another Parameter.*build the base "
+                                                              "optimizer and a new PipelineOptimizer"):
+        train(model, opt, batches(1, seed=5))
+    fresh = mlp(seed=0)
+    fresh.load_state_dict(model.state_dict())  # (in place: the same weights)
+    new, ref = _opt(model), _opt(fresh)
+    train(model, new, batches(3, seed=6))
+    train(fresh, ref, batches(3, seed=6))
+    assert all(torch.equal(a, b) for a, b in zip(model.parameters(), fresh.parameters()))
+
+
+def test_reregistering_the_same_parameter_changes_nothing_and_meta_parameters_are_refused():
+    model = mlp(seed=4)
+    opt = _opt(model)
+    model[0].weight = model[0].weight  # (the same object: registered again)
+    train(model, opt, batches(2, seed=4))
+    assert opt.step_count == 2
+    with torch.device("meta"):
+        ghost = mlp(seed=4)
+    with pytest.raises(ConfigError, match="meta device.*to_empty"):
+        _opt(ghost)
+
+
 def test_per_stage_lr_keeps_the_users_groups():
     model = mlp(seed=6)
     params = list(model.parameters())
