@@ -63,7 +63,7 @@ class RunConfig:
       ``partition`` strategy (``"ops"`` | ``"params"``).
     * ``optimizer`` (``sgd`` | ``sgd-momentum`` | ``adam`` | ``adamw`` | ``nadamw``: NAdam with decoupled
       weight decay and ``momentum_decay`` 0.004, the AsyncPP recipe's), ``lr``,
-      ``momentum`` (SGD momentum, or Adam's and NAdam's beta1), ``weight_decay``;
+      ``momentum`` (SGD momentum, or Adam's and NAdam's beta1; refused with plain ``sgd``), ``weight_decay``;
       ``lr_schedule``: ``constant``, ``cosine`` (to 0 over the run),
       ``step`` (times ``lr_gamma`` at each epoch in ``lr_milestones``),
       ``linear-warmup`` (``lr * n / W`` for the ``n``-th step, ``n <= W =
@@ -118,6 +118,17 @@ class RunConfig:
             _fail("lr_warmup_steps", self.lr_warmup_steps,
                   f"is the warmup length of lr_schedule {' or '.join(LR_WARMUP_SCHEDULES)}: give it with one of "
                   f"them and only then (lr_schedule = {self.lr_schedule!r})")
+        # settings that would have no effect: refused, so that a run never silently differs from what was asked
+        if (self.lr_schedule == "step") != bool(self.lr_milestones):
+            _fail("lr_milestones", self.lr_milestones,
+                  f"are the epochs where lr_schedule 'step' multiplies the lr by lr_gamma: give them with it and only "
+                  f"then (lr_schedule = {self.lr_schedule!r})")
+        if self.lr_gamma != 0.1 and self.lr_schedule != "step":
+            _fail("lr_gamma", self.lr_gamma, f"is lr_schedule 'step''s factor and has no effect with lr_schedule = "
+                  f"{self.lr_schedule!r}")
+        if self.optimizer == "sgd" and self.momentum != 0.9:
+            _fail("momentum", self.momentum, "has no effect with optimizer 'sgd' (plain SGD): use optimizer "
+                  "'sgd-momentum', or leave momentum out")
         if isinstance(self.stages, int):
             self.pipeline()                         # the schedule's rules, e.g. 2BW's N >= P
         if not models.info(self.model).takes_any():

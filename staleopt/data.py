@@ -155,6 +155,11 @@ def _mnist1d(root=None, download=False, cache=True, **kw) -> Data:
     args = _mnist1d_defaults()
     args.update(kw)
     check_int("mnist1d num_samples", args["num_samples"], 20)
+    split = args["train_split"]
+    if isinstance(split, bool) or not isinstance(split, (int, float)) or \
+            not 1 <= int(args["num_samples"] * split) < args["num_samples"]:
+        raise ConfigError(f"mnist1d train_split must lie in (0, 1) and leave samples on both sides of the split "
+                          f"of num_samples={args['num_samples']}, got {split!r}")
     key = hashlib.sha256(json.dumps(args, sort_keys=True).encode()).hexdigest()[:16]
     path = cache_dir() / f"mnist1d-{key}.npz"
     arrays = None
@@ -215,6 +220,29 @@ def read_cifar_batch(path: Path) -> Dict[str, Any]:
         raise DataError(f"{path} is not a CIFAR data file (a dict whose 'data' is an N x 3072 uint8 array); "
                         "delete the folder and download the dataset again (--download)")
     return batch
+
+
+def _cifar_labels(path: Path, batch: Dict[str, Any], key: str, classes: int) -> List[int]:
+    """The labels of one CIFAR file (``key``: ``labels``, or CIFAR-100's ``fine_labels``): one int in ``0..classes-1``
+    per image of the file, else a :class:`~staleopt.errors.DataError` naming it (a re-packed copy read with
+    ``verify=False`` whose labels do not match its images would otherwise train on shifted labels)."""
+    labels = batch.get(key)
+    if labels is None:
+        raise DataError(f"{path} has no {key!r} entry (its keys: {sorted(map(str, batch))}): not a "
+                        f"{'CIFAR-100' if classes == 100 else 'CIFAR-10'} file; delete the folder and download the "
+                        "dataset again (--download)")
+    values = list(labels)
+    if any(isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)) for v in values):
+        raise DataError(f"{path}: its {key!r} are not all integers; delete the folder and download the dataset "
+                        "again (--download)")
+    if len(values) != len(batch["data"]):
+        raise DataError(f"{path} holds {len(batch['data'])} images but {len(values)} {key!r}: its labels would "
+                        "not match its images; delete the folder and download the dataset again (--download)")
+    bad = [int(v) for v in values if not 0 <= v < classes]
+    if bad:
+        raise DataError(f"{path}: {key!r} outside 0..{classes - 1} (e.g. {bad[0]}); delete the folder and "
+                        "download the dataset again (--download)")
+    return [int(v) for v in values]
 
 
 def _channel_stats(images: np.ndarray) -> Tuple[Tuple[float, ...], Tuple[float, ...]]:
@@ -332,6 +360,10 @@ def _cifar(name: str, root=None, download=False, augment=True, verify=True) -> D
     import torchvision
     from torchvision.datasets.utils import check_integrity, download_and_extract_archive
 
+    for option, value in (("augment", augment), ("verify", verify), ("download", download)):
+        if not isinstance(value, bool):
+            raise ConfigError(f"{name} {option} must be true or false, got {value!r} ({type(value).__name__}; a "
+                              "quoted 'false' in JSON or TOML is a string)")
     root = Path(root) if root is not None else data_dir()
     base = torchvision.datasets.CIFAR10 if name == "cifar10" else torchvision.datasets.CIFAR100
     folder = root / CIFAR_FOLDERS[name]
@@ -356,11 +388,14 @@ def _cifar(name: str, root=None, download=False, augment=True, verify=True) -> D
                             "re-packed or subsampled yourself, pass verify=False: the md5s are then skipped "
                             "(the files are still read without running anything they hold).")
 
+    classes = 100 if name == "cifar100" else 10
+    key = "fine_labels" if name == "cifar100" else "labels"
+
     def read(split):  # N x 3072 channel-major rows -> N x H x W x C, as torchvision keeps them
         batches = [read_cifar_batch(folder / f) for f, _ in split]
+        labels = [_cifar_labels(folder / f, b, key, classes) for (f, _), b in zip(split, batches)]
         images = np.vstack([b["data"] for b in batches]).reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1)
-        key = "labels" if "labels" in batches[0] else "fine_labels"
-        return np.ascontiguousarray(images), sum((list(b[key]) for b in batches), [])
+        return np.ascontiguousarray(images), sum(labels, [])
 
     train, test = read(base.train_list), read(base.test_list)
     mean, std = _channel_stats(train[0])

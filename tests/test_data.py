@@ -345,3 +345,39 @@ def test_batches_of_a_map_dataset_equal_the_tensor_path():
     fast = list(data.batches(tensors, 3, shuffle=True, generator=torch.Generator().manual_seed(1)))
     slow = list(data.batches(Plain(), 3, shuffle=True, generator=torch.Generator().manual_seed(1)))
     assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(fast, slow))
+
+
+def _rewrite(path, **changes):
+    with open(path, "rb") as fh:
+        batch = pickle.load(fh, encoding="latin1")
+    batch.update(changes)
+    for key in [k for k, v in changes.items() if v is None]:
+        del batch[key]
+    with open(path, "wb") as fh:
+        pickle.dump(batch, fh, protocol=2)
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"labels": [1, 2, 3, 4, 5, 6]}, "holds 4 images but 6 'labels'"),  # (another file then has 2: shifted labels)
+    ({"labels": [1, 2, 3, 42]}, r"'labels' outside 0..9 \(e.g. 42\)"),
+    ({"labels": [1.7, 2, 3, 1]}, "'labels' are not all integers"),
+    ({"labels": None}, "has no 'labels' entry"),
+])
+def test_cifar_labels_that_do_not_match_their_images_are_refused(tmp_path, change, message):
+    """A re-packed copy read with verify=False: each file's labels must be one int in range per image of that
+    file (before, a file with 2 labels too many and the next with 2 too few loaded with every label shifted)."""
+    write_cifar(tmp_path, "cifar10")
+    _rewrite(tmp_path / data.CIFAR_FOLDERS["cifar10"] / "data_batch_1", **change)
+    if len(change.get("labels") or []) == 6:
+        _rewrite(tmp_path / data.CIFAR_FOLDERS["cifar10"] / "data_batch_2", labels=[7, 8])
+    with pytest.raises(DataError, match=f"data_batch_1.*{message}|{message}"):
+        data.load("cifar10", root=tmp_path, verify=False)
+
+
+def test_cifar_switches_and_mnist1d_split_are_checked(tmp_path):
+    write_cifar(tmp_path, "cifar10")
+    with pytest.raises(ConfigError, match="augment must be true or false, got 'false'"):
+        data.load("cifar10", root=tmp_path, verify=False, augment="false")
+    for split in (1.0, 1.5, -0.5, 0.0):
+        with pytest.raises(ConfigError, match="train_split must lie in"):
+            data.load("mnist1d", num_samples=100, train_split=split, cache=False)

@@ -189,7 +189,7 @@ def test_train_flags_override_a_config_file(tmp_path):
     path = tmp_path / "base.json"
     path.write_text(json.dumps({**SMALL, "method": "pipemare", "stages": 3, "divergence_loss": 5.0}))
     args = build_parser().parse_args(["train", "--config", str(path), "--stages", "max", "--seed", "4",
-                                      "--divergence-loss", "none", "--lr-milestones", "2,3"])
+                                      "--divergence-loss", "none", "--lr-schedule", "step", "--lr-milestones", "2,3"])
     c = config_from_args(args)
     assert (c.method, c.stages, c.seed, c.divergence_loss, c.lr_milestones) == ("pipemare", 4, 4, None, [2, 3])
     assert c.model_kwargs == SMALL["model_kwargs"] and isinstance(args, argparse.Namespace)
@@ -216,3 +216,20 @@ def test_a_phase_longer_than_the_run_is_a_whole_run_in_that_phase():
     records = train.run(cfg)
     assert list(records["status"]) == ["ok"]
     assert records["utilization"].iloc[0] == pytest.approx(1 / 3)  # synchronous throughout: N/(N+P-1)
+
+
+def test_settings_that_would_have_no_effect_are_refused():
+    """lr_milestones and lr_gamma belong to lr_schedule 'step' (and 'step' needs milestones); momentum to an
+    optimizer that has one: given otherwise they changed nothing, silently."""
+    from staleopt.config import RunConfig
+    from staleopt.errors import ConfigError
+    with pytest.raises(ConfigError, match="lr_milestones = \\[3\\] are the epochs where lr_schedule 'step'"):
+        RunConfig(lr_schedule="cosine", lr_milestones=[3])
+    with pytest.raises(ConfigError, match="lr_milestones = \\[\\] .*lr_schedule = 'step'"):
+        RunConfig(lr_schedule="step")
+    with pytest.raises(ConfigError, match="lr_gamma = 0.5 is lr_schedule 'step''s factor"):
+        RunConfig(lr_gamma=0.5)
+    with pytest.raises(ConfigError, match="momentum = 0.5 has no effect with optimizer 'sgd'"):
+        RunConfig(optimizer="sgd", momentum=0.5)
+    assert RunConfig(lr_schedule="step", lr_milestones=[2], lr_gamma=0.5).lr_gamma == 0.5
+    assert RunConfig(optimizer="sgd-momentum", momentum=0.5).momentum == 0.5
