@@ -157,11 +157,16 @@ def from_spec(spec: Dict[str, Any], source: str = "sweep") -> Sweep:
         if not isinstance(values, list) or not values:
             raise SweepConfigError(f"{_where(source, 'grid', key)}: grid values must be a non-empty list, "
                                    f"got {values!r} (put single values under [base])")
+        seen = []
         for i, value in enumerate(values):
             try:
-                validate_field(key, value)
+                checked = validate_field(key, value)
             except ConfigError as e:
                 raise SweepConfigError(f"{_where(source, 'grid', key, i)}: {e}") from None
+            if checked in seen:  # (the same run twice would be one run: the sweep would hold fewer than asked)
+                raise SweepConfigError(f"{_where(source, 'grid', key, i)}: {value!r} is already in the grid's {key} "
+                                       "list; give each value once")
+            seen.append(checked)
     name = spec.get("name", "")
     if not isinstance(name, str) or (name and (name in (".", "..") or any(c in name for c in "/\\\0:"))):
         raise SweepConfigError(f"{source}: name = {name!r} must be a plain folder name (no '/', '\\', ':', "

@@ -145,6 +145,7 @@ def test_sweep_file_expands_the_grid_in_order(tmp_path):
     ("[base]\nseed=1\n[grid]\nseed=[0]\n", r"\['seed'\] appear in both \[base\] and \[grid\]"),
     ("[base]\nmodel='mlp'\n[grid]\nstages=[1, 8]\n", "stages = 8 exceeds the 3 parametrized operators"),
     ("[base\n", "not valid TOML"),
+    ("[grid]\nseed=[0, 1, 0]\n", r"\[grid\] seed\[2\]: 0 is already in the grid's seed list; give each value once"),
 ])
 def test_bad_sweep_files_name_the_bad_key_and_the_allowed_values(tmp_path, text, message):
     with pytest.raises(SweepConfigError, match=message):
