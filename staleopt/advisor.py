@@ -161,7 +161,11 @@ class Advice:
     lr: float
     momentum: float
     step: int
-    nesterov: bool = False  # the method's correction holds Nesterov momentum (``momentum`` column per stage)
+
+    @property
+    def nesterov(self) -> bool:
+        """The method's correction holds Nesterov momentum: the table has its ``momentum`` per stage."""
+        return "momentum" in self.table.columns
 
     @property
     def stable(self) -> bool:
@@ -262,4 +266,4 @@ def advise(model: nn.Module, loss_fn: Callable, batch, method: Union[str, object
             row["tau_recomp"] = tr[i]
         rows.append({**row, "curvature": lam, "max_stable_lr": bound, "lr_factor": factors[i], "effective_lr": eff,
                      "headroom": bound / eff, "exceeds": eff >= bound, "converged": curv[i].converged})
-    return Advice(pd.DataFrame(rows), pipeline.name, float(lr), float(momentum), step, nesterov=gammas is not None)
+    return Advice(pd.DataFrame(rows), pipeline.name, float(lr), float(momentum), step)

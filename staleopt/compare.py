@@ -127,8 +127,7 @@ def compare(model: Union[str, Callable], data: Union[str, Callable] = "mnist1d",
                    ("damaged", list(report.damaged)))}
     lost = sum(map(len, unfinished.values()))
     if lost:  # (the tables below are over the runs that finished: say so, and which)
-        parts = "; ".join(f"{len(v)} {what} ({', '.join(v[:3])}{', ...' if len(v) > 3 else ''})"
-                          for what, v in unfinished.items() if v)
+        parts = "; ".join(f"{len(v)} {what} ({sweep.few(v)})" for what, v in unfinished.items() if v)
         warnings.warn(f"{lost} of {len(ids)} runs of this comparison did not finish: {parts}. Its tables, claims "
                       f"and figures are over the {records['run'].nunique()} runs that did (a cell then has fewer "
                       f"runs than seeds). A failed run's error is in {out / 'runs'}/<run id>/error.txt; calling "

@@ -123,10 +123,10 @@ class RunConfig:
             _fail("lr_milestones", self.lr_milestones,
                   f"are the epochs where lr_schedule 'step' multiplies the lr by lr_gamma: give them with it and only "
                   f"then (lr_schedule = {self.lr_schedule!r})")
-        if self.lr_gamma != 0.1 and self.lr_schedule != "step":
+        if self.lr_gamma != RunConfig.lr_gamma and self.lr_schedule != "step":
             _fail("lr_gamma", self.lr_gamma, f"is lr_schedule 'step''s factor and has no effect with lr_schedule = "
                   f"{self.lr_schedule!r}")
-        if self.optimizer == "sgd" and self.momentum != 0.9:
+        if self.optimizer == "sgd" and self.momentum != RunConfig.momentum:
             _fail("momentum", self.momentum, "has no effect with optimizer 'sgd' (plain SGD): use optimizer "
                   "'sgd-momentum', or leave momentum out")
         if isinstance(self.stages, int):

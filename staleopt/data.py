@@ -404,7 +404,7 @@ def _cifar(name: str, root=None, download=False, augment=True, verify=True) -> D
         images = torch.from_numpy(split[0]).permute(0, 3, 1, 2).contiguous()
         return ImageTensors(images, torch.as_tensor(split[1], dtype=torch.int64), mean, std, augment=aug)
 
-    return Data(name, tensors(train, augment), tensors(test, False), num_classes=100 if name == "cifar100" else 10,
+    return Data(name, tensors(train, augment), tensors(test, False), num_classes=classes,
                 input_shape=(3, 32, 32), task="classification",
                 info={"root": str(root), "mean": mean, "std": std, "augment": augment, "verify": verify})
 

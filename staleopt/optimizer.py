@@ -172,7 +172,8 @@ def _parameter_registered(module, name, param):
 
 
 def _watch_parameters(owner: "PipelineOptimizer", modules: Sequence[nn.Module]) -> None:
-    """Tell ``owner`` when a module of ``modules`` registers a parameter (:meth:`PipelineOptimizer._on_parameter_registered`)."""
+    """Tell ``owner`` when a module of ``modules`` registers a parameter
+    (:meth:`PipelineOptimizer._on_parameter_registered`)."""
     if not _WATCHING:
         _WATCHING.append(torch.nn.modules.module.register_module_parameter_registration_hook(_parameter_registered))
     for key in list(_WATCHED):  # (forget the modules and wrappers collected since)
@@ -393,10 +394,10 @@ class PipelineOptimizer(torch.optim.Optimizer):
         self._names: Optional[Dict[int, str]] = None  # id(parameter) -> its name in the model (for messages)
         # a parameter replaced by another Parameter (load_state_dict(assign=True), module.weight = nn.Parameter(...))
         # leaves this wrapper and the base optimizer holding the old one: the model would silently stop training
-        self._registered = {(id(m), name): p for m in model.modules() for name, p in m._parameters.items()
-                            if p is not None and id(p) in self._stage_of_param}
-        _watch_parameters(self, [m for m in model.modules() if any((id(m), n) in self._registered
-                                                                   for n in m._parameters)])
+        driven = [(m, name, p) for m in model.modules() for name, p in m._parameters.items()
+                  if p is not None and id(p) in self._stage_of_param]
+        self._registered = {(id(m), name): p for m, name, p in driven}
+        _watch_parameters(self, list({id(m): m for m, _, _ in driven}.values()))
         weakref.finalize(self, _remove_handles, self._hooks)  # hooks die with their wrapper
         # the history and the corrections' state travel in state_dict()["staleopt"], added and read by
         # torch's own optimizer hooks (so hooks a user registers see it too)

@@ -83,7 +83,7 @@ from .errors import ClaimLostError, ConfigError, OutputError, RunFileError, Swee
 from .validate import check_int
 from .stats import check_level, divergence_count, interval, per_run, status_text, t_interval
 
-__all__ = ["Sweep", "load_sweep", "expand", "shard", "parse_shard", "run_sweep", "SweepReport",
+__all__ = ["Sweep", "load_sweep", "expand", "few", "shard", "parse_shard", "run_sweep", "SweepReport",
            "run_state", "damage", "read_done", "runs", "collect", "summarize", "t_interval", "RECORD_COLUMNS",
            "DEFAULT_TRAIN_FN", "MAX_THREADS"]
 
@@ -179,6 +179,11 @@ def from_spec(spec: Dict[str, Any], source: str = "sweep") -> Sweep:
     except ConfigError as e:
         raise SweepConfigError(f"{source}: {e}") from None
     return Sweep(name, dict(base), dict(grid), configs, str(spec.get("description", "")))
+
+
+def few(run_ids: Sequence[str], n: int = 3) -> str:
+    """The first ``n`` of ``run_ids``, comma-separated, with ``...`` when there are more (for messages)."""
+    return ", ".join(run_ids[:n]) + (", ..." if len(run_ids) > n else "")
 
 
 def expand(base: Dict[str, Any], grid: Dict[str, Sequence[Any]]) -> List[RunConfig]:

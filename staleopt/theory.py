@@ -132,8 +132,7 @@ def _system(lr, curvature, tau_fwd, tau_bkwd, delta, momentum, correction_decay,
     a[0] += 1.0 + beta                       # w_t + beta (w_t - w_{t-1})
     if beta:
         a[1] -= beta
-    scale = (1.0 + beta) if look else 1.0    # Nesterov: (1 + beta) g_t - beta g_{t-1}
-    for k, shift in ((scale, 0), (-beta, 1)) if look else ((scale, 0),):
+    for k, shift in ((1.0 + beta, 0), (-beta, 1)) if look else ((1.0, 0),):  # Nesterov: (1+beta) g_t - beta g_{t-1}
         a[tf + shift] -= k * alpha * (lam + dlt)     # - alpha (lam + Delta) u_fwd
         a[tb + shift] += k * alpha * (dlt - phi)     # + alpha (Delta - Phi) u_bkwd
         a[tr + shift] += k * alpha * phi             # + alpha Phi u_recomp

@@ -196,7 +196,7 @@ def failed_runs_note(sweep_dir: Path, what: str) -> Optional[str]:
     failed = sorted(listed.loc[listed["state"] == "failed", "run"]) if len(listed) else []
     if not failed:
         return None
-    return (f"{len(failed)} run(s) failed ({', '.join(failed[:3])}{', ...' if len(failed) > 3 else ''}; "
+    return (f"{len(failed)} run(s) failed ({sweep.few(failed)}; "
             f"{sweep_dir / 'runs'}/<run>/error.txt says why, and launching the sweep again retries them): {what} "
             "over the runs that finished, so a configuration with fewer runs than the others lacks them")
 

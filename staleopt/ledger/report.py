@@ -201,8 +201,8 @@ def markdown(rows: Sequence[Row], provenance: Dict[str, str], sections: Dict[str
     other = sorted({(c.id, c.margin) for c in (checks or {}).values()
                     if c.rule in ("not-worse", "matches") and c.margin != Check.margin})
     if other:
-        out.append("Margins other than 0.01, in the units of the check's metric (test perplexity for a language "
-                   "model): " + ", ".join(f"`{i}` {m:g}" for i, m in other) + ".\n")
+        out.append(f"Margins other than {Check.margin:g}, in the units of the check's metric (test perplexity for a "
+                   "language model): " + ", ".join(f"`{i}` {m:g}" for i, m in other) + ".\n")
     for name, (title, text) in sections.items():
         mine = [r for r in rows if r.experiment == name]
         if not mine:
