@@ -832,6 +832,8 @@ class PipelineOptimizer(torch.optim.Optimizer):
                 return
 
     def _on_forward_start(self, module, args):
+        if (self._in_forward or "backward-pending" in self._seen) and current_autograd_node() is None:
+            self._drop_failed_pass()
         if module.training and torch.is_grad_enabled():
             first = "forward" not in self._seen  # the step's first training forward: the weights are at rest
             self._seen.add("forward")
@@ -861,6 +863,25 @@ class PipelineOptimizer(torch.optim.Optimizer):
         else:
             self._in_forward = False
             self._restore()
+
+    def _drop_failed_pass(self) -> None:
+        """The latest training forward, or the backward pass that began after it, raised before it ended (an
+        out-of-memory error, an exception in the model or in a hook): torch ran neither its forward hook nor its
+        end-of-backward callback. Found at the next forward or ``step()``: the pass does not count (a loop that
+        catches the error and runs the microbatch again runs the same pass, with the same delays; one that skips
+        it runs one pass fewer) and the backward's recomputation watch is removed. The next load starts from
+        wherever the failed pass left the parameters; ``step()`` restores ``w_t`` (docs/wrapper.md)."""
+        backward = "backward-pending" in self._seen
+        self._in_forward = False
+        self._seen.discard("backward-pending")
+        self._unwatch()
+        counts = self._counts
+        if counts is not None and counts[0] > 0:
+            counts[0] -= 1
+            if backward and counts[1] > 0:
+                counts[1] -= 1
+        if self._microbatch_passes and self._passes > 0:
+            self._passes -= 1
 
     def _on_forward_end(self, module, args, output):
         self._in_forward = False
@@ -1055,6 +1076,8 @@ class PipelineOptimizer(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        if self._in_forward or "backward-pending" in self._seen:
+            self._drop_failed_pass()
         t = self._step
         if t > 0:
             self._expire()  # no pass of this step follows

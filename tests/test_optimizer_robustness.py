@@ -230,3 +230,66 @@ def test_a_failed_move_leaves_the_bookkeeping_consistent(monkeypatch, memory, fa
     assert opt.history._st.passing == passing
     monkeypatch.undo()
     train(model, opt, batches(2, seed=11))
+
+
+def _retry_run(memory, fail, where, passes):
+    """Steps of ``pipemare`` over 2 microbatches; with ``fail``, at step 4 the last microbatch's pass raises in
+    its forward (a forward hook) or its backward (a gradient hook) once, is caught, its partial gradients put
+    back, and run again: (final weights, whether the parameters were at rest after each backward, the global
+    module hooks left after the pass run again)."""
+    model = mlp(seed=12)
+    opt = _opt(model, memory=memory, microbatches=2, microbatch_passes=passes)
+    boom = {"on": False}
+
+    def fail_once(*args):
+        if boom["on"]:
+            boom["on"] = False
+            raise RuntimeError("injected")
+
+    model[2].register_forward_hook(lambda m, a, out: fail_once() if where == "forward" else None)
+    model[2].weight.register_hook(lambda g: fail_once() if where == "backward" else None)
+    at_rest, left = [], None
+    for step, (x, y) in enumerate(batches(8, seed=12)):
+        opt.zero_grad()
+        for j, (xc, yc) in enumerate(zip(x.chunk(2), y.chunk(2))):
+            if fail and step == 4 and j == 1:
+                grads = [None if p.grad is None else p.grad.clone() for p in model.parameters()]
+                boom["on"] = True
+                with pytest.raises(RuntimeError, match="injected"):
+                    mse(model(xc), yc).backward()
+                for p, g in zip(model.parameters(), grads):
+                    p.grad = g
+            mse(model(xc), yc).backward()
+            if fail and step == 4 and j == 1:
+                left = len(torch.nn.modules.module._global_forward_pre_hooks)
+            at_rest.append(all(p.data_ptr() == d.data_ptr()
+                               for v in opt.history.views for p, d in zip(v.params, opt.history._data[v.index])))
+        opt.step()
+    return [p.detach().clone() for p in model.parameters()], at_rest, left
+
+
+@pytest.mark.parametrize("passes", [False, True])
+@pytest.mark.parametrize("where", ["forward", "backward"])
+def test_a_pass_that_raised_and_runs_again_trains_as_if_it_had_not_failed(where, passes):
+    """A training pass that raises (out of memory, a failing hook) and that the loop catches and runs again
+    is the same pass (microbatch_passes: the same microbatch's delays; else not counted twice), the parameters
+    are at rest after its backward and no recomputation watch is left behind (memory='fast': minimal
+    may have dropped the version the pass reads, and then says so)."""
+    want, _, _ = _retry_run("fast", False, where, passes)
+    got, at_rest, left = _retry_run("fast", True, where, passes)
+    assert all(torch.equal(a, b) for a, b in zip(want, got))
+    assert all(at_rest)
+    assert left == 0
+
+
+def test_a_retried_pass_whose_version_minimal_memory_dropped_says_so():
+    model = mlp(seed=13)
+    opt = _opt(model)
+    train(model, opt, batches(3, seed=13))
+    model[2].weight.register_hook(lambda g: (_ for _ in ()).throw(RuntimeError("injected")))
+    x, y = batches(1, seed=14)[0]
+    opt.zero_grad()
+    with pytest.raises(RuntimeError, match="injected"):
+        mse(model(x), y).backward()
+    with pytest.raises(staleopt.errors.LoopError, match="backward raised.*memory='fast'"):
+        model(x)
