@@ -372,8 +372,8 @@ def _cifar(name: str, root=None, download=False, augment=True, verify=True) -> D
     if missing and not download:
         raise DataError(
             f"{name} not found: {folder} lacks {missing}. Put the extracted python version of "
-            f"the dataset there ({base.url} unpacks to {CIFAR_FOLDERS[name]}/), pass another root= "
-            f"(or set $STALEOPT_DATA), or pass download=True (--download on the command line).")
+            f"the dataset there ({base.url} unpacks to {CIFAR_FOLDERS[name]}/), set $STALEOPT_DATA "
+            f"to the folder that holds it (or pass root= in Python), or pass download=True (--download on the command line).")
     if missing:
         try:
             download_and_extract_archive(base.url, str(root), filename=base.filename, md5=base.tgz_md5)
@@ -690,8 +690,8 @@ def _text_corpus(name: str, root=None, download=False, context=128, level="byte"
     if missing:
         how = (f"pass download=True (--download on the command line) to fetch {corpus.url}, or put it there by hand"
                if corpus.url else "put it there by hand (it has no download here)")
-        raise DataError(f"{name} not found: {root} lacks {missing} ({corpus.source}). Pass another root= (or "
-                        f"set $STALEOPT_DATA), or {how}.")
+        raise DataError(f"{name} not found: {root} lacks {missing} ({corpus.source}). Set $STALEOPT_DATA to the "
+                        f"folder that holds it (or pass root= in Python), or {how}.")
     (train, valid, test), vocab, info = _read_corpus(corpus, root, level)
     evaluated = test if test_split == "test" else valid
     for split, tokens in (("training", train), (test_split, evaluated)):

@@ -266,7 +266,7 @@ def test_cifar100_layout(tmp_path):
 
 
 def test_cifar_missing_files_say_where_and_how(tmp_path, monkeypatch):
-    with pytest.raises(DataError, match=r"cifar-10-batches-py.*download=True \(--download"):
+    with pytest.raises(DataError, match=r"cifar-10-batches-py.*set \$STALEOPT_DATA.*download=True \(--download"):
         data.load("cifar10", root=tmp_path)
     monkeypatch.setenv("STALEOPT_DATA", str(tmp_path / "elsewhere"))
     with pytest.raises(DataError, match="elsewhere.*cifar-100-python"):

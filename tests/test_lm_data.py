@@ -167,7 +167,7 @@ def test_enwik8_is_cut_90_5_5(tmp_path):
 
 
 def test_missing_or_malformed_corpora_say_where_and_how(tmp_path):
-    with pytest.raises(DataError, match=r"text-enwik8 not found: .* lacks \['enwik8'\].*download=True.*enwik8.zip"):
+    with pytest.raises(DataError, match=r"text-enwik8 not found: .* lacks \[.enwik8.\].*Set \$STALEOPT_DATA.*download=True.*enwik8.zip"):
         data.load("text-enwik8", root=tmp_path)
     with pytest.raises(DataError, match=r"lacks \['wikitext-103-raw/wiki.train.raw'.*by hand"):
         data.load("text-wikitext103", root=tmp_path)
