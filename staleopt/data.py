@@ -837,9 +837,12 @@ def from_datasets(train: Dataset, test: Dataset, name: str = "custom", task: Opt
                   num_classes: Optional[int] = None) -> Data:
     """A :class:`Data` from two datasets of ``(x, y)`` samples, the rest read off the samples.
 
-    ``input_shape`` is the first sample's ``x.shape``. ``task``: ``"classification"`` when the
-    targets are integers (then ``num_classes`` = the largest label + 1 over both splits), else
-    ``"regression"`` (``num_classes`` = the number of target values per sample).
+    ``input_shape`` is the first sample's ``x.shape``. ``task``: ``"classification"`` when each
+    target is one integer (then ``num_classes`` = the largest label + 1 over both splits), ``"lm"``
+    when it is a sequence of integers (next tokens, or any per-position labels: the loss is the
+    cross-entropy at every position; ``num_classes`` = the largest label, or token of an integer
+    ``x``, + 1 over both splits), else ``"regression"`` (``num_classes`` = the number of target
+    values per sample).
     """
     for split, ds in (("train", train), ("test", test)):
         if not hasattr(ds, "__getitem__") or not hasattr(ds, "__len__") or len(ds) == 0:
@@ -848,18 +851,24 @@ def from_datasets(train: Dataset, test: Dataset, name: str = "custom", task: Opt
     x, y = train[0]
     y = torch.as_tensor(y)
     integer = not (y.is_floating_point() or y.is_complex())
-    task = task or ("classification" if integer else "regression")
-    if task not in ("classification", "regression"):
-        raise ConfigError(f"dataset {name!r}: task must be 'classification' or 'regression', got {task!r}")
+    task = task or (("lm" if y.dim() else "classification") if integer else "regression")
+    if task not in ("classification", "regression", "lm"):
+        raise ConfigError(f"dataset {name!r}: task must be 'classification', 'regression' or 'lm', got {task!r}")
+    if task != "regression" and (not integer or (task == "lm") != bool(y.dim())):
+        raise DataError(f"dataset {name!r}: task {task!r} needs " + ("one integer class per sample" if task ==
+                        "classification" else "a sequence of integer tokens (labels) per sample") +
+                        f", but the first target is a {y.dtype} tensor of shape {tuple(y.shape)}")
     if num_classes is None:
         if task == "regression":
             num_classes = int(y.numel())
         else:
-            def labels(ds):
-                if isinstance(ds, TensorDataset):
-                    return ds.tensors[1]
-                return torch.as_tensor([int(ds[i][1]) for i in range(len(ds))])
-            num_classes = int(max(labels(train).max(), labels(test).max())) + 1
+            tokens = task == "lm" and not torch.as_tensor(x).is_floating_point()  # the vocabulary includes x's
+
+            def largest(ds):
+                pairs = [ds.tensors[:2]] if isinstance(ds, TensorDataset) else (ds[i] for i in range(len(ds)))
+                return max(max(int(torch.as_tensor(b).max()), int(torch.as_tensor(a).max()) if tokens else 0)
+                           for a, b in pairs)
+            num_classes = max(largest(train), largest(test)) + 1
     return Data(name, train, test, num_classes=int(num_classes), input_shape=tuple(torch.as_tensor(x).shape),
                 task=task)
 

@@ -58,6 +58,11 @@ Choices (each documented because it changes numbers):
   of the logits ``(B, T, V)`` at every position of every window, averaged
   over the ``B T`` predicted tokens (nats per token), in training and in
   evaluation alike.
+* **Output shapes** are checked at every batch (:class:`~staleopt.errors.ConfigError`
+  naming both): ``(B, C)`` for classification, ``(B, T, V)`` for ``"lm"``, and
+  for regression as many values per sample as the targets (compared flattened,
+  so a ``(B, 1)`` output fits scalar targets ``(B,)``; torch's losses would
+  broadcast those into ``(B, B)`` without an error).
 * **Determinism.** Initialization draws from ``seed``, the data order and
   the augmentation (:func:`staleopt.data.batches`) from a ``torch.Generator``
   seeded with ``seed``, and anything else random in the loop (dropout) from
@@ -200,8 +205,33 @@ def _lm_loss(logits, y, reduction: str = "mean"):
     return F.cross_entropy(logits.flatten(0, 1), y.flatten(), reduction=reduction)
 
 
+def _check_output(out, y, data, model: str) -> None:
+    """The model's output fits the data's task: ``(B, C)`` logits for classification (``C`` = classes),
+    ``(B, T, V)`` next-token logits for ``"lm"``, per sample as many values as the target for regression.
+    (Else torch's losses would broadcast a ``(B, 1)`` output against ``(B,)`` targets into ``(B, B)``, or take
+    ``T`` as the class axis: a wrong loss without an error.)"""
+    task, C = data.task, data.num_classes
+    want = {"classification": (len(y), C), "lm": (*y.shape, C)}.get(task)
+    got = tuple(out.shape) if isinstance(out, torch.Tensor) else None
+    if want is not None and got == want:
+        return
+    if want is None and got is not None and got[:1] == tuple(y.shape[:1]) and out[0].numel() == y[0].numel():
+        return
+    shown = "a " + type(out).__name__ if got is None else f"shape {got}"
+    need = (f"{want}" if want is not None else
+            f"{len(y)} samples of {y[0].numel()} value(s) each, as the targets {tuple(y.shape)}")
+    raise ConfigError(f"model {model!r} returns {shown} for a batch of {len(y)} of dataset {data.name!r} "
+                      f"({task}, num_classes = {C}, targets {tuple(y.shape)}), but the loss needs {need}: build "
+                      "the model with num_classes and input_shape from the data (models.get passes both), "
+                      "and give a token dataset the task 'lm' (Data(..., task='lm'), or from_datasets with "
+                      "integer sequence targets)")
+
+
 def _criterion(task: str):
-    return {"classification": F.cross_entropy, "lm": _lm_loss}.get(task, F.mse_loss)
+    """The training loss of ``task``; regression compares each sample's values flattened (an output of shape
+    ``(B, 1)`` against scalar targets ``(B,)``)."""
+    return {"classification": F.cross_entropy, "lm": _lm_loss}.get(
+        task, lambda out, y, reduction="mean": F.mse_loss(out.reshape(len(out), -1), y.reshape(len(y), -1), reduction=reduction))
 
 
 def _ppl(loss: float) -> float:
@@ -210,15 +240,18 @@ def _ppl(loss: float) -> float:
 
 
 @torch.no_grad()
-def _evaluate(model, dataset, task: str, device) -> Dict[str, float]:
+def _evaluate(model, data, device, name: str) -> Dict[str, float]:
     """``test_loss`` (mean per sample; per token for ``"lm"``), ``test_acc`` (classification: accuracy;
-    lm: next-token accuracy; regression: NaN) and ``test_ppl`` (lm: ``exp(test_loss)``; else NaN)."""
+    lm: next-token accuracy; regression: NaN) and ``test_ppl`` (lm: ``exp(test_loss)``; else NaN) of model
+    ``name`` on ``data``'s test split."""
+    dataset, task = data.test, data.task
     model.eval()
     loss_sum, correct, n = 0.0, 0, 0
     size = max(1, _EVAL_TOKENS // dataset[0][1].numel()) if task == "lm" else _EVAL_BATCH
     for x, y in datasets.batches(dataset, size):
         x, y = x.to(device), y.to(device)
         out = model(x)
+        _check_output(out, y, data, name)
         if task == "classification":
             loss_sum += F.cross_entropy(out, y, reduction="sum").item()
             correct += (out.argmax(1) == y).sum().item()
@@ -226,7 +259,7 @@ def _evaluate(model, dataset, task: str, device) -> Dict[str, float]:
             loss_sum += _lm_loss(out, y, reduction="sum").item()
             correct += (out.argmax(-1) == y).sum().item()
         else:
-            loss_sum += F.mse_loss(out, y, reduction="sum").item() / out[0].numel()
+            loss_sum += _criterion(task)(out, y, reduction="sum").item() / out[0].numel()
         n += y.numel() if task == "lm" else len(x)
     model.train()
     loss = loss_sum / n
@@ -317,7 +350,9 @@ def _train(config: RunConfig, device: torch.device, progress: bool, checkpoint, 
                     break
                 x, y = x.to(device), y.to(device)
                 opt.zero_grad()
-                loss = criterion(model(x), y)
+                out = model(x)
+                _check_output(out, y, data, config.model)
+                loss = criterion(out, y)
                 value = loss.item()
                 losses.append(value)
                 if not math.isfinite(value) or (bound is not None and value > bound):
@@ -338,7 +373,7 @@ def _train(config: RunConfig, device: torch.device, progress: bool, checkpoint, 
                 done_batches += 1
                 if checkpoint is not None and checkpoint.due(opt.step_count):
                     save(epoch, done_batches, losses, epoch_order)
-            evaluation = _evaluate(model, data.test, data.task, device)
+            evaluation = _evaluate(model, data, device, config.model)
             if not math.isfinite(evaluation["test_loss"]):  # w_t diverged ahead of the stale training loss
                 status = "diverged"
             records.append({"epoch": epoch, "step": opt.step_count,

@@ -249,3 +249,55 @@ def test_a_report_removes_the_files_of_the_last_report_it_does_not_write(user_fi
     staleopt.compare(tiny_net, blobs, methods=["gpipe", "pipemare"], stages=[2], seeds=[0], out=out, bar=False,
                      **SMALL)
     assert (out / "mine.txt").read_text() == "a user's file"
+
+
+def _scalar_targets():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(60, 4, generator=g)
+    y = x @ torch.tensor([1.0, -2.0, 0.5, 3.0]) + 0.1
+    return TensorDataset(x[:40], y[:40]), TensorDataset(x[40:], y[40:])
+
+
+def _token_pairs():
+    g = torch.Generator().manual_seed(0)
+    tokens = torch.randint(0, 16, (48, 9), generator=g)
+    return TensorDataset(tokens[:40, :-1], tokens[:40, 1:]), TensorDataset(tokens[40:, :-1], tokens[40:, 1:])
+
+
+def test_scalar_regression_targets_train_on_the_per_sample_loss():
+    """Scalar targets ``(B,)`` and the model's ``(B, 1)`` output (num_classes = 1): the loss is the mean squared
+    error per sample (torch's mse_loss broadcast them into (B, B): a test loss some 15x too large, and a model
+    that could only learn the mean)."""
+    from staleopt import train
+    staleopt.register_data("scalar_targets", _scalar_targets, replace=True)
+    staleopt.register_model("linear_head", lambda num_classes, input_shape: nn.Sequential(
+        nn.Linear(input_shape[0], 8), nn.Tanh(), nn.Linear(8, num_classes)), replace=True)
+    cfg = RunConfig(model="linear_head", data="scalar_targets", method="gpipe", stages=2, epochs=1, batch_size=10,
+                    lr=0.01)
+    records = train.run(cfg)
+    model = models.get("linear_head", seed=0, num_classes=1, input_shape=(4,))
+    _, test = _scalar_targets()
+    x, y = test.tensors
+    d = datasets.from_datasets(*_scalar_targets())
+    untrained = train._evaluate(model, d, torch.device("cpu"), "linear_head")["test_loss"]
+    with torch.no_grad():
+        assert math.isclose(untrained, float(((model(x).squeeze(1) - y) ** 2).mean()), rel_tol=1e-6)
+    assert records["test_loss"].iloc[-1] < 0.9 * untrained
+
+
+def test_own_token_data_is_a_language_model_task_and_wrong_outputs_are_refused():
+    from staleopt import train
+    d = datasets.from_datasets(*_token_pairs(), name="tokens")
+    assert (d.task, d.num_classes, d.input_shape) == ("lm", 16, (8,))
+    with pytest.raises(staleopt.errors.DataError, match="task 'classification' needs one integer class"):
+        datasets.from_datasets(*_token_pairs(), task="classification")
+    staleopt.register_data("token_pairs", _token_pairs, replace=True)
+    records = train.run(RunConfig(model="gpt", data="token_pairs", method="pipemare", stages=2, epochs=1,
+                                  batch_size=8, lr=0.01, optimizer="adam", model_kwargs={"d_model": 16, "heads": 2}))
+    assert math.isfinite(records["test_ppl"].iloc[-1]) and records["test_ppl"].iloc[-1] < 40
+    staleopt.register_model("three_outputs", lambda num_classes, input_shape: nn.Linear(6, 3), replace=True)
+    staleopt.register_data("five_classes", lambda: (TensorDataset(torch.randn(20, 6), torch.arange(20) % 5),
+                                                    TensorDataset(torch.randn(5, 6), torch.arange(5))), replace=True)
+    with pytest.raises(ConfigError, match=r"'three_outputs' returns shape \(10, 3\).*classification, num_classes "
+                                          r"= 5.*needs \(10, 5\)"):
+        train.run(RunConfig(model="three_outputs", data="five_classes", stages=1, epochs=1, batch_size=10))

@@ -73,10 +73,10 @@ def test_the_chain_is_sparse_and_its_distribution_stationary():
 
 def test_best_loss_is_the_loss_of_the_source_and_beats_weaker_predictors():
     d = data.load("text-markov", **SMALL)
-    known = train._evaluate(SourcePredictor(d), d.test, "lm", torch.device("cpu"))
+    known = train._evaluate(SourcePredictor(d), d, torch.device("cpu"), "source")
     assert math.isclose(known["test_loss"], d.best_loss, rel_tol=1e-12)
     assert math.isclose(known["test_ppl"], math.exp(d.best_loss), rel_tol=1e-12)
-    shorter = train._evaluate(SourcePredictor(d, context_limit=2), d.test, "lm", torch.device("cpu"))
+    shorter = train._evaluate(SourcePredictor(d, context_limit=2), d, torch.device("cpu"), "source")
     assert shorter["test_loss"] > d.best_loss + 0.05, "the order-2 predictor of an order-3 source is worse"
     assert d.info["unigram_loss"] > shorter["test_loss"] + 0.05
     # the window's first positions know fewer tokens: the average sits above the entropy rate

@@ -120,7 +120,7 @@ def test_training_records_the_loss_per_token_its_perplexity_and_the_best_loss():
     assert records["test_acc"].between(0, 1).all()
     assert records["test_loss"].iloc[-1] < d.info["unigram_loss"] - 0.2, "a small gpt learns the chain"
     model = models.get("gpt", seed=0, num_classes=16, input_shape=(16,), d_model=16, heads=2)
-    first = train._evaluate(model, d.test, "lm", torch.device("cpu"))
+    first = train._evaluate(model, d, torch.device("cpu"), "gpt")
     assert abs(first["test_loss"] - math.log(16)) < 0.05, "an untrained model predicts about uniformly"
     pd.testing.assert_frame_equal(records.drop(columns="wall_time"), train.run(config).drop(columns="wall_time"))
 
