@@ -258,6 +258,14 @@ class History:
     def load_state_dict(self, state: dict) -> None:
         raise NotImplementedError
 
+    def check_state_dict(self, state: dict) -> dict:
+        """``state`` ready for :meth:`load_state_dict`, or :class:`~staleopt.errors.CheckpointError` where it
+        cannot load (here: kept in another memory mode); nothing changes."""
+        if state.get("strategy") != self.strategy:
+            raise CheckpointError(f"the checkpoint's history was kept with memory={state.get('strategy')!r} but "
+                                  f"this optimizer uses memory={self.strategy!r}: build it with the same memory mode")
+        return state
+
 
 class _Moves:
     """The data movements of one round of a phase, collected over all views and run batched.
@@ -950,28 +958,38 @@ class SlotHistory(History):
                 "rewritten": list(state.rewritten), "saved": list(state.saved), "gone": list(state.gone),
                 "rings": [v.ring for v in self.views]}
 
-    def load_state_dict(self, state):
-        self._unpoint()  # (a pass that was under way is over: its graph reads versions of another history)
-        self.end_pass()
+    def check_state_dict(self, state):
+        """``state`` in today's layout (a format-0 one converted), or :class:`CheckpointError` where it cannot load
+        (another memory mode; rows that differ, of a history not saved at rest): checked before anything loads."""
         if "slots" in state:  # format 0: a table of slots per view
             state = self._from_slot_tables(state)
-        if state["strategy"] != self.strategy:
-            raise CheckpointError(f"the checkpoint's history was kept with memory={state['strategy']!r} but this "
-                                  f"optimizer uses memory={self.strategy!r}: build it with the same memory mode")
+        super().check_state_dict(state)
+        t, rows = int(state["t"]), self._saved_rows(state)
+        for v, old in zip(self.views, rows):
+            if v.ring is not None and old != self._M[v.index] and (state["loaded"][v.index] != t
+                                                                   or state["rewritten"][v.index]):
+                raise CheckpointError("this checkpoint's history was not saved at rest (the parameters did "
+                                      "not hold w_t): save it with opt.state_dict(), which restores w_t first")
+        return state
+
+    def _saved_rows(self, state) -> List[int]:
+        """Rows per view of the saved history (before "rows" was saved, minimal mode kept a rewritten view in
+        H rows plus a spare one)."""
+        return state.get("rows") or [v.H if self.strategy == "minimal" else M for v, M in zip(self.views, self._M)]
+
+    def load_state_dict(self, state):
+        state = self.check_state_dict(state)
+        self._unpoint()  # (a pass that was under way is over: its graph reads versions of another history)
+        self.end_pass()
         t, saved = int(state["t"]), list(state["saved"])
-        # before "rows" was saved, minimal mode kept a rewritten view in H rows plus a spare one
-        rows = state.get("rows") or [v.H if self.strategy == "minimal" else M for v, M in zip(self.views, self._M)]
         with torch.no_grad():
-            for v, ring, old in zip(self.views, state["rings"], rows):
+            for v, ring, old in zip(self.views, state["rings"], self._saved_rows(state)):
                 if v.ring is None:
                     continue
                 M = self._M[v.index]
                 if old == M:
                     v.ring.copy_(ring)
                     continue
-                if state["loaded"][v.index] != t or state["rewritten"][v.index]:
-                    raise CheckpointError("this checkpoint's history was not saved at rest (the parameters did "
-                                          "not hold w_t): save it with opt.state_dict(), which restores w_t first")
                 for version in range(t - v.H, t + int(saved[v.index])):  # the versions stored at rest
                     v.ring[version % M].copy_(ring[version % old])
         self._t, n = t, len(self.views)

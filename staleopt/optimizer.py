@@ -1178,10 +1178,31 @@ class PipelineOptimizer(torch.optim.Optimizer):
         return state
 
     def _signature(self) -> dict:
+        """What a checkpoint must have been saved with to load here (:meth:`_mismatch`)."""
         return {"stages": self._partition.num_stages, "schedule": repr(self._schedule),
                 "microbatches": self._microbatches, "microbatch_passes": self._microbatch_passes,
-                "corrections": [type(k).__name__ for k in self._corrections],
+                "corrections": [k.signature() for k in self._corrections],
+                "memory": self._history.strategy, "base": type(self._base).__name__,
                 "chunks": [(v.stage, v.numel, 0 if v.ring is None else v.ring.shape[0]) for v in self._views]}
+
+    def _mismatch(self, saved: dict) -> List[str]:
+        """How the checkpoint's signature ``saved`` differs from this optimizer's, one phrase per entry. An
+        older checkpoint's missing entries (memory, base) are not compared, nor its correction hyperparameters
+        where it recorded only their class names."""
+        mine, out = self._signature(), []
+        for key, value in mine.items():
+            if key not in saved:
+                continue
+            theirs = saved[key]
+            if key == "corrections" and not any("(" in c for c in theirs):
+                value = [type(k).__name__ for k in self._corrections]
+            if key == "chunks":
+                theirs, value = [tuple(c) for c in theirs], [tuple(c) for c in value]
+            if theirs != value:
+                out.append(f"the stage views (stage, weights, rows) {theirs} in the checkpoint, {value} here: "
+                           "another model, partition or memory mode" if key == "chunks"
+                           else f"{key} {theirs!r} in the checkpoint, {value!r} here")
+        return out
 
     def _take_state(self, optimizer, state_dict: dict) -> dict:
         """Load pre hook: check and keep the ``"staleopt"`` entry (upgraded); hand the rest to the base. The
@@ -1191,19 +1212,41 @@ class PipelineOptimizer(torch.optim.Optimizer):
             raise OptimizerMismatchError("this state dict has no 'staleopt' entry: it was saved from a plain "
                                          "optimizer; load it into the base optimizer before wrapping instead")
         mine = _upgrade(state_dict["staleopt"])
-        if mine["signature"] != self._signature():
-            raise OptimizerMismatchError(f"checkpoint was saved with {mine['signature']} but this optimizer is "
-                                         f"{self._signature()}: rebuild it with the same model, stages, schedule, "
-                                         "memory mode and corrections")
+        differ = self._mismatch(mine["signature"])
+        if differ:
+            raise OptimizerMismatchError("this checkpoint was saved by another pipeline setup: " + "; ".join(differ)
+                                         + ". Rebuild the optimizer as it was saved (the same model, base optimizer, "
+                                         "stages, schedule, microbatches, memory mode and corrections with their "
+                                         "settings)")
+        # every refusal before anything loads (the base optimizer's state included): a refused checkpoint
+        # leaves the run as it was
+        mine["history"] = self._history.check_state_dict(mine["history"])
+        for k, s in zip(self._corrections, mine["corrections"]):
+            k.check_state_dict(s)
+        if self._per_stage_lr:
+            self._stage_groups.check_state(self._base.param_groups, mine["stage_groups"])
+        # torch's load casts every state tensor but "step" to its parameter's dtype: NAdam's mu_product (and
+        # ASGD's eta, mu), 0-d tensors the optimizer keeps in its scalar dtype, would then compute in another
+        # precision (float64 parameters) or be rounded (bfloat16) and the resumed run differ from the
+        # uninterrupted one; _load_state puts back the saved ones (by position, as torch maps them)
+        saved = [i for g in state_dict.get("param_groups", []) for i in g["params"]]
+        base_state = state_dict.get("state", {})
+        mine["scalars"] = {(n, key): v for n, i in enumerate(saved) for key, v in base_state.get(i, {}).items()
+                           if key != "step" and isinstance(v, torch.Tensor) and v.dim() == 0
+                           and v.is_floating_point()}
         self._pending = mine
         return {k: v for k, v in state_dict.items() if k != "staleopt"}
 
     def _load_state(self, optimizer) -> None:
         """Load post hook: the base optimizer is loaded; now the history, the step and the corrections."""
         mine, self._pending = self._pending, None
+        params = [p for g in self._base.param_groups for p in g["params"]]
+        for (n, key), value in mine["scalars"].items():
+            state = self._base.state.get(params[n]) if n < len(params) else None
+            if state is not None and isinstance(state.get(key), torch.Tensor):
+                state[key] = value.to(device=state[key].device, copy=True)
         if self._per_stage_lr:
-            self._stage_groups.load_state(self._base.param_groups, mine["stage_groups"] or
-                                          [{} for _ in self._stage_groups.state(self._base.param_groups)])
+            self._stage_groups.load_state(self._base.param_groups, mine["stage_groups"])
         self._history.load_state_dict(mine["history"])
         self._step = mine["step"]
         delays, recompute = mine["delays"], mine["recompute"]

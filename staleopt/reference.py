@@ -92,6 +92,7 @@ class ReferenceHistory(History):
         return {"strategy": self.strategy, "t": self._t, "versions": self._versions}
 
     def load_state_dict(self, state):
+        self.check_state_dict(state)
         self._t, self._rest = state["t"], True  # (the engine saves and loads at rest)
         self._versions = [{int(k): [x.clone() for x in w] for k, w in vs.items()} for vs in state["versions"]]
 

@@ -284,11 +284,18 @@ class StageGroups:
         """Every stage group's own keys (empty dicts while the optimizer writes no group state)."""
         return [{k: sp.group[k] for k in sorted(sp.own)} for sp in self._sync(groups)]
 
-    def load_state(self, groups: List[dict], state: List[dict]) -> None:
-        splits = self._sync(groups)
-        if len(state) != len(splits):
+    def check_state(self, groups: List[dict], state: List[dict]) -> None:
+        """:class:`~staleopt.errors.OptimizerMismatchError` where :meth:`load_state` cannot load ``state`` (empty:
+        a checkpoint without group state, loads as such)."""
+        n = len(self._sync(groups))
+        if state and len(state) != n:
             raise OptimizerMismatchError(f"the checkpoint has {len(state)} per-stage parameter groups but this "
-                                         f"optimizer has {len(splits)}: rebuild it with the same parameter groups")
+                                         f"optimizer has {n}: rebuild it with the same parameter groups")
+
+    def load_state(self, groups: List[dict], state: List[dict]) -> None:
+        self.check_state(groups, state)
+        splits = self._sync(groups)
+        state = state or [{} for _ in splits]
         self._values = None
         for sp, own in zip(splits, state):
             sp.own = set(own)

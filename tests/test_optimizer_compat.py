@@ -360,3 +360,75 @@ def test_memory_mode_is_checked():
     model = mlp()
     with pytest.raises(ConfigError, match="'minimal'.*'fast'"):
         staleopt.PipelineOptimizer(model, torch.optim.SGD(model.parameters(), lr=0.1), stages=3, memory="small")
+
+
+def _saved(method, base=torch.optim.SGD, memory="minimal", **overrides):
+    """A model trained 4 steps by ``method`` and its optimizer's state dict."""
+    model = mlp(seed=5)
+    sched, corrections = staleopt.methods.resolve(method, **overrides)
+    opt = staleopt.PipelineOptimizer(model, base(model.parameters(), lr=0.05), stages=3, schedule=sched,
+                                     corrections=corrections, memory=memory)
+    train(model, opt, batches(4, seed=5))
+    return opt.state_dict()
+
+
+def _fresh(method, base=torch.optim.SGD, memory="minimal", **overrides):
+    model = mlp(seed=6)
+    sched, corrections = staleopt.methods.resolve(method, **overrides)
+    return staleopt.PipelineOptimizer(model, base(model.parameters(), lr=0.01), stages=3, schedule=sched,
+                                      corrections=corrections, memory=memory)
+
+
+@pytest.mark.parametrize("saved, loaded, differs", [
+    (("pipeoptim", {}), ("spectrain", {}), r"WeightPrediction\(rule='optimizer'.*rule='sgdm'"),
+    (("pipemare-w", {"warmup_steps": 2}), ("pipemare-w", {"warmup_steps": 1000}), r"Warmup\(steps=2\)"),
+    (("pipemare", {"decay": 0.1}), ("pipemare", {"decay": 0.5}), r"decay=0.1.*decay=0.5"),
+    (("gap-aware", {"beta": 0.9}), ("gap-aware", {}), r"beta=0.9,"),
+])
+def test_a_checkpoint_of_other_correction_settings_is_refused(saved, loaded, differs):
+    """The signature holds each correction's settings (it held their class names: pipeoptim's state loaded into
+    spectrain, PipeMareW's 2 warmup steps into 1000 — back to synchronous in mid-run)."""
+    state = _saved(saved[0], **saved[1])
+    with pytest.raises(OptimizerMismatchError, match="corrections .*" + differs):
+        _fresh(loaded[0], **loaded[1]).load_state_dict(state)
+
+
+def test_a_refused_checkpoint_leaves_the_base_optimizer_as_it_was():
+    """Every refusal comes before the base optimizer loads (a memory-mode mismatch was refused after it: its
+    momentum and lr were the checkpoint's, the weights and history the run's), and names what differs."""
+    state = _saved("pipemare", memory="minimal")
+    opt = _fresh("pipemare", memory="fast")
+    before = copy.deepcopy(opt.base_optimizer.state_dict())
+    with pytest.raises(OptimizerMismatchError, match="memory 'minimal' in the checkpoint, 'fast' here"):
+        opt.load_state_dict(state)
+    older = copy.deepcopy(state)  # a checkpoint from before the signature recorded the memory mode
+    del older["staleopt"]["signature"]["memory"], older["staleopt"]["signature"]["base"]
+    older["staleopt"]["signature"]["chunks"] = opt._signature()["chunks"]  # (rows that happen to agree)
+    with pytest.raises(staleopt.errors.CheckpointError, match="memory='minimal'.*memory='fast'"):
+        opt.load_state_dict(older)
+    assert opt.base_optimizer.state_dict() == before
+    with pytest.raises(OptimizerMismatchError, match="base 'SGD' in the checkpoint, 'Adam' here"):
+        _fresh("pipemare", base=torch.optim.Adam).load_state_dict(state)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16])
+def test_nadam_resumes_bit_for_bit_in_every_parameter_dtype(dtype):
+    """torch's load casts NAdam's 0-d mu_product (kept in float32) to the parameters' dtype: the resumed run
+    then computed it in float64 (differing by ~1e-11) or rounded it (bfloat16: 0.091214 -> 0.091309). The
+    wrapper's load keeps the saved dtype (asyncpp steps NAdam)."""
+    def build(seed):
+        model = mlp(seed=seed).to(dtype)
+        opt = staleopt.PipelineOptimizer(model, torch.optim.NAdam(model.parameters(), lr=1e-2, momentum_decay=0.004),
+                                         stages=3, schedule="pipedream")
+        return model, opt
+    data = [(x.to(dtype), y.to(dtype)) for x, y in batches(8, seed=7)]
+    model, opt = build(7)
+    train(model, opt, data[:4])
+    state = copy.deepcopy({"model": model.state_dict(), "opt": opt.state_dict()})
+    train(model, opt, data[4:])
+    again, opt2 = build(8)
+    again.load_state_dict(state["model"])
+    opt2.load_state_dict(state["opt"])
+    assert {st["mu_product"].dtype for st in opt2.base_optimizer.state.values()} == {torch.float32}
+    train(again, opt2, data[4:])
+    assert all(torch.equal(a, b) for a, b in zip(model.parameters(), again.parameters()))

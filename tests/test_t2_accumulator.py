@@ -8,6 +8,7 @@ A one-parameter network whose gradient, by construction, is the quadratic model'
 trained with PipelineOptimizer (+ opt.checkpoint, + T2) must give the iterates of
 :func:`staleopt.theory.simulate_quadratic` to rounding, for both accumulators.
 """
+import copy
 import math
 
 import numpy as np
@@ -17,7 +18,7 @@ from torch import nn
 
 from staleopt import PipelineOptimizer, schedules, theory
 from staleopt.corrections import DiscrepancyCorrection
-from staleopt.errors import CheckpointError, CorrectionError
+from staleopt.errors import CheckpointError, CorrectionError, OptimizerMismatchError
 
 
 class Quadratic(nn.Module):
@@ -208,8 +209,12 @@ def test_a_checkpoint_without_the_ring():
     _, current = _make("current")
     current.load_state_dict(state)
     _, causal = _make("causal")
+    with pytest.raises(OptimizerMismatchError, match="corrections .*accumulator='current'.* in the checkpoint"):
+        causal.load_state_dict(state)  # today's checkpoints record the correction's settings
+    older = copy.deepcopy(state)  # one saved when the signature named the corrections' classes only
+    older["staleopt"]["signature"]["corrections"] = [type(k).__name__ for k in opt.corrections]
     with pytest.raises(CheckpointError, match="accumulator='current'"):
-        causal.load_state_dict(state)
+        causal.load_state_dict(older)
 
 
 def test_run_config_takes_the_invariant_rule():

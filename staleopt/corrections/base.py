@@ -109,6 +109,17 @@ class Correction:
     def load_state_dict(self, state: Dict) -> None:
         pass
 
+    def check_state_dict(self, state: Dict) -> None:
+        """Raise :class:`~staleopt.errors.CheckpointError` where :meth:`load_state_dict` cannot load ``state``;
+        called before anything of a checkpoint is loaded (the base optimizer's state included), so a refused
+        checkpoint leaves the run as it was."""
+
+    def signature(self) -> str:
+        """What a checkpoint must have been saved with to load into this correction: the built-in corrections'
+        ``repr`` (class and every hyperparameter, no state), a subclass's class name (override it to add the
+        settings that change what it computes)."""
+        return repr(self) if type(self).__module__.startswith("staleopt.") else type(self).__name__
+
     def extra_bytes(self) -> int:
         """Bytes of weight-sized buffers this correction keeps (for memory reports)."""
         return 0

@@ -232,14 +232,19 @@ class DiscrepancyCorrection(Correction):
     def load_state_dict(self, state):
         """``delta`` alone (a checkpoint of an engine before the causal accumulator) loads where T2 keeps no
         past accumulators; a stage that needs them raises :class:`~staleopt.errors.CheckpointError`."""
+        self.check_state_dict(state)
         deltas = {int(i): flat for i, flat in state["delta"].items()}
         rings = {int(i): ring for i, ring in state.get("rings", {}).items()}
         for i, (M, ring, _) in self._ring.items():
             if M == 1:
                 ring[0].copy_(deltas[i])
-            elif i in rings:
-                ring.copy_(rings[i])
             else:
+                ring.copy_(rings[i])
+
+    def check_state_dict(self, state):
+        rings = {int(i) for i in state.get("rings", {})}
+        for i, (M, _, _) in self._ring.items():
+            if M > 1 and i not in rings:
                 raise CheckpointError(f"this checkpoint keeps only T2's current accumulator delta_t, but stage "
                                       f"{self.engine.chunks[i].stage} reads delta_(t - tau) for tau up to {M - 1} "
                                       f"(accumulator='causal', tau_bkwd or tau_recomp > 0): continue it with "
