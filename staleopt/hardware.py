@@ -59,9 +59,9 @@ def pipeline_utilization(method, stages: int, microbatches: int = 1, total_steps
       ``pipemare``, ``pb``, ...): 1;
     * ``pipemare-w``: ``warmup_steps`` synchronous, the rest asynchronous,
       averaged by :func:`amortized_utilization` over ``total_steps``;
-    * ``pb-hybrid``: ``pipelined_steps`` at 1, the rest non-pipelined on the
-      ``2P - 1`` accelerators (one busy: ``1 / (2P - 1)``); equals
-      :func:`hybrid_speedup` ``/ (2P - 1)``.
+    * ``pb-hybrid``: ``pipelined_steps`` at 1, the rest synchronous on the
+      ``2P - 1`` accelerators, ``N / (N + 2P - 2)`` (at ``N = 1`` one busy,
+      ``1 / (2P - 1)``, and the average equals :func:`hybrid_speedup` ``/ (2P - 1)``).
 
     Phase lengths default to the method's correction (``Warmup.steps``,
     ``Hybrid.pipelined_steps``); ``total_steps`` (or epochs, in the same unit)

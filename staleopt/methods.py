@@ -11,6 +11,8 @@ names never disagree (``1f1b`` is both).
 """
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple, Union
@@ -139,14 +141,20 @@ def amortized_utilization(phases: Sequence[Tuple[float, float]]) -> float:
     return total / sum(n / u for n, u in phases if n > 0)
 
 
+def _check_phases(total_steps: float, phase_steps: float, name: str) -> None:
+    """``0 <= phase_steps <= total_steps``, ``total_steps`` positive and finite (else a ConfigError naming both)."""
+    if not (0 < total_steps < math.inf and 0 <= phase_steps <= total_steps):
+        raise ConfigError(f"need 0 <= {name} <= total_steps with total_steps positive and finite, got {phase_steps} "
+                          f"and {total_steps}")
+
+
 def hybrid_speedup(total_steps: float, pipelined_steps: float, stages: int) -> float:
     """Speedup of hybrid training over non-pipelined training on ``2K + 1`` accelerators (stale-weights §4).
 
     ``n / (n_p / (2K + 1) + (n - n_p))`` with ``n`` steps in all, the first
     ``n_p`` pipelined, and ``K = P - 1`` register pairs between ``P`` stages.
     """
-    if not 0 <= pipelined_steps <= total_steps:
-        raise ConfigError(f"need 0 <= pipelined_steps <= total_steps, got {pipelined_steps} and {total_steps}")
+    _check_phases(total_steps, pipelined_steps, "pipelined_steps")
     k = stages - 1
     return total_steps / (pipelined_steps / (2 * k + 1) + (total_steps - pipelined_steps))
 
@@ -324,9 +332,11 @@ class Pipeline:
         (``N / (N + P - 1)``) and the rest at the steady state, averaged by
         :func:`amortized_utilization` over ``total_steps``; with
         :class:`~staleopt.corrections.Hybrid`, ``pipelined_steps`` at the steady
-        state and the rest non-pipelined on the ``2P - 1`` accelerators (one busy):
-        :func:`hybrid_speedup` ``/ (2P - 1)``. Phase lengths default to the
-        correction's; ``total_steps`` (or epochs, in the same unit) is needed for phased methods.
+        state and the rest synchronous on the ``2P - 1`` accelerators, ``N / (N + 2P - 2)``
+        (its microbatches pipelined as the timeline runs them; at ``N = 1`` one busy, ``1 / (2P - 1)``,
+        and the average is :func:`hybrid_speedup` ``/ (2P - 1)``, stale-weights §4). Phase lengths default to
+        the correction's; ``total_steps`` (or epochs, in the same unit; positive and finite) is needed for
+        phased methods.
         """
         P, N = self.stages, self.microbatches
         steady = self.schedule.utilization(P, N)
@@ -339,8 +349,7 @@ class Pipeline:
                     raise ConfigError(f"{self.name}'s utilization is averaged over its synchronous warmup and the "
                                       f"rest of the run: pass total_steps= (and warmup_steps=, default {c.steps}; on "
                                       "the command line --total-steps and --warmup-steps)")
-                if not 0 <= n_w <= total_steps:
-                    raise ConfigError(f"need 0 <= warmup_steps <= total_steps, got {n_w} and {total_steps}")
+                _check_phases(total_steps, n_w, "warmup_steps")
                 return amortized_utilization([(n_w, Sync().utilization(P, N)), (total_steps - n_w, steady)])
             if isinstance(c, Hybrid):
                 n_p = c.pipelined_steps if pipelined_steps is None else pipelined_steps
@@ -348,7 +357,8 @@ class Pipeline:
                     raise ConfigError(f"{self.name}'s utilization is averaged over its pipelined and non-pipelined "
                                       f"phases: pass total_steps= (and pipelined_steps=, default {c.pipelined_steps}; "
                                       "on the command line --total-steps and --pipelined-steps)")
-                return hybrid_speedup(total_steps, n_p, P) / (2 * P - 1)
+                _check_phases(total_steps, n_p, "pipelined_steps")
+                return amortized_utilization([(n_p, steady), (total_steps - n_p, N / (N + 2 * P - 2))])
         return steady
 
     def in_flight(self) -> List[int]:

@@ -124,6 +124,21 @@ def test_hybrid_speedup_stale_weights_section_4():
     u = hardware.pipeline_utilization("pb-hybrid", P, 1, total_steps=n, pipelined_steps=n_p)
     assert u * (2 * P - 1) == pytest.approx(hardware.hybrid_speedup(n, n_p, P))
     assert u == pytest.approx(hardware.amortized_utilization([(n_p, 1.0), (n - n_p, 1 / (2 * P - 1))]))
+    with pytest.raises(ConfigError, match="positive and finite"):
+        hardware.pipeline_utilization("pb-hybrid", P, 1, total_steps=0, pipelined_steps=0)
+    with pytest.raises(ConfigError, match="positive and finite"):
+        hardware.pipeline_utilization("pipemare-w", P, 1, total_steps=math.inf)
+
+
+@pytest.mark.parametrize("P, N", [(3, 1), (3, 4), (4, 8)])
+def test_the_hybrids_synchronous_phase_is_priced_as_its_timeline_runs_it(P, N):
+    """With N microbatches the synchronous phase on 2P - 1 workers pipelines them, N / (N + 2P - 2), as the
+    executed timeline shows (it was priced 1 / (2P - 1) whatever N: 0.2 against 0.5 at P = 3, N = 4)."""
+    from staleopt.timeline import simulate
+    steps = 40
+    executed = simulate(methods.build("pb-hybrid", P, N, pipelined_steps=0), P, N, minibatches=steps).utilization
+    assert hardware.pipeline_utilization("pb-hybrid", P, N, total_steps=steps, pipelined_steps=0) == \
+        pytest.approx(executed)
 
 
 def test_time_to_accuracy_divides_by_utilization():

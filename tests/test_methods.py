@@ -61,7 +61,10 @@ def test_utilization_of_phased_methods():
         [(1000, sync), (3000, 1.0)])
     assert methods.build("pipemare-w", P, N, warmup_steps=0).utilization() == 1.0
     hybrid = methods.build("pb-hybrid", P, N)
-    assert hybrid.utilization(total_steps=3000) == methods.hybrid_speedup(3000, 1000, P) / (2 * P - 1)
+    assert hybrid.utilization(total_steps=3000) == methods.amortized_utilization(
+        [(1000, 1.0), (2000, N / (N + 2 * P - 2))])  # its synchronous phase pipelines the N microbatches
+    assert methods.build("pb-hybrid", P, 1).utilization(total_steps=3000) == pytest.approx(
+        methods.hybrid_speedup(3000, 1000, P) / (2 * P - 1))  # at N = 1 the stale-weights paper's speedup
     with pytest.raises(ConfigError, match="total_steps"):
         hybrid.utilization()
     assert hardware.amortized_utilization is methods.amortized_utilization
