@@ -800,6 +800,7 @@ class PipelineOptimizer(torch.optim.Optimizer):
             self._on_backward_start(None)
         self._seen.add("recompute")
         plan, inside = window.plan, window.views
+        self._fresh_casts()
         rewrite = self._history.load(plan.recompute_in(inside))  # (a history may hand back views it reloaded outside the window)
         if rewrite:
             with torch.no_grad():
@@ -815,6 +816,7 @@ class PipelineOptimizer(torch.optim.Optimizer):
     def _leave_recompute(self, window: RecomputeWindow) -> None:
         """The recomputation ended (or torch stopped it early): the backward views back into the parameters."""
         self._load(backward=True, plan=window.plan)
+        self._fresh_casts()
 
     def _restore(self) -> None:
         """Put ``w_t`` back into the parameters."""
@@ -859,10 +861,21 @@ class PipelineOptimizer(torch.optim.Optimizer):
             self._calls = []
             self._load(backward=False)
             self._autocast_outside = torch.is_autocast_enabled(self._device_type)
+            if self._autocast_outside:
+                torch.clear_autocast_cache()  # (_fresh_casts)
             self._in_forward = True
         else:
             self._in_forward = False
             self._restore()
+            self._fresh_casts()
+
+    def _fresh_casts(self) -> None:
+        """Inside an autocast region, drop autocast's cache of cast weights: it keys them by the Parameter and
+        keeps them to the end of the outermost region, so a forward (or a recomputation) after another in the
+        same region would multiply with the casts of the view the parameters held then (w_t for a training
+        forward after an eval one; microbatch j - 1's view for microbatch j)."""
+        if torch.is_autocast_enabled(self._device_type):
+            torch.clear_autocast_cache()
 
     def _drop_failed_pass(self) -> None:
         """The latest training forward, or the backward pass that began after it, raised before it ended (an

@@ -1,4 +1,5 @@
 """PipelineOptimizer with torch.amp: GradScaler on the wrapper, skipped steps, CPU bfloat16 autocast (issue 7)."""
+import contextlib
 import copy
 import math
 
@@ -168,3 +169,31 @@ def test_autocast_backward_reads_the_forward_view_documented_limit():
         a, _ = _autocast_run("dataflow", dtype=dtype, autocast=False)
         b, _ = _autocast_run("pipemare-stash", dtype=dtype, autocast=False)
         assert not torch.equal(_flat(a), _flat(b))
+
+
+@pytest.mark.parametrize("loop", ["eval-then-train", "microbatches"])
+def test_several_forwards_in_one_autocast_region_each_read_their_own_view(loop):
+    """autocast keeps its casts of the weights (keyed by the Parameter) to the end of the outermost region: a
+    training forward after an eval forward in the same region multiplied with w_t's casts, and microbatch 1 with
+    microbatch 0's view (pipedream is exact under autocast). One region per step equals one region per forward."""
+    def run(one_region):
+        model = mlp(dtype=torch.float32)
+        opt = staleopt.PipelineOptimizer(model, torch.optim.SGD(model.parameters(), lr=0.1), stages=STAGES,
+                                         schedule="pipedream", microbatches=2,
+                                         microbatch_passes=loop == "microbatches")
+        def forward(x):  # in a region of its own unless the step's region is open
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                return model(x)
+        for x, y in batches(5, seed=3, dtype=torch.float32):
+            opt.zero_grad()
+            with torch.autocast("cpu", dtype=torch.bfloat16) if one_region else contextlib.nullcontext():
+                for xc, yc in (zip(x.chunk(2), y.chunk(2)) if loop == "microbatches" else [(x, y)]):
+                    if loop == "eval-then-train":
+                        model.eval()
+                        with torch.no_grad():
+                            forward(xc)
+                        model.train()
+                    mse(forward(xc).float(), yc).backward()
+            opt.step()
+        return _flat(model)
+    assert torch.equal(run(one_region=True), run(one_region=False))
