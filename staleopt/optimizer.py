@@ -462,9 +462,17 @@ class PipelineOptimizer(torch.optim.Optimizer):
         self._base.add_param_group({**param_group, "params": params})
 
     def zero_grad(self, set_to_none: bool = True) -> None:
+        """The base optimizer's ``zero_grad``. Where no training forward waits for its backward, the passes of
+        the step so far are dropped with their gradients: the next forward is the step's first again (a step
+        run again after ``GradScaler`` skipped it, or microbatch 0 of ``microbatch_passes``); a ``zero_grad``
+        between a forward and its backward counts nothing."""
         self._check_attached()
         self._base.zero_grad(set_to_none=set_to_none)
-        self._passes = 0
+        counts = self._counts
+        if counts is None or counts[0] == counts[1]:
+            self._passes = 0
+            if counts is not None:
+                counts[0] = counts[1] = 0
 
     def lr_factor(self, stage: int) -> float:
         """The factor (T1) on the scheduler's lr for ``stage`` in the current step."""
