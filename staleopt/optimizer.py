@@ -462,17 +462,15 @@ class PipelineOptimizer(torch.optim.Optimizer):
         self._base.add_param_group({**param_group, "params": params})
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        """The base optimizer's ``zero_grad``. Where no training forward waits for its backward, the passes of
-        the step so far are dropped with their gradients: the next forward is the step's first again (a step
-        run again after ``GradScaler`` skipped it, or microbatch 0 of ``microbatch_passes``); a ``zero_grad``
-        between a forward and its backward counts nothing."""
+        """The base optimizer's ``zero_grad``; under ``microbatch_passes`` the next training forward is
+        microbatch 0 again (a step run again after ``GradScaler`` skipped it), except between a forward and its
+        backward. (The passes a step runs are counted across ``zero_grad``: a loop that runs two passes per
+        step, as SAM does, keeps both versions it reads.)"""
         self._check_attached()
         self._base.zero_grad(set_to_none=set_to_none)
         counts = self._counts
         if counts is None or counts[0] == counts[1]:
             self._passes = 0
-            if counts is not None:
-                counts[0] = counts[1] = 0
 
     def lr_factor(self, stage: int) -> float:
         """The factor (T1) on the scheduler's lr for ``stage`` in the current step."""
@@ -944,6 +942,18 @@ class PipelineOptimizer(torch.optim.Optimizer):
         except Exception:
             self._restore()
             raise
+        stage_of_unit = self._partition._unit_stages()
+        read = {stage_of_unit[u] for u in flow.first_use} | {r.stage for r in self._replicas.items}
+        idle = [s for s in self._partition if s.index not in read]
+        if idle:
+            P = self._partition.num_stages
+            warnings.warn(f"the first training forward read no weight of stage(s) "
+                          f"{', '.join(f'{s.index} ({s.modules})' for s in idle)}: the simulated pipeline still "
+                          f"counts them, so the stages that compute run with the delays of {P} stages "
+                          f"(tau_fwd = {self._max_delays[0]}) where {P - len(idle)} compute. If those modules "
+                          "never run in training (an unused head or pooler), freeze their parameters "
+                          "(requires_grad_(False)) or remove them before building the PipelineOptimizer",
+                          stacklevel=2)
 
     def _backward_views_differ(self) -> bool:
         plan = self._plan()

@@ -86,14 +86,27 @@ class _Segment:
                     b.copy_(s)
 
 
-def _group(layers: Sequence[Callable], segments: List[Tuple[int, int]],
-           stage_of: Dict[int, int]) -> List[Tuple[int, List[Callable]]]:
+def _stages(layer, stage_of: Dict[int, int], replica_stage: Dict[Tuple[int, str], int]) -> List[int]:
+    """The stages whose weights ``layer`` reads: each parameter's, or where a module reads a tied parameter
+    through its replica (:mod:`staleopt.replicas`, GPT-2's tied head), the replica's stage."""
+    found = set()
+    for m in _modules(layer):
+        for sub in m.modules():
+            for key, p in sub._parameters.items():
+                stage = replica_stage.get((id(sub), key), stage_of.get(id(p)) if p is not None else None)
+                if stage is not None:
+                    found.add(stage)
+    return sorted(found)
+
+
+def _group(layers: Sequence[Callable], segments: List[Tuple[int, int]], stage_of: Dict[int, int],
+           replica_stage: Optional[Dict[Tuple[int, str], int]] = None) -> List[Tuple[int, List[Callable]]]:
     """``(segment index, its layers)`` in order; raises unless the layers follow the segments."""
     segment_of = {i: k for k, (a, b) in enumerate(segments) for i in range(a, b + 1)}
     groups: List[Tuple[int, List[Callable]]] = []
     current, seen = 0, set()
     for n, layer in enumerate(layers):
-        stages = sorted({stage_of[id(p)] for m in _modules(layer) for p in m.parameters() if id(p) in stage_of})
+        stages = _stages(layer, stage_of, replica_stage or {})
         seen.update(stages)
         mine = sorted({segment_of[i] for i in stages})
         if len(mine) > 1:
@@ -144,7 +157,8 @@ def checkpoint_segments(opt: Optional[Any], layers: Sequence[Callable[[Any], Any
                               "'dataflow-recompute'")
         return run_layers(layers, x)
     stage_of = {id(p): s.index for s in partition for p in s.params}
-    for k, group in _group(layers, segments, stage_of):
+    replica_stage = {(id(r.module), r.key): r.stage for r in opt.replicas}
+    for k, group in _group(layers, segments, stage_of, replica_stage):
         buffers = list({id(b): b for layer in group for m in _modules(layer) for b in m.buffers()}.values())
         out = opt.checkpoint(_Segment(group, buffers), x, **kwargs)
         a, b = segments[k]

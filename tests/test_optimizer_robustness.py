@@ -293,3 +293,29 @@ def test_a_retried_pass_whose_version_minimal_memory_dropped_says_so():
         mse(model(x), y).backward()
     with pytest.raises(staleopt.errors.LoopError, match="backward raised.*memory='fast'"):
         model(x)
+
+
+def test_a_stage_whose_weights_the_forward_never_reads_is_warned_about():
+    """An unused module (a head, a pooler) made a stage of its own that no forward computes: the stages that
+    do ran with the delays of one stage more, silently."""
+    class WithAuxHead(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.aux_head, self.b = nn.Linear(5, 7), nn.Linear(7, 2), nn.Linear(7, 3)
+
+        def forward(self, x):
+            return self.b(torch.tanh(self.a(x)))
+    model = WithAuxHead().double()
+    opt = _opt(model)
+    x, y = batches(1)[0]
+    with pytest.warns(UserWarning, match=r"read no weight of stage\(s\) 1 \(\['aux_head'\]\).*3 stages.*2 compute"):
+        mse(model(x), y).backward()
+    opt.step()
+    model.aux_head.requires_grad_(False)  # the fix the warning names
+    fixed = staleopt.PipelineOptimizer(model, torch.optim.SGD(model.parameters(), lr=0.05), stages=2,
+                                       schedule="pipemare")
+    assert fixed.tau_fwd == [3, 1]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        mse(model(x), y).backward()
+    fixed.step()
