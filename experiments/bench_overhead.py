@@ -582,7 +582,10 @@ def minimum_bytes(opt: staleopt.PipelineOptimizer) -> int:
 class TorchCheckpoint:
     """:func:`~staleopt.segments.checkpoint_segments`' stand-in for the wrapper: the segments of
     ``schedule`` on ``partition``, each through torch's own non-reentrant checkpoint, whose
-    recomputation reads whatever the parameters hold then (``u_bkwd``: ``tau_recomp = tau_bkwd``)."""
+    recomputation reads whatever the parameters hold then (``u_bkwd``: ``tau_recomp = tau_bkwd``); no tied
+    weights held as replicas."""
+
+    replicas = ()
 
     def __init__(self, partition, schedule):
         self.partition, self.schedule = partition, schedule
