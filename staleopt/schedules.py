@@ -792,4 +792,6 @@ def get(name: str, **kwargs) -> Schedule:
     try:
         return _REGISTRY[name](**kwargs)
     except TypeError as e:
-        raise ScheduleError(f"bad arguments for schedule {name!r}: {e}") from None
+        extra = (" ('custom' takes its delays: schedules.get('custom', tau_fwd=[...], tau_bkwd=[...]) in Python; it "
+                 "has no pipeline, so no timeline or hardware model)" if name == "custom" else "")
+        raise ScheduleError(f"bad arguments for schedule {name!r}: {e}{extra}") from None

@@ -33,3 +33,32 @@ def check_int(name: str, value, minimum: Optional[int] = None, maximum: Optional
         raise error(f"{name} = {value!r} must be an int{bounds}" + (" or None" if optional else "")
                     + (f" ({why})" if why else ""))
     return int(value)
+
+
+def output_dir(path: str, flag: str = "--out") -> str:
+    """``path`` as a folder to write into (made if missing), or a :class:`ConfigError` naming ``flag``."""
+    import os
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise ConfigError(f"{flag} {path!r} is a file, not a folder: give a folder to write into")
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as e:
+        raise ConfigError(f"{flag} {path!r}: cannot make that folder ({e.strerror or e}); give a writable one") from None
+    return path
+
+
+def output_image(path: str, flag: str = "--out") -> str:
+    """``path`` as an image file matplotlib can write (a known suffix, in an existing folder), or a
+    :class:`ConfigError` naming ``flag`` (checked before any work, so nothing computed is lost)."""
+    import os
+
+    from matplotlib.figure import Figure
+    kinds = Figure().canvas.get_supported_filetypes()
+    suffix = os.path.splitext(path)[1].lstrip(".").lower()
+    if suffix not in kinds:
+        raise ConfigError(f"{flag} {path!r}: the suffix names the image format; use one of "
+                          f"{', '.join('.' + k for k in sorted(kinds))} (e.g. fig.png)")
+    folder = os.path.dirname(path) or "."
+    if not os.path.isdir(folder):
+        raise ConfigError(f"{flag} {path!r}: the folder {folder!r} does not exist (or is a file); make it first")
+    return path

@@ -1,5 +1,6 @@
 """The analytic hardware model against PipeMare Table 2, hand counts and the executed timelines (docs/design.md §5)."""
 import math
+import re
 from fractions import Fraction
 
 import pytest
@@ -316,3 +317,26 @@ def test_total_memory_with_activations_reverses_the_weights_only_order():
     assert rep["pipemare"].total_ratio_to_gpipe > 1.5 * rep["pipedream"].total_ratio_to_gpipe
     assert rep["gpipe"].total_ratio_to_gpipe == 1.0 and rep["gpipe"].gpipe_total_bytes == rep["gpipe"].total_bytes
     assert hardware.memory_report(model, "pipemare", 39, 8).total_ratio_to_gpipe is None  # no activations given
+
+
+def test_command_line_output_and_argument_mistakes_are_one_line_errors(tmp_path, capsys):
+    """Each was a traceback (FileExistsError, NotADirectoryError, matplotlib's ValueError after the diagram was
+    printed, ZeroDivisionError) or silently dropped --method."""
+    from staleopt.cli import main
+    a_file = tmp_path / "a_file"
+    a_file.write_text("")
+    cases = [
+        (["hardware", "--model", "mlp", "--method", "pipemare", "--compare", "gpipe", "--stages", "2"], "not both"),
+        (["hardware", "--model", "mlp", "--method", "pipemare", "--stages", "2", "--out", str(a_file)], "is a file"),
+        (["hardware", "--model", "mlp", "--method", "pb-hybrid", "--stages", "2", "--total-steps", "0",
+          "--pipelined-steps", "0"], "positive and finite"),
+        (["timeline", "--method", "dataflow", "--out", str(a_file / "x.png")], "does not exist"),
+        (["timeline", "--method", "dataflow", "--out", str(tmp_path / "x.unknownext")], "suffix names the image"),
+        (["timeline", "--method", "custom"], "tau_fwd=\\[...\\]"),
+        (["theory", "--out", str(a_file)], "is a file"),
+        (["theory", "--out", str(tmp_path / "th"), "--dpi", "0"], "--dpi = 0"),
+    ]
+    for argv, message in cases:
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert re.search(message, err) and "Traceback" not in err, (argv, err)

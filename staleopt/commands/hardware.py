@@ -13,7 +13,7 @@ from ..hardware import activation_sizes, memory_report
 from ..methods import build
 from ..partition import partition_model
 from ..plot import plot_hardware_sweep
-from ..validate import check_int
+from ..validate import check_int, output_dir
 
 __all__ = ["register", "run"]
 
@@ -152,6 +152,11 @@ def format_table(rows, model_name: str = "model") -> str:
 def run(args) -> int:
     if not args.method and not args.compare:
         raise ConfigError("give --method NAME or --compare NAME,NAME,...")
+    if args.method and args.compare:
+        raise ConfigError(f"give --method {args.method} or --compare {args.compare}, not both (one method: "
+                          "--method; several side by side: --compare, which may include it)")
+    if args.out:
+        output_dir(args.out)
     methods = [m.strip() for m in (args.compare or args.method).split(",") if m.strip()]
     stages_list = _stages(args.stages)
     kwargs = {} if args.num_classes is None else {"num_classes": args.num_classes}
@@ -166,7 +171,6 @@ def run(args) -> int:
         print("(weights, gradients, optimizer state and correction buffers only: --microbatch-size B adds the "
               "activations in flight, which often decide the order of the methods)")
     if args.out:
-        os.makedirs(args.out, exist_ok=True)
         path = os.path.join(args.out, "hardware.csv")
         with open(path, "w", newline="") as f:
             writer = csv.DictWriter(f, fieldnames=list(rows[0]))

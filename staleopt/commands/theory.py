@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import argparse
 
+from ..validate import check_int, output_dir
+
 __all__ = ["register", "run"]
 
 _FIGURES = ["5a", "5b", "6a", "6b", "10", "16", "all"]
@@ -37,6 +39,8 @@ def register(subparsers) -> None:
 def run(args) -> int:
     from ..plot.theory import write_figures
 
+    check_int("--dpi", args.dpi, 1, why="dots per inch of the PNG files")
+    output_dir(args.out)
     for path in write_figures(args.figure, args.out, dpi=args.dpi):
         print(path)
     return 0

@@ -5,6 +5,7 @@ import argparse
 
 from ..plot import plot_timeline
 from ..timeline import simulate
+from ..validate import output_image
 
 __all__ = ["register", "run"]
 
@@ -38,6 +39,8 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
+    if args.out:
+        output_image(args.out)
     tl = simulate(args.method, args.stages, args.microbatches, args.minibatches)
     print(tl.ascii(versions=args.versions))
     print()
