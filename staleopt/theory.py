@@ -121,7 +121,13 @@ def _system(lr, curvature, tau_fwd, tau_bkwd, delta, momentum, correction_decay,
         tr = tb
     else:
         tr = _delay("tau_recomp", tau_recomp)
+        if not (tr == tb or min(tb, tf) <= tr <= max(tb, tf)):
+            raise ConfigError(f"tau_recomp={tr} must lie between tau_bkwd={tb} and tau_fwd={tf} (a recomputation "
+                              "happens after the forward pass and before the backward pass, PipeMare App. D.1)")
     alpha, lam, dlt, phi, beta = float(lr), float(curvature), float(delta), float(phi), float(momentum)
+    if not all(map(math.isfinite, (alpha, lam, dlt, phi, beta))):
+        raise ConfigError(f"lr, curvature, delta, phi and momentum must be finite numbers, got {lr!r}, "
+                          f"{curvature!r}, {delta!r}, {phi!r}, {momentum!r}")
     causal = check_accumulator(t2_accumulator) == "causal"
     corrected = correction_decay is not None and tf > tb
     gamma = t2_gamma(correction_decay, tf, tb) if corrected else None
@@ -219,6 +225,7 @@ def max_stable_lr(curvature: float, tau_fwd: int, tau_bkwd: Optional[int] = None
                           "(a direction with curvature <= 0 puts no bound on the step size)")
     check_int("grid", grid, 2)
     args = (curvature, tau_fwd, tau_bkwd, delta, momentum, correction_decay, tau_recomp, phi)
+    _system(1.0, *args, t2_accumulator=t2_accumulator, nesterov=nesterov)  # (checks the arguments first)
 
     def stable(lr):
         return spectral_radius(lr, *args, t2_accumulator=t2_accumulator, nesterov=nesterov) < 1.0
@@ -253,9 +260,13 @@ def lemma1_bound(curvature, tau):
     """PipeMare Lemma 1 (§3.1): delayed SGD is stable iff ``0 < alpha < (2/lam) sin(pi/(4 tau + 2))``.
 
     Tight: at this step size a root of eq. 3 reaches the unit circle at
-    ``exp(i pi/(2 tau + 1))`` (App. B). Accepts numpy arrays.
+    ``exp(i pi/(2 tau + 1))`` (App. B). Accepts numpy arrays (curvatures > 0, delays >= 0).
     """
-    return 2.0 / np.asarray(curvature, dtype=float) * np.sin(np.pi / (4.0 * np.asarray(tau, dtype=float) + 2.0))
+    lam, tau = np.asarray(curvature, dtype=float), np.asarray(tau, dtype=float)
+    if not (np.all(lam > 0) and np.all(np.isfinite(lam))) or not (np.all(tau >= 0) and np.all(np.isfinite(tau))):
+        raise ConfigError(f"the bound needs curvature > 0 (finite) and delays tau >= 0, got curvature={curvature!r}, "
+                          f"tau={tau.tolist()!r}")
+    return 2.0 / lam * np.sin(np.pi / (4.0 * tau + 2.0))
 
 
 def lemma2_bound(curvature: float, tau_fwd: int, tau_bkwd: int, delta: float) -> float:

@@ -291,3 +291,17 @@ def test_theory_cli_writes_png(tmp_path):
     from staleopt.plot.theory import write_figures
     with pytest.raises(ConfigError, match="unknown theory figure"):
         write_figures(["7"], str(tmp_path))
+
+
+def test_bad_theory_inputs_are_config_errors():
+    """They were a ZeroDivisionError (a negative delay in max_stable_lr), negative 'bounds' (lemma 1 and 2 with a
+    negative delay or curvature), a LinAlgError (a NaN step size) and an accepted tau_recomp > tau_fwd."""
+    calls = [lambda: T.max_stable_lr(1.0, -1), lambda: T.lemma1_bound(1.0, -1),
+             lambda: T.lemma1_bound(-1.0, 3), lambda: T.lemma2_bound(-1.0, 3, 1, 1.0),
+             lambda: T.lemma3_bound([1.0, 2.0], [3, -2]),
+             lambda: T.max_stable_lr(1, 3, 1, delta=2, tau_recomp=5, phi=1),
+             lambda: T.spectral_radius(float("nan"), 1, 2)]
+    for call in calls:
+        with pytest.raises(ConfigError):
+            call()
+    assert T.lemma1_bound([1.0, 2.0], [0, 3]).shape == (2,)
