@@ -34,7 +34,7 @@ import torch
 from torch import nn
 
 from . import methods
-from .corrections import DelayCompensation, GapAware, NesterovLookahead
+from .corrections import DelayCompensation, GapAware, Hybrid, NesterovLookahead, Warmup
 from .errors import ConfigError
 from .methods import amortized_utilization, hybrid_speedup
 from .partition import Partition, partition_model
@@ -75,10 +75,17 @@ def time_to_accuracy(steps_to_target: float, method, stages: int, microbatches: 
 
     Throughput is proportional to utilization (PipeMare §2), so a method that
     needs ``steps_to_target`` optimizer steps takes ``steps / Util`` (App. A,
-    "time-to-accuracy"). For phased methods ``total_steps`` defaults to ``steps_to_target``.
+    "time-to-accuracy"). For phased methods ``total_steps`` defaults to ``steps_to_target``, and then a phase
+    length left to the method's default is cut at it (a default warmup longer than the run covers all of it, as
+    :func:`staleopt.speedup.pipeline_time` cuts them).
     """
     if "total_steps" not in phase_args:
         phase_args["total_steps"] = steps_to_target
+        for c in methods.build(method, stages, microbatches).corrections:
+            if isinstance(c, Warmup):
+                phase_args.setdefault("warmup_steps", min(c.steps, steps_to_target))
+            if isinstance(c, Hybrid):
+                phase_args.setdefault("pipelined_steps", min(c.pipelined_steps, steps_to_target))
     return steps_to_target / pipeline_utilization(method, stages, microbatches, **phase_args)
 
 

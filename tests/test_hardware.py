@@ -340,3 +340,12 @@ def test_command_line_output_and_argument_mistakes_are_one_line_errors(tmp_path,
         assert main(argv) == 2, argv
         err = capsys.readouterr().err
         assert re.search(message, err) and "Traceback" not in err, (argv, err)
+
+
+def test_time_to_accuracy_cuts_a_default_phase_at_the_run():
+    """A run shorter than the method's default warmup (1000 steps) was refused with an error about that default;
+    now as speedup.pipeline_time: the warmup covers the whole run."""
+    from staleopt import speedup
+    for method in ("pipemare-w", "pb-hybrid"):
+        assert hardware.time_to_accuracy(100, method, 4, 1) == speedup.pipeline_time(100, method, 4, 1)
+    assert hardware.time_to_accuracy(100, "pipemare-w", 4, 1) == pytest.approx(100 * 4)  # all synchronous, N = 1
