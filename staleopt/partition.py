@@ -41,6 +41,7 @@ from typing import Any, Dict, FrozenSet, List, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import nn
+from torch.nn.utils import parametrize
 
 from ._torch_compat import flatten, sequence_nr
 from .errors import SharedParameterError, StageError, StageOrderError
@@ -107,19 +108,40 @@ class SharedParameter:
                 + ", ".join(f"{where} (stage {stage})" for where, stage in self.uses))
 
 
+def _owner(name: str, module: nn.Module) -> str:
+    """The name of the module whose unit holds ``module``'s own parameters: itself, or for a parametrization
+    (``X.parametrizations.weight``) the module ``X`` it parametrizes."""
+    if isinstance(module, parametrize.ParametrizationList):
+        return name.rpartition("parametrizations.")[0].rstrip(".")
+    return name
+
+
 def units_of(model: nn.Module) -> List[Unit]:
-    """The model's parametrized operators in registration order (tied and frozen parameters handled)."""
+    """The model's parametrized operators in registration order (tied and frozen parameters handled). The
+    parameters of a torch parametrization (``weight_norm``, ``spectral_norm``: ``X.parametrizations.weight``'s
+    ``original0``, ...) belong to the unit of the module ``X`` they parametrize, with its own ones."""
     seen = set()
-    units = []
+    units: List[Unit] = []
+    at: Dict[str, int] = {}  # module name -> its unit's index
     for name, module in model.named_modules():
         own = []
         for key, p in module.named_parameters(recurse=False):
             if p.requires_grad and id(p) not in seen:
                 seen.add(id(p))
                 own.append((key, p))
-        if own:
-            units.append(Unit(name or "<root>", type(module).__name__, tuple(p for _, p in own),
-                              tuple(k for k, _ in own)))
+        if not own:
+            continue
+        owner = _owner(name, module)
+        prefix = "" if owner == name else (name[len(owner) + 1:] if owner else name) + "."
+        if owner != name:
+            name, module = owner, model.get_submodule(owner)
+        keys = tuple(prefix + k for k, _ in own)
+        if name in at:
+            u = units[at[name]]
+            units[at[name]] = Unit(u.name, u.module_type, u.params + tuple(p for _, p in own), u.param_names + keys)
+        else:
+            at[name] = len(units)
+            units.append(Unit(name or "<root>", type(module).__name__, tuple(p for _, p in own), keys))
     return units
 
 
@@ -366,8 +388,8 @@ def foreign_registrations(model: nn.Module, stages: Sequence[Stage]) -> List[Reg
     by_name = {u.name: u for s in stages for u in s.units}
     found, anchor = [], None
     for name, module in model.named_modules(remove_duplicate=False):
+        mine = by_name.get(_owner(name, module) or "<root>")
         name = name or "<root>"
-        mine = by_name.get(name)
         if mine is not None and any(p is q for q in module.parameters(recurse=False) for p in mine.params):
             anchor = mine
         else:

@@ -194,3 +194,35 @@ def test_dataflow_sees_cast_weights():
         out = model(torch.randn(2, 3))
     assert dataflow(out, units_of(model)).copied == {0, 1}
     assert not dataflow(model(torch.randn(2, 3)), units_of(model)).copied
+
+
+@pytest.mark.filterwarnings("error")
+def test_a_parametrized_modules_parameters_are_one_unit_with_its_own():
+    """weight_norm's originals (X.parametrizations.weight.original0/1) and X's bias: one unit (they were two,
+    bias first, so the default partition raised a StageOrderError and a layer's weight and bias could land in
+    different stages)."""
+    from torch.nn.utils.parametrizations import weight_norm
+    import copy
+
+    import staleopt
+    from staleopt.partition import param_name
+    torch.manual_seed(0)
+    model = nn.Sequential(weight_norm(nn.Linear(4, 4)), nn.Tanh(), weight_norm(nn.Linear(4, 4, bias=False)))
+    units = units_of(model)
+    assert [u.name for u in units] == ["0", "2"]
+    assert units[0].param_names == ("bias", "parametrizations.weight.original0", "parametrizations.weight.original1")
+    assert units[1].param_names == ("parametrizations.weight.original0", "parametrizations.weight.original1")
+    assert all(dict(model.named_parameters())[param_name(u, j)] is p
+               for u in units for j, p in enumerate(u.params))
+    twin = copy.deepcopy(model)
+    opt = staleopt.PipelineOptimizer(model, torch.optim.SGD(model.parameters(), lr=0.1), stages="max",
+                                     schedule="sync")
+    plain = torch.optim.SGD(twin.parameters(), lr=0.1)
+    x = torch.randn(8, 4)
+    for m, o in ((model, opt), (twin, plain)):
+        for _ in range(3):
+            o.zero_grad()
+            m(x).pow(2).mean().backward()
+            o.step()
+    assert opt.partition.num_stages == 2 and not opt.replicas  # (the parametrization is not a second owner)
+    assert all(torch.equal(a, b) for a, b in zip(model.parameters(), twin.parameters()))
