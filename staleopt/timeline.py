@@ -360,9 +360,12 @@ class Timeline:
                 rows.append(f"    tau_recomp[i][j] = {[list(r) for r in self.tau_recomp_microbatch]}")
         rows += [f"  utilization: steady state {self.steady_state_utilization:.4f}, "
                  f"this run {self.utilization:.4f} ({self.slots} slots)",
-                 f"  peak in-flight microbatches per stage = {self.peak_in_flight}",
-                 *([f"  peak cached inputs per stage = {self.peak_cached_inputs}"] if any(self._recomputed) else []),
-                 f"  peak weight versions per stage = {self.peak_versions}"]
+                 f"  peak in-flight microbatches per stage in this run = {self.peak_in_flight}",
+                 *([f"  peak cached inputs per stage in this run = {self.peak_cached_inputs}"]
+                   if any(self._recomputed) else []),
+                 f"  peak weight versions per stage in this run = {self.peak_versions}",
+                 "  (the delays are the steady state's; a run of a few minibatches may not reach its peaks: "
+                 "more minibatches, or staleopt hardware, give the steady state's)"]
         return "\n".join(rows)
 
 
