@@ -373,7 +373,8 @@ def _cifar(name: str, root=None, download=False, augment=True, verify=True) -> D
         raise DataError(
             f"{name} not found: {folder} lacks {missing}. Put the extracted python version of "
             f"the dataset there ({base.url} unpacks to {CIFAR_FOLDERS[name]}/), set $STALEOPT_DATA "
-            f"to the folder that holds it (or pass root= in Python), or pass download=True (--download on the command line).")
+            f"to the folder that holds it (or pass root= in Python), or pass download=True (--download on the "
+            "command line).")
     if missing:
         try:
             download_and_extract_archive(base.url, str(root), filename=base.filename, md5=base.tgz_md5)

@@ -12,7 +12,6 @@ names never disagree (``1f1b`` is both).
 from __future__ import annotations
 
 import math
-
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple, Union

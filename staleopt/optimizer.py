@@ -867,8 +867,7 @@ class PipelineOptimizer(torch.optim.Optimizer):
             self._calls = []
             self._load(backward=False)
             self._autocast_outside = torch.is_autocast_enabled(self._device_type)
-            if self._autocast_outside:
-                torch.clear_autocast_cache()  # (_fresh_casts)
+            self._fresh_casts()
             self._in_forward = True
         else:
             self._in_forward = False

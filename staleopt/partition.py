@@ -132,16 +132,17 @@ def units_of(model: nn.Module) -> List[Unit]:
         if not own:
             continue
         owner = _owner(name, module)
-        prefix = "" if owner == name else (name[len(owner) + 1:] if owner else name) + "."
-        if owner != name:
+        if owner != name:  # a parametrization: its parameters join the unit of the module it parametrizes
+            prefix = name[len(owner) + 1:] if owner else name
+            own = [(f"{prefix}.{k}", p) for k, p in own]
             name, module = owner, model.get_submodule(owner)
-        keys = tuple(prefix + k for k, _ in own)
+        params, keys = tuple(p for _, p in own), tuple(k for k, _ in own)
         if name in at:
             u = units[at[name]]
-            units[at[name]] = Unit(u.name, u.module_type, u.params + tuple(p for _, p in own), u.param_names + keys)
+            units[at[name]] = Unit(u.name, u.module_type, u.params + params, u.param_names + keys)
         else:
             at[name] = len(units)
-            units.append(Unit(name or "<root>", type(module).__name__, tuple(p for _, p in own), keys))
+            units.append(Unit(name or "<root>", type(module).__name__, params, keys))
     return units
 
 

@@ -227,11 +227,14 @@ def _check_output(out, y, data, model: str) -> None:
                       "integer sequence targets)")
 
 
+def _mse_loss(out, y, reduction: str = "mean"):
+    """Mean squared error of each sample's values, flattened (an output of shape ``(B, 1)`` against scalar
+    targets ``(B,)``)."""
+    return F.mse_loss(out.reshape(len(out), -1), y.reshape(len(y), -1), reduction=reduction)
+
+
 def _criterion(task: str):
-    """The training loss of ``task``; regression compares each sample's values flattened (an output of shape
-    ``(B, 1)`` against scalar targets ``(B,)``)."""
-    return {"classification": F.cross_entropy, "lm": _lm_loss}.get(
-        task, lambda out, y, reduction="mean": F.mse_loss(out.reshape(len(out), -1), y.reshape(len(y), -1), reduction=reduction))
+    return {"classification": F.cross_entropy, "lm": _lm_loss}.get(task, _mse_loss)
 
 
 def _ppl(loss: float) -> float:
@@ -259,7 +262,7 @@ def _evaluate(model, data, device, name: str) -> Dict[str, float]:
             loss_sum += _lm_loss(out, y, reduction="sum").item()
             correct += (out.argmax(-1) == y).sum().item()
         else:
-            loss_sum += _criterion(task)(out, y, reduction="sum").item() / out[0].numel()
+            loss_sum += _mse_loss(out, y, reduction="sum").item() / out[0].numel()
         n += y.numel() if task == "lm" else len(x)
     model.train()
     loss = loss_sum / n

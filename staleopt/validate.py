@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import numbers
+import os
 from typing import Optional, Type
 
 from .errors import ConfigError, StaleoptError
@@ -37,21 +38,19 @@ def check_int(name: str, value, minimum: Optional[int] = None, maximum: Optional
 
 def output_dir(path: str, flag: str = "--out") -> str:
     """``path`` as a folder to write into (made if missing), or a :class:`ConfigError` naming ``flag``."""
-    import os
     if os.path.exists(path) and not os.path.isdir(path):
         raise ConfigError(f"{flag} {path!r} is a file, not a folder: give a folder to write into")
     try:
         os.makedirs(path, exist_ok=True)
     except OSError as e:
-        raise ConfigError(f"{flag} {path!r}: cannot make that folder ({e.strerror or e}); give a writable one") from None
+        raise ConfigError(f"{flag} {path!r}: cannot make that folder ({e.strerror or e}); give a writable "
+                          "one") from None
     return path
 
 
 def output_image(path: str, flag: str = "--out") -> str:
     """``path`` as an image file matplotlib can write (a known suffix, in an existing folder), or a
     :class:`ConfigError` naming ``flag`` (checked before any work, so nothing computed is lost)."""
-    import os
-
     from matplotlib.figure import Figure
     kinds = Figure().canvas.get_supported_filetypes()
     suffix = os.path.splitext(path)[1].lstrip(".").lower()
