@@ -299,9 +299,9 @@ class PipelineOptimizer(torch.optim.Optimizer):
         replicas = []
         if shared_parameters == "replicate":
             replicas, refused = plan_replicas(model, user_partition)
-            refuse_shared(refused)
+            refuse_shared(refused, user_partition)
         elif shared_parameters == "error":
-            refuse_shared(user_partition.shared)
+            refuse_shared(user_partition.shared, user_partition)
         self._replicas = Replicas(user_partition, replicas)
         if replicas:
             refuse_with_replicas(self._corrections)

@@ -116,14 +116,28 @@ def _owner(name: str, module: nn.Module) -> str:
     return name
 
 
-def units_of(model: nn.Module) -> List[Unit]:
-    """The model's parametrized operators in registration order (tied and frozen parameters handled). The
+def _modules_in_order(model: nn.Module, order: Sequence[str] = (), remove_duplicate: bool = True):
+    """``model.named_modules()``: given ``order`` (:attr:`Partition.module_order`, the modules an example forward
+    called, first call first), those modules in that order, then the others in registration order."""
+    named = list(model.named_modules(remove_duplicate=remove_duplicate))
+    if not order:
+        return named
+    rank = {name: i for i, name in enumerate(order)}
+    first: Dict[int, float] = {}  # a module object -> the rank of its first name
+    for name, module in model.named_modules():
+        first.setdefault(id(module), rank.get(name, math.inf))
+    return sorted(named, key=lambda nm: first[id(nm[1])])  # (stable: ties keep registration order)
+
+
+def units_of(model: nn.Module, order: Sequence[str] = ()) -> List[Unit]:
+    """The model's parametrized operators in registration order, or in ``order`` (:func:`_modules_in_order`),
+    tied and frozen parameters handled: a parameter registered by several modules belongs to the first. The
     parameters of a torch parametrization (``weight_norm``, ``spectral_norm``: ``X.parametrizations.weight``'s
     ``original0``, ...) belong to the unit of the module ``X`` they parametrize, with its own ones."""
     seen = set()
     units: List[Unit] = []
     at: Dict[str, int] = {}  # module name -> its unit's index
-    for name, module in model.named_modules():
+    for name, module in _modules_in_order(model, order):
         own = []
         for key, p in module.named_parameters(recurse=False):
             if p.requires_grad and id(p) not in seen:
@@ -262,6 +276,9 @@ class Partition:
     #: the engine's partition only: the :class:`~staleopt.replicas.Replica` of each tied parameter a later stage
     #: registers, one unit at the end of that stage (:mod:`staleopt.replicas`)
     replicas: List[Any] = field(default_factory=list, repr=False)
+    #: the modules ``partition_model``'s example forward called, first call first (empty: none ran, and tied
+    #: parameters belong to their first registration, extra registrations sit by registration order)
+    module_order: Tuple[str, ...] = field(default=(), repr=False)
 
     def __len__(self) -> int:
         return len(self.stages)
@@ -325,7 +342,7 @@ class Partition:
                 f"in the pipeline. Order the units by execution: stages=staleopt.partition_model(model, "
                 f"{self.num_stages}, example_input=x) (or register the modules in the order forward runs them)")
         if shared_parameters != "first-owner":
-            refuse_shared(self.shared_in(flow))
+            refuse_shared(self.shared_in(flow), self)
 
     def __repr__(self) -> str:
         rows = [("stage", "units", "modules", "params", "bytes")]
@@ -348,9 +365,15 @@ def param_name(unit: Unit, j: int) -> str:
     return f"{unit.name}.{unit.param_names[j]}" if unit.param_names else f"{unit.name}[{j}]"
 
 
-def refuse_shared(shared: Sequence[SharedParameter]) -> None:
-    """Raise :class:`SharedParameterError` naming ``shared`` (if any) and the ways out."""
+def refuse_shared(shared: Sequence[SharedParameter], partition: Optional["Partition"] = None) -> None:
+    """Raise :class:`SharedParameterError` naming ``shared`` (if any) and the ways out (for ``partition``, made in
+    registration order, also ordering it by execution)."""
     if shared:
+        by_execution = "" if partition is None or partition.module_order else (
+            ". If the module that registers the tied weight first runs after its other users (an output layer "
+            "registered before the embedding), order the partition by execution: stages=staleopt.partition_model("
+            f"model, {partition.num_stages}, example_input=x) makes the first module the forward calls its owner "
+            "and gives the others replicas")
         raise SharedParameterError(
             f"{len(shared)} trainable parameter(s) are used by more than one stage: {'; '.join(map(str, shared))}. "
             "A real pipeline holds a copy of such a weight on every stage that uses it, each read at its own "
@@ -360,7 +383,7 @@ def refuse_shared(shared: Sequence[SharedParameter]) -> None:
             "versions. Register a separate module per use whose weight is the tied one (self.head.weight = "
             "self.tok.weight), put every use in one stage (explicit cut points: stages=staleopt.partition_model("
             "model, [cuts])), untie it (Hugging Face models: config.tie_word_embeddings=False), or accept the "
-            "owner's delay at every use with PipelineOptimizer(..., shared_parameters='first-owner')")
+            "owner's delay at every use with PipelineOptimizer(..., shared_parameters='first-owner')" + by_execution)
 
 
 @dataclass(frozen=True)
@@ -380,15 +403,16 @@ class Registration:
         return self.unit.params[self.j]
 
 
-def foreign_registrations(model: nn.Module, stages: Sequence[Stage]) -> List[Registration]:
+def foreign_registrations(model: nn.Module, stages: Sequence[Stage], order: Sequence[str] = ()) -> List[Registration]:
     """Every registration of a trainable parameter by a module (or a second registration of a module) in another
     stage than the unit that owns it: such a module sits in the stage of its own unit, else of the last unit
-    registered before it (registration order, as the partition's)."""
+    before it in the partition's module order (``order``, :attr:`Partition.module_order`; else registration
+    order)."""
     owner = {id(p): (u, j) for s in stages for u in s.units for j, p in enumerate(u.params)}
     stage_of = {id(u): s.index for s in stages for u in s.units}
     by_name = {u.name: u for s in stages for u in s.units}
     found, anchor = [], None
-    for name, module in model.named_modules(remove_duplicate=False):
+    for name, module in _modules_in_order(model, order, remove_duplicate=False):
         mine = by_name.get(_owner(name, module) or "<root>")
         name = name or "<root>"
         if mine is not None and any(p is q for q in module.parameters(recurse=False) for p in mine.params):
@@ -403,12 +427,12 @@ def foreign_registrations(model: nn.Module, stages: Sequence[Stage]) -> List[Reg
     return found
 
 
-def registered_shared(model: nn.Module, stages: Sequence[Stage]) -> List[SharedParameter]:
+def registered_shared(model: nn.Module, stages: Sequence[Stage], order: Sequence[str] = ()) -> List[SharedParameter]:
     """The parameters :func:`foreign_registrations` finds, each with the places that register it."""
     stage_of = {id(u): s.index for s in stages for u in s.units}
     uses: Dict[Tuple[int, int], Dict[str, int]] = {}
     units: Dict[Tuple[int, int], Tuple[Unit, int]] = {}
-    for r in foreign_registrations(model, stages):
+    for r in foreign_registrations(model, stages, order):
         uses.setdefault((id(r.unit), r.j), {})[repr(r.name)] = r.stage
         units[(id(r.unit), r.j)] = (r.unit, r.j)
     return [SharedParameter(param_name(*units[k]), stage_of[k[0]], tuple(where.items())) for k, where in uses.items()]
@@ -425,17 +449,28 @@ def execution_order(model: nn.Module, units: Sequence[Unit], example_input: Any)
     return [units[i] for i in order]
 
 
-def _probe(model: nn.Module, units: Sequence[Unit], example_input: Any) -> Dataflow:
-    """The :class:`Dataflow` of one forward pass on ``example_input`` in eval mode, grad enabled."""
+def _run_example(model: nn.Module, example_input: Any) -> Tuple[Any, Tuple[str, ...]]:
+    """One forward pass on ``example_input`` in eval mode, grad enabled: its outputs, and the names of the
+    modules it called, first call first (:attr:`Partition.module_order`)."""
     args = example_input if isinstance(example_input, tuple) else (example_input,)
+    names = {id(m): n for n, m in model.named_modules()}
+    called: Dict[int, None] = {}
+    hooks = [m.register_forward_pre_hook(lambda m, a: called.setdefault(id(m))) for m in model.modules()]
     modes = [(m, m.training) for m in model.modules()]
     model.eval()
     try:
         with torch.enable_grad():
-            return dataflow(model(*args), units)
+            return model(*args), tuple(names[k] for k in called)
     finally:
+        for h in hooks:
+            h.remove()
         for m, training in modes:
             m.training = training
+
+
+def _probe(model: nn.Module, units: Sequence[Unit], example_input: Any) -> Dataflow:
+    """The :class:`Dataflow` of one forward pass on ``example_input`` in eval mode, grad enabled."""
+    return dataflow(_run_example(model, example_input)[0], units)
 
 
 def partition_model(model: nn.Module, stages: Union[int, str, Sequence[int]], strategy: str = "ops",
@@ -446,14 +481,20 @@ def partition_model(model: nn.Module, stages: Union[int, str, Sequence[int]], st
     parametrized operator, as in :func:`staleopt.compare` and sweep files), or a list of
     cut points (unit indices where stages 1..P-1 begin, strictly increasing). Units are in
     registration order, or, given ``example_input`` (a tensor or a tuple of forward
-    arguments), in the order one forward pass on it first uses them (:func:`execution_order`).
+    arguments), in the order one forward pass on it first uses them (:func:`execution_order`); then a
+    parameter several modules register (tied weights) belongs to the first of them the pass calls, and
+    the others read a replica in their own stage (:mod:`staleopt.replicas`), whatever their
+    registration order.
     :attr:`Partition.shared` lists the parameters a stage other than their owner's uses (from the
     registrations, and from that forward pass).
     """
     units = units_of(model)
     used_late = frozenset()  # (a, b, j) of Dataflow.shared, as indices into the (reordered) units
+    module_order: Tuple[str, ...] = ()
     if example_input is not None and units:
-        flow = _probe(model, units, example_input)
+        outputs, module_order = _run_example(model, example_input)
+        units = units_of(model, module_order)
+        flow = dataflow(outputs, units)
         order = sorted(range(len(units)), key=lambda i: (flow.first_use.get(i, math.inf), i))
         position = {old: new for new, old in enumerate(order)}
         units = [units[i] for i in order]
@@ -486,8 +527,9 @@ def partition_model(model: nn.Module, stages: Union[int, str, Sequence[int]], st
             raise StageError(f"cut points {cuts} must be strictly increasing within 1..{n - 1} "
                              f"(this model has {n} parametrized operators)")
     bounds = [0] + cuts + [n]
-    part = Partition([Stage(i, tuple(units[bounds[i]:bounds[i + 1]])) for i in range(len(bounds) - 1)], units)
-    found = {sp.name: sp for sp in registered_shared(model, part.stages)}
+    part = Partition([Stage(i, tuple(units[bounds[i]:bounds[i + 1]])) for i in range(len(bounds) - 1)], units,
+                     module_order=module_order)
+    found = {sp.name: sp for sp in registered_shared(model, part.stages, module_order)}
     for sp in part.shared_in(Dataflow({}, frozenset(), frozenset(), used_late)):
         found[sp.name] = SharedParameter(sp.name, sp.stage, (found[sp.name].uses if sp.name in found else ())
                                          + sp.uses)

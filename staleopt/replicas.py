@@ -7,7 +7,8 @@ copies' gradients are summed every step, so every copy takes the same update (do
 The engine does exactly that:
 
 * the owner (the first module that registers the parameter, as :func:`staleopt.partition.units_of`
-  assigns it) keeps the parameter; every other stage ``b`` that registers it gets a **replica**: a
+  assigns it: in registration order, or for a partition made with ``example_input`` the first the
+  forward calls) keeps the parameter; every other stage ``b`` that registers it gets a **replica**: a
   tensor of the same shape in a unit of stage ``b`` (named after the using module), whose versions the
   history keeps at stage ``b``'s depth ``H_b`` like any other weight of that stage, and which every
   correction sees in stage ``b``'s :class:`~staleopt.history.StageView` (its ``params`` entry is the
@@ -84,12 +85,12 @@ def plan_replicas(model: nn.Module, partition: Partition,
     ``allocate=False`` (memory reports) gives each replica the tied parameter itself as its ``tensor``.
 
     A module that registers a parameter owned by a unit of another stage sits in the stage of its own unit,
-    else of the last unit registered before it (:func:`staleopt.partition.foreign_registrations`).
+    else of the last unit before it in the partition's module order (:func:`staleopt.partition.foreign_registrations`).
     It gets a replica when it is one module object in one stage; a module object registered in two stages
     (or the owner's module registered again elsewhere) cannot, and neither can a use only the forward pass
     shows (found later, by :meth:`Partition.check`)."""
     uses: Dict[Tuple[int, str], List[Registration]] = {}  # (id(module), key) -> where it is registered
-    for r in foreign_registrations(model, partition.stages):
+    for r in foreign_registrations(model, partition.stages, partition.module_order):
         uses.setdefault((id(r.module), r.key), []).append(r)
     replicas, refused, served = [], {}, set()
     for found in uses.values():
@@ -203,7 +204,7 @@ def _with_replicas(partition: Partition, replicas: Sequence[Replica]) -> Partiti
         extra.setdefault(r.stage, []).append(Unit(r.module_name, "Replica", (r.tensor,), (r.key,)))
     stages = [Stage(s.index, tuple(s.units) + tuple(extra.get(s.index, ()))) for s in partition]
     units = [u for s in stages for u in s.units]
-    return Partition(stages, units, list(partition.shared), list(replicas))
+    return Partition(stages, units, list(partition.shared), list(replicas), partition.module_order)
 
 
 def refuse_with_replicas(corrections: Sequence) -> None:

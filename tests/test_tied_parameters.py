@@ -495,3 +495,42 @@ def test_a_copy_or_pickle_of_the_model_carries_no_replica():
         before = model.tok.weight.grad.clone()
         _mse(twin(x), _data(1)[0][1]).backward()  # (a training forward of the copy: its own weights, no engine)
         assert twin.tok.weight.grad is not None and torch.equal(model.tok.weight.grad, before)
+
+
+class HeadFirst(TiedNet):
+    """:class:`TiedNet` with the tied output layer registered first (it owns E by registration) but run last."""
+
+    def __init__(self, seed=0):
+        super().__init__(seed)
+        modules = dict(self._modules)
+        self._modules.clear()
+        for name in ("head", "tok", "l1", "l2"):
+            self._modules[name] = modules[name]
+
+
+@pytest.mark.parametrize("method", ["pipedream", "pipemare"])
+def test_a_tied_owner_that_runs_last_trains_as_the_registered_in_order_model_with_example_input(method):
+    """Registration order puts the head's unit (the owner of E) in stage 0 though it runs last: the wrapper refuses
+    (the head, in stage 0, reads E on stage 2's data) and suggests ``partition_model(..., example_input=x)``, which gives E to the module the forward calls first and
+    a replica to the head in the last stage: the same stages, replica and steps as :class:`TiedNet`, bit for bit."""
+    data = _data(6)
+    with pytest.raises(staleopt.errors.SharedParameterError, match=r"partition_model\(model, 3, example_input=x\)"):
+        m = HeadFirst()
+        opt = staleopt.PipelineOptimizer(m, torch.optim.SGD(m.parameters(), lr=0.1), stages=3, schedule=method)
+        _mse(m(data[0][0]), data[0][1]).backward()
+    runs = []
+    for cls in (TiedNet, HeadFirst):
+        model = cls()
+        part = staleopt.partition_model(model, 3, example_input=data[0][0])
+        assert [[u.name for u in s.units] for s in part] == [["tok"], ["l1"], ["l2"]]
+        opt = staleopt.PipelineOptimizer(model, torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
+                                         stages=part, schedule=method)
+        assert [(r.module_name, r.stage) for r in opt.replicas] == [("head", 2)]
+        for x, y in data:
+            opt.zero_grad()
+            _mse(model(x), y).backward()
+            opt.step()
+        assert model.head.weight is model.tok.weight
+        runs.append([p.detach().clone() for p in (model.tok.weight, model.l1.weight, model.l1.bias, model.l2.weight,
+                                                 model.l2.bias, opt.replicas[0].tensor)])
+    assert all(torch.equal(a, b) for a, b in zip(*runs))
