@@ -32,6 +32,7 @@ CHOICES = {
     "optimizer": ("sgd", "sgd-momentum", "adam", "adamw", "nadamw"),
     "lr_schedule": ("constant", "cosine", "step", "linear-warmup", "inverse-sqrt"),
     "partition": ("ops", "params"),
+    "unit_order": ("registration", "execution"),
 }
 
 #: Config fields that are hyperparameters of a method's corrections (names as in ``Method.defaults``).
@@ -42,7 +43,7 @@ LR_WARMUP_SCHEDULES = ("linear-warmup", "inverse-sqrt")
 
 #: Fields added after runs were first recorded, with their defaults: at the default they stay out of
 #: :meth:`RunConfig.run_id`, so the runs recorded before them keep their ids (and their sweep folders).
-_LATER_FIELDS = {"lr_warmup_steps": None}
+_LATER_FIELDS = {"lr_warmup_steps": None, "unit_order": "registration"}
 
 
 @dataclass
@@ -60,7 +61,11 @@ class RunConfig:
     * ``method``: a method (:func:`staleopt.methods.names`) or schedule name;
       ``stages`` (``P``, an int or ``"max"`` = the model's unit count),
       ``microbatches`` (``N`` per minibatch, divides ``batch_size``),
-      ``partition`` strategy (``"ops"`` | ``"params"``).
+      ``partition`` strategy (``"ops"`` | ``"params"``); ``unit_order``: ``"registration"`` (the units
+      in the order the model registers its modules) or ``"execution"`` (in the order a forward pass on the
+      first training microbatch uses them, :func:`staleopt.partition_model`'s ``example_input``: for a model
+      that registers a module before one it runs earlier, e.g. a learned temperature at the root applied to
+      the logits, or an output layer registered before the embedding it is tied to).
     * ``optimizer`` (``sgd`` | ``sgd-momentum`` | ``adam`` | ``adamw`` | ``nadamw``: NAdam with decoupled
       weight decay and ``momentum_decay`` 0.004, the AsyncPP recipe's), ``lr``,
       ``momentum`` (SGD momentum, or Adam's and NAdam's beta1; refused with plain ``sgd``), ``weight_decay``;
@@ -89,6 +94,7 @@ class RunConfig:
     stages: Union[int, str] = 1
     microbatches: int = 1
     partition: str = "ops"
+    unit_order: str = "registration"
     optimizer: str = "sgd-momentum"
     lr: float = 0.1
     momentum: float = 0.9
@@ -288,6 +294,7 @@ _VALIDATORS = {
     "stages": _stages,
     "microbatches": lambda n, v: check_int(n, v, minimum=1),
     "partition": lambda n, v: _choice(n, v, CHOICES["partition"]),
+    "unit_order": lambda n, v: _choice(n, v, CHOICES["unit_order"]),
     "optimizer": lambda n, v: _choice(n, v, CHOICES["optimizer"]),
     "lr": lambda n, v: _float(n, v, lo=0.0, open_lo=True),
     "momentum": lambda n, v: _float(n, v, lo=0.0, hi=1.0),

@@ -340,7 +340,8 @@ class Partition:
                 f"{unit_stage[b]}: stages follow the order in which modules are registered, and this model "
                 f"registers {ua.name!r} before {ub.name!r} but runs it after, so its stages are not contiguous "
                 f"in the pipeline. Order the units by execution: stages=staleopt.partition_model(model, "
-                f"{self.num_stages}, example_input=x) (or register the modules in the order forward runs them)")
+                f"{self.num_stages}, example_input=x) (staleopt train, RunConfig, compare: unit_order='execution', "
+                "--unit-order execution), or register the modules in the order forward runs them")
         if shared_parameters != "first-owner":
             refuse_shared(self.shared_in(flow), self)
 
@@ -372,8 +373,8 @@ def refuse_shared(shared: Sequence[SharedParameter], partition: Optional["Partit
         by_execution = "" if partition is None or partition.module_order else (
             ". If the module that registers the tied weight first runs after its other users (an output layer "
             "registered before the embedding), order the partition by execution: stages=staleopt.partition_model("
-            f"model, {partition.num_stages}, example_input=x) makes the first module the forward calls its owner "
-            "and gives the others replicas")
+            f"model, {partition.num_stages}, example_input=x) (staleopt train, RunConfig, compare: "
+            "unit_order='execution') makes the first module the forward calls its owner and gives the others replicas")
         raise SharedParameterError(
             f"{len(shared)} trainable parameter(s) are used by more than one stage: {'; '.join(map(str, shared))}. "
             "A real pipeline holds a copy of such a weight on every stage that uses it, each read at its own "

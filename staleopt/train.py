@@ -106,6 +106,7 @@ from .corrections.nesterov import ASYNCPP_MOMENTUM_DECAY
 from .errors import ConfigError
 from .methods import Pipeline
 from .optimizer import PipelineOptimizer
+from .partition import partition_model
 
 __all__ = ["run", "method_args", "steps_per_epoch", "total_steps", "build_optimizer", "lr_lambda",
            "RECORD_COLUMNS"]
@@ -301,6 +302,14 @@ def run(config: Union[RunConfig, Mapping[str, Any]], progress: bool = False,
         return _train(config, device, progress, checkpoint, on_epoch)
 
 
+def _example_input(data: datasets.Data, config: RunConfig, device: torch.device) -> torch.Tensor:
+    """The first training microbatch in dataset order, the forward pass ``unit_order="execution"`` orders the units
+    by (an augmenting dataset draws from a generator of its own: the run's random streams are untouched)."""
+    size = min(config.batch_size // config.microbatches, len(data.train))
+    x, _ = next(datasets.batches(data.train, size, generator=torch.Generator().manual_seed(0)))
+    return x.to(device)
+
+
 def _train(config: RunConfig, device: torch.device, progress: bool, checkpoint, on_epoch=None) -> pd.DataFrame:
     data = datasets.load(config.data, **config.data_kwargs).to(device)
     models.check_task(config.model, data.task, f"dataset {config.data!r}")
@@ -310,9 +319,14 @@ def _train(config: RunConfig, device: torch.device, progress: bool, checkpoint, 
     total = total_steps(config, len(data.train))
     args = method_args(config, len(data.train))
     pipeline = config.pipeline(**args)
-    opt = PipelineOptimizer(model, build_optimizer(config, model.parameters()), stages=config.stages,
+    if config.unit_order == "execution":
+        stages, strategy = partition_model(model, config.stages, config.partition,
+                                           example_input=_example_input(data, config, device)), None
+    else:
+        stages, strategy = config.stages, config.partition
+    opt = PipelineOptimizer(model, build_optimizer(config, model.parameters()), stages=stages,
                             schedule=pipeline.schedule, corrections=pipeline.corrections,
-                            microbatches=config.microbatches, seed=config.seed, partition=config.partition)
+                            microbatches=config.microbatches, seed=config.seed, partition=strategy)
     if opt.schedule.segments(opt.partition.num_stages):  # PipeMare Recompute: checkpoint the segments
         model.forward = functools.partial(segments.checkpoint_segments, opt, models.steps(model))
     scheduler = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(config, spe, total))

@@ -301,3 +301,46 @@ def test_own_token_data_is_a_language_model_task_and_wrong_outputs_are_refused()
     with pytest.raises(ConfigError, match=r"'three_outputs' returns shape \(10, 3\).*classification, num_classes "
                                           r"= 5.*needs \(10, 5\)"):
         train.run(RunConfig(model="three_outputs", data="five_classes", stages=1, epochs=1, batch_size=10))
+
+
+ROOT_SCALE = textwrap.dedent('''\
+    import torch
+    from torch import nn
+
+
+    class RootScale(nn.Module):
+        """A learned temperature registered at the root (unit 0 by registration) and applied to the logits last."""
+
+        def __init__(self, num_classes, input_shape):
+            super().__init__()
+            self.temperature = nn.Parameter(torch.ones(()))
+            self.body = nn.Sequential(nn.Linear(input_shape[-1], 8), nn.ReLU(), nn.Linear(8, num_classes))
+
+        def forward(self, x):
+            return self.body(x) * self.temperature
+    ''')
+
+
+def test_unit_order_execution_trains_a_model_registered_out_of_forward_order(user_file, capsys):
+    """Registration order puts the root's temperature in stage 0 though it scales the last stage's output: refused,
+    naming unit_order='execution', which orders the units by a forward on the first training microbatch (the
+    temperature joins the last stage) from the config, the CLI and compare; the default keeps old run ids."""
+    (user_file.parent / "root_scale.py").write_text(ROOT_SCALE)
+    base = dict(model="root_scale.py:RootScale", data=f"{user_file}:blobs", method="pipemare", stages=2,
+                epochs=1, batch_size=20, lr=0.05, max_steps=4)
+    with pytest.raises(staleopt.errors.StageOrderError, match="unit_order='execution'"):
+        staleopt.train.run(RunConfig(**base), progress=False)
+    config = RunConfig(**base, unit_order="execution")
+    records = staleopt.train.run(config, progress=False)
+    assert set(records["status"]) == {"ok"} and records["train_loss"].notna().all()
+    assert config.run_id() != RunConfig(**base).run_id()
+    assert RunConfig(**base, unit_order="registration").run_id() == RunConfig(**base).run_id()
+    model = registry.load_spec("root_scale.py:RootScale")(3, (6,))
+    x = datasets.load(f"{user_file}:blobs").train[:5][0]
+    part = staleopt.partition_model(model, 2, example_input=x)
+    assert [list(s.modules) for s in part] == [["body.0", "body.2"], ["<root>"]]
+    assert main(["--threads", "1", "train", "--model", "root_scale.py:RootScale", "--data", f"{user_file}:blobs",
+                 "--method", "pipemare", "--stages", "2", "--batch-size", "20", "--epochs", "1", "--max-steps", "3",
+                 "--unit-order", "execution", "--no-progress"]) == 0
+    with pytest.raises(ConfigError, match="unit_order"):
+        RunConfig(**base, unit_order="forward")
