@@ -91,6 +91,10 @@ def run(args) -> int:
         print(ledger.estimate(configs, out, args.workers))
         return 0
     report = None
+    if args.report_only and not any(sweep.run_state(out / "runs" / c.run_id()) == "done" for c in configs):
+        raise ConfigError(f"--report-only found no finished run of this selection in {out / 'runs'}: nothing to "
+                          "report (and --doc would overwrite the page with empty rows); give the --out the runs "
+                          "were trained into, or train them first (without --report-only)")
     if not args.report_only:
         print(ledger.estimate(configs, out, args.workers), flush=True)
     if not args.report_only:

@@ -211,10 +211,15 @@ def launches(out: Path) -> List[Dict]:
     """Each launch's last entry, in the order they started."""
     path = Path(out) / "launches.jsonl"
     latest: Dict[str, Dict] = {}
-    for line in path.read_text().splitlines() if path.is_file() else []:
+    for n, line in enumerate(path.read_text().splitlines() if path.is_file() else [], 1):
         if line.strip():
-            entry = json.loads(line)
-            latest[entry.get("launch", entry["started"])] = entry
+            try:
+                entry = json.loads(line)
+                latest[entry.get("launch", entry["started"])] = entry
+            except (ValueError, KeyError, TypeError, AttributeError) as e:
+                raise RunFileError(f"{path}, line {n}, is not a launch entry (a JSON object with 'started'): "
+                                   f"{type(e).__name__}: {e}; repair or delete that line (the runs themselves are "
+                                   "in runs/, each with its own done marker)") from None
     return list(latest.values())
 
 
@@ -294,7 +299,8 @@ def write_page(path: Path, experiments: Sequence[Experiment], out: Path, extra: 
     configs, _ = plan(selection, tier)
     states = [sweep.run_state(Path(out) / "runs" / c.run_id()) for c in configs]
     result = rows(selection, out, tier) + list(extra)
-    checks = {(e.name, c.id): e.resolved(c) for e in experiments for c in e.checks}
+    info = provenance(out, len(configs), sum(s == "done" for s in states), run_times(configs, out))  # (may refuse:
+    checks = {(e.name, c.id): e.resolved(c) for e in experiments for c in e.checks}  # before any file is written)
     figures = {}
     for e in experiments:
         panels = [(checks[(e.name, g[0].id)], g) for g in group([r for r in result if r.experiment == e.name])
@@ -303,7 +309,6 @@ def write_page(path: Path, experiments: Sequence[Experiment], out: Path, extra: 
             rel = f"img/reproductions/{e.name}.png"
             horizon_figure(panels, Path(path).parent / rel, title=e.title)
             figures[e.name] = rel
-    info = provenance(out, len(configs), sum(s == "done" for s in states), run_times(configs, out))
     sections = {}
     for e in experiments:
         used = dict.fromkeys(e.recipe_of.values())

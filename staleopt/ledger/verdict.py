@@ -34,10 +34,10 @@ metric's units. Anything else is "not reproduced", with the reason.
 the gap (gap-grows) or the drop from the reference at the largest P
 (degrades); each horizon sits at ``tau_max / steps`` of its runs. The trend
 (:func:`trend`) compares the shortest horizon with the longest, paired by
-seed: with ``sigma`` the sign of the mean gap at the shortest,
-``c_s = sigma (g_s(longest) - g_s(shortest))``; "closing" when the 95%
-interval of ``c`` lies below 0 (the gap moved toward 0, or past it),
-"widening" when it lies above 0; otherwise "absent" when the 95% intervals
+seed: the change of the gap's size ``c_s = |g_s(longest)| - |g_s(shortest)|``;
+"closing" when the 95% interval of ``c`` lies below 0 (the gap is nearer 0,
+on either side of it), "widening" when it lies above 0 (a gap that moved past
+0 to a larger size on the other side widened); otherwise "absent" when the 95% intervals
 of the mean gap at both horizons include 0 (no gap to follow), else
 "persisting".
 """
@@ -327,9 +327,7 @@ def trend(rows: Sequence[Row]) -> Trend:
     short, long_ = ran[0], ran[-1]
     g0, g1 = dict(short.gaps), dict(long_.gaps)
     seeds = sorted(set(g0) & set(g1))
-    mean0 = t_interval(g0.values())[0]
-    sigma = -1.0 if mean0 < 0 else 1.0
-    c = [sigma * (g1[s] - g0[s]) for s in seeds]
+    c = [abs(g1[s]) - abs(g0[s]) for s in seeds]
     mean, half, n = t_interval(c)
     if n < 2 or math.isnan(half):
         return Trend(NO_TREND, f"{n} paired seed(s) between {short.horizon}x and {long_.horizon}x: no interval")
