@@ -103,7 +103,7 @@ from . import data as datasets
 from . import hardware, methods, models, segments
 from .config import LR_WARMUP_SCHEDULES, RunConfig
 from .corrections.nesterov import ASYNCPP_MOMENTUM_DECAY
-from .errors import ConfigError
+from .errors import ConfigError, DataError
 from .methods import Pipeline
 from .optimizer import PipelineOptimizer
 from .partition import partition_model
@@ -201,9 +201,20 @@ def _hardware(config: RunConfig, model, pipeline: Pipeline, partition, total: in
             "memory_bytes": int(mem.weight_optimizer_bytes), "memory_ratio_gpipe": float(mem.ratio_to_gpipe)}
 
 
+#: The target that the losses and the evaluation leave out (torch's ``ignore_index``; Hugging Face's padding label).
+IGNORE_INDEX = -100
+
+
+def _ce_loss(logits, y, reduction: str = "mean"):
+    """Cross-entropy of logits ``(B, C)`` against class indices ``y`` of any integer dtype (int32 labels too),
+    leaving out targets equal to :data:`IGNORE_INDEX`."""
+    return F.cross_entropy(logits, y.long(), reduction=reduction, ignore_index=IGNORE_INDEX)
+
+
 def _lm_loss(logits, y, reduction: str = "mean"):
-    """Cross-entropy of next-token logits ``(B, T, V)`` against ``y`` ``(B, T)``, over all ``B T`` positions."""
-    return F.cross_entropy(logits.flatten(0, 1), y.flatten(), reduction=reduction)
+    """Cross-entropy of next-token logits ``(B, T, V)`` against ``y`` ``(B, T)``, over the ``B T`` positions whose
+    target is not :data:`IGNORE_INDEX` (padding)."""
+    return _ce_loss(logits.flatten(0, 1), y.flatten(), reduction=reduction)
 
 
 def _check_output(out, y, data, model: str) -> None:
@@ -235,7 +246,7 @@ def _mse_loss(out, y, reduction: str = "mean"):
 
 
 def _criterion(task: str):
-    return {"classification": F.cross_entropy, "lm": _lm_loss}.get(task, _mse_loss)
+    return {"classification": _ce_loss, "lm": _lm_loss}.get(task, _mse_loss)
 
 
 def _ppl(loss: float) -> float:
@@ -247,25 +258,29 @@ def _ppl(loss: float) -> float:
 def _evaluate(model, data, device, name: str) -> Dict[str, float]:
     """``test_loss`` (mean per sample; per token for ``"lm"``), ``test_acc`` (classification: accuracy;
     lm: next-token accuracy; regression: NaN) and ``test_ppl`` (lm: ``exp(test_loss)``; else NaN) of model
-    ``name`` on ``data``'s test split."""
+    ``name`` on ``data``'s test split; targets equal to :data:`IGNORE_INDEX` (padding) count in none of them,
+    as in the training loss."""
     dataset, task = data.test, data.task
     model.eval()
     loss_sum, correct, n = 0.0, 0, 0
-    size = max(1, _EVAL_TOKENS // dataset[0][1].numel()) if task == "lm" else _EVAL_BATCH
+    size = max(1, _EVAL_TOKENS // torch.as_tensor(dataset[0][1]).numel()) if task == "lm" else _EVAL_BATCH
     for x, y in datasets.batches(dataset, size):
         x, y = x.to(device), y.to(device)
         out = model(x)
         _check_output(out, y, data, name)
-        if task == "classification":
-            loss_sum += F.cross_entropy(out, y, reduction="sum").item()
-            correct += (out.argmax(1) == y).sum().item()
-        elif task == "lm":
-            loss_sum += _lm_loss(out, y, reduction="sum").item()
-            correct += (out.argmax(-1) == y).sum().item()
+        if task in ("classification", "lm"):
+            logits, target = (out, y) if task == "classification" else (out.flatten(0, 1), y.flatten())
+            kept = target != IGNORE_INDEX
+            loss_sum += _ce_loss(logits, target, reduction="sum").item()
+            correct += (logits.argmax(-1)[kept] == target[kept]).sum().item()
+            n += int(kept.sum().item())
         else:
             loss_sum += _mse_loss(out, y, reduction="sum").item() / out[0].numel()
-        n += y.numel() if task == "lm" else len(x)
+            n += len(x)
     model.train()
+    if n == 0:
+        raise DataError(f"every target of the test split is {IGNORE_INDEX} (the padding label the losses leave "
+                        "out): nothing to evaluate; check the test targets")
     loss = loss_sum / n
     return {"test_loss": loss, "test_acc": correct / n if task in ("classification", "lm") else math.nan,
             "test_ppl": _ppl(loss) if task == "lm" else math.nan}

@@ -177,3 +177,56 @@ def test_missing_or_malformed_corpora_say_where_and_how(tmp_path):
         data.load("text-shakespeare", root=tmp_path)
     with pytest.raises(ConfigError, match="level = 'word' must be 'byte'"):
         data.load("text-shakespeare", root=tmp_path, level="word")
+
+
+def test_padding_targets_count_in_no_metric_and_any_integer_targets_train():
+    """Targets -100 (torch's ignore_index, Hugging Face's padding) are left out of the test loss, accuracy and
+    perplexity as the training loss leaves them out (they counted as wrong tokens in the divisor: ppl 2.24 for
+    5.03); int32 targets and numpy samples train and evaluate (they raised at the first batch / evaluation)."""
+    import numpy as np
+    from torch import nn
+    from torch.utils.data import Dataset, TensorDataset
+
+    from staleopt import data as datasets, train
+
+    g = torch.Generator().manual_seed(0)
+    V, T = 5, 8
+    x = torch.randint(V, (40, T), generator=g)
+    y = torch.roll(x, -1, 1)
+    y[:, T // 2:] = train.IGNORE_INDEX
+    data = datasets.from_datasets(TensorDataset(x[:32], y[:32]), TensorDataset(x[32:], y[32:]))
+    assert data.task == "lm"
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Embedding(V, 6), nn.Linear(6, V))
+    got = train._evaluate(model, data, torch.device("cpu"), "m")
+    with torch.no_grad():
+        logits, target = model(x[32:]).flatten(0, 1), y[32:].flatten()
+    kept = target != train.IGNORE_INDEX
+    loss = torch.nn.functional.cross_entropy(logits[kept], target[kept]).item()
+    assert got["test_loss"] == pytest.approx(loss, rel=1e-6)
+    assert got["test_ppl"] == pytest.approx(math.exp(loss), rel=1e-6)
+    assert got["test_acc"] == (logits[kept].argmax(-1) == target[kept]).float().mean().item()
+    assert train._lm_loss(model(x[:4]), y[:4]).item() == pytest.approx(
+        torch.nn.functional.cross_entropy(model(x[:4]).flatten(0, 1)[y[:4].flatten() >= 0],
+                                          y[:4].flatten()[y[:4].flatten() >= 0]).item(), rel=1e-6)
+
+    class Numpy(Dataset):
+        def __init__(self, a, b):
+            self.a, self.b = a.numpy().astype(np.int32), b.numpy().astype(np.int32)
+
+        def __len__(self):
+            return len(self.a)
+
+        def __getitem__(self, i):
+            return self.a[i], self.b[i]
+
+    z = torch.roll(x, -1, 1)
+    small = datasets.from_datasets(Numpy(x[:32], z[:32]), Numpy(x[32:], z[32:]))
+    out = train._evaluate(model, small, torch.device("cpu"), "m")
+    assert math.isfinite(out["test_loss"]) and 0 <= out["test_acc"] <= 1
+    assert train._criterion("lm")(model(x[:4]), z[:4].int()).item() == pytest.approx(
+        train._criterion("lm")(model(x[:4]), z[:4]).item(), rel=0)
+    head = nn.Linear(T, 3)
+    labels = torch.tensor([0, 2, 1, 1])
+    assert train._criterion("classification")(head(x[:4].float()), labels.int()).item() == \
+        train._criterion("classification")(head(x[:4].float()), labels).item()
