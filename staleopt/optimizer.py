@@ -89,7 +89,7 @@ from ._torch_compat import (current_autograd_node, disable_dynamo, flatten, opti
                             optimizer_state_dict_hooks, queue_callback)
 from .corrections.base import Correction
 from .errors import (CheckpointError, ConfigError, CorrectionError, DetachedError, LoopError, OptimizerMismatchError,
-                     RecomputeNotice, SegmentError, SharedParameterError)
+                     RecomputeNotice, SegmentError, SharedParameterError, StageError)
 from .history import STRATEGIES, History, SlotHistory, StageView, Targets
 from .partition import Partition, dataflow, partition_model, refuse_shared
 from .recompute import RecomputeWindow, reached_parameters
@@ -295,6 +295,13 @@ class PipelineOptimizer(torch.optim.Optimizer):
         self._corrections: List[Correction] = method_corrections + corrections
         user_partition = stages if isinstance(stages, Partition) else \
             partition_model(model, stages, partition or "ops")
+        mine = {id(p) for p in model.parameters()}
+        foreign = [u.name for s in user_partition for u in s.units if any(id(p) not in mine for p in u.params)]
+        if foreign:
+            raise StageError(f"the partition's units {foreign[:5]}{' ...' if len(foreign) > 5 else ''} hold "
+                             "parameters that are not this model's: it was made for another model object (a copy, or "
+                             "the model before it was rebuilt); make it from this one: "
+                             "stages=staleopt.partition_model(model, ...)")
         self._shared_parameters = shared_parameters
         replicas = []
         if shared_parameters == "replicate":
@@ -372,14 +379,15 @@ class PipelineOptimizer(torch.optim.Optimizer):
             c.bind(self)
         _take_over([p for s in self._partition for p in s.params] + self._outside, self)
         self._hooks = [model.register_forward_pre_hook(_Callback(self._on_forward_start)),
-                       model.register_forward_hook(_Callback(self._on_forward_end)),
-                       model.register_state_dict_pre_hook(_Callback(self._restore_hook))]
+                       model.register_forward_hook(_Callback(self._on_forward_end))]
         self._hooks += self._replicas.hooks(_Callback(self._attached))
-        # a module's load_state_dict writes into the parameters: their own storage, with w_t (not a row of the
-        # history a training pass points them at)
-        loading = _Callback(self._restore_hook)
-        self._hooks += [m.register_load_state_dict_pre_hook(loading) for m in model.modules()
-                        if any(id(p) in self._stage_of_param for p in m.parameters(recurse=False))]
+        # a module's state_dict reads, and its load_state_dict writes, the parameters' own storage with w_t (not
+        # a row of the history a training pass points them at): hooks on every module that owns a parameter, so
+        # that a submodule's state_dict (ddp.module, a LightningModule's net) reads w_t too
+        restoring = _Callback(self._restore_hook)
+        owners = [m for m in model.modules() if any(id(p) in self._stage_of_param for p in m.parameters(recurse=False))]
+        self._hooks += [m.register_state_dict_pre_hook(restoring) for m in owners]
+        self._hooks += [m.register_load_state_dict_pre_hook(restoring) for m in owners]
         self._recomputing = 0  # recompute windows open now
         # the hooks registered anew at every pass: backward start, backward end, recomputation watch
         self._calls_back = (_Callback(self._on_backward_start), _Callback(self._on_backward_end),

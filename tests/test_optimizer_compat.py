@@ -159,6 +159,24 @@ def test_evaluation_and_state_dict_see_current_weights():
     opt.step()
 
 
+def test_a_submodules_state_dict_mid_pass_sees_current_weights():
+    """``ddp.module.state_dict()`` or a LightningModule's ``net.state_dict()`` between a training forward and its
+    backward reads ``w_t``, as the root's does (it read the stale forward view: a checkpoint of stale weights)."""
+    model = nn.Sequential(mlp(seed=5))
+    opt = staleopt.PipelineOptimizer(model, torch.optim.SGD(model.parameters(), lr=0.5), stages=3,
+                                     schedule="dataflow")
+    data = batches(6, seed=5)
+    train(model, opt, data)
+    w_t = {k: v.clone() for k, v in model[0].state_dict().items()}
+    x, y = data[0]
+    out = model(x)
+    assert any(not torch.equal(p, w_t[k]) for k, p in model[0].named_parameters())
+    for sub in (model[0], model[0][0]):
+        assert all(torch.equal(v, w_t[k if sub is model[0] else "0." + k]) for k, v in sub.state_dict().items())
+    mse(out, y).backward()
+    opt.step()
+
+
 def test_closure_and_zero_grad():
     model = mlp(seed=6)
     opt = staleopt.PipelineOptimizer(model, torch.optim.SGD(model.parameters(), lr=0.1), stages=3,
@@ -432,3 +450,13 @@ def test_nadam_resumes_bit_for_bit_in_every_parameter_dtype(dtype):
     assert {st["mu_product"].dtype for st in opt2.base_optimizer.state.values()} == {torch.float32}
     train(again, opt2, data[4:])
     assert all(torch.equal(a, b) for a, b in zip(model.parameters(), again.parameters()))
+
+
+def test_a_partition_of_another_model_object_is_refused():
+    """A Partition made from a copy of the model (or before the model was rebuilt) would train without its delays,
+    with only unrelated warnings: refused at construction."""
+    model, twin = mlp(seed=1), mlp(seed=1)
+    part = staleopt.partition_model(twin, 3)
+    with pytest.raises(StageError, match="not this model's"):
+        staleopt.PipelineOptimizer(model, torch.optim.SGD(model.parameters(), lr=0.1), stages=part)
+    staleopt.PipelineOptimizer(twin, torch.optim.SGD(twin.parameters(), lr=0.1), stages=part)
