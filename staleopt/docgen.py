@@ -23,6 +23,7 @@ import argparse
 import contextlib
 import inspect
 import io
+import math
 import re
 import sys
 from pathlib import Path
@@ -31,7 +32,8 @@ from typing import Callable, Dict, Iterable, List, NamedTuple, Optional, Sequenc
 from . import cli, methods, models
 from .commands import demo
 
-__all__ = ["GENERATORS", "API_MODULES", "markdown_table", "methods_table", "models_table", "hardware_table",
+__all__ = ["GENERATORS", "API_MODULES", "markdown_table", "bench_costs", "methods_table", "models_table",
+           "hardware_table",
            "demo_claims", "ledger_pipemare", "api_reference", "fill",
            "block_names", "doc_files",
            "CodeBlock", "code_blocks", "links", "anchors", "main"]
@@ -132,6 +134,44 @@ API_MODULES = ("staleopt", "staleopt.optimizer", "staleopt.partition", "staleopt
                "staleopt.timeline", "staleopt.theory", "staleopt.advisor", "staleopt.plot.sweep", "staleopt.errors")
 
 
+def bench_costs(root: Path = ROOT / "docs" / "bench" / "f6537d8") -> str:
+    """README's cost paragraph from the two recorded ``make bench`` runs committed in ``root`` (each run's
+    ``step.csv``, table 1; ``budget.csv``, table 6; ``growth.csv``, table 8; ``meta.json``): ranges over the runs."""
+    import json
+
+    import pandas as pd
+
+    runs = sorted(p for p in root.iterdir() if (p / "meta.json").is_file())
+    metas = [json.loads((p / "meta.json").read_text()) for p in runs]
+    steps = [pd.read_csv(p / "step.csv") for p in runs]
+    budgets = [pd.read_csv(p / "budget.csv") for p in runs]
+    growths = [pd.read_csv(p / "growth.csv") for p in runs]
+
+    def at(df, variant, column, model="resnet20-tiny"):
+        return float(df[(df["model"] == model) & (df["variant"] == variant)][column].iloc[0])
+
+    def span(values, fmt="{:.2f}", unit="x"):
+        lo, hi = fmt.format(min(values)), fmt.format(max(values))
+        return f"{lo}{unit}" if lo == hi else f"{lo}-{hi}{unit}"
+
+    floor_rung = [float(b[b["rung"].str.contains("pipemare's floor", regex=False)]["ratio"].iloc[0]) for b in budgets]
+    gpt = [g[g["model"] == "GPT d_model 768"].iloc[0] for g in growths]
+    big = max(at(s, v, "engine_ratio", "resnet20") for s in steps for v in ("dataflow", "pipemare"))
+    return (
+        f"`make bench` ({len(runs)} runs: {', '.join(m['date'] for m in metas)}; commit {root.name}; "
+        f"{metas[0]['machine']}; {metas[0]['threads']} thread; records in `docs/bench/{root.name}`): on an "
+        f"engine-bound ResNet-20 (batch 4, `P = 39`) a step costs {span([at(s, 'dataflow', 'ratio') for s in steps])} "
+        f"the plain step for `dataflow` ({span([at(s, 'dataflow', 'engine_ratio') for s in steps])} from its engine "
+        f"time, {span([at(s, 'dataflow', 'engine_ms') / at(s, 'floor dataflow', 'engine_ms') for s in steps], '{:.1f}')} "
+        f"what its weight moves alone cost), {span([at(s, 'pipemare', 'ratio') for s in steps])} for `pipemare` "
+        f"({span([at(s, 'pipemare', 'engine_ratio') for s in steps])} from its engine time; its copies and T1/T2 "
+        f"arithmetic alone: {span([at(s, 'floor pipemare', 'ratio') for s in steps] + floor_rung)}); at batch 128 the "
+        f"engine is under {math.ceil(100 * (big - 1))} % of the step; at GPT-2 small's size "
+        f"({gpt[0]['params'] / 1e6:.0f}M parameters, `P = {int(gpt[0]['stages'])}`) `dataflow` adds "
+        f"{span([g['dataflow_engine_ms'] for g in gpt], '{:.0f}', ' ms')} to a "
+        f"{span([g['plain_ms'] / 1000 for g in gpt], '{:.2f}', ' s')} step.\n")
+
+
 def _first_line(obj) -> str:
     doc = inspect.getdoc(obj) or ""
     text = doc.strip().split("\n\n")[0].replace("\n", " ")
@@ -171,7 +211,8 @@ def api_reference() -> str:
     return "\n".join(lines)
 
 
-GENERATORS: Dict[str, Callable[[], str]] = {"methods-table": methods_table, "models-table": models_table,
+GENERATORS: Dict[str, Callable[[], str]] = {"bench-costs": bench_costs, "methods-table": methods_table,
+                                            "models-table": models_table,
                                             "hardware-table": hardware_table, "demo-claims": demo_claims,
                                             "demo-lm-claims": demo_lm_claims,
                                             "ledger-pipemare": ledger_pipemare, "api-reference": api_reference}

@@ -55,17 +55,17 @@ marked, and the trend is computed from the runs: "closing" when, paired by
 seed, the gap at the longest horizon is nearer 0 than at the shortest with a
 95% interval that excludes no change, "widening" when farther, "absent" when
 the gap's interval includes 0 at both ends, "persisting" otherwise. A claim that holds only at the longer horizons says so in its row.
-`make reproduce` runs the quick tier (1x only: 160 runs took 25.6 minutes on 2
-cores on 2026-11-23, before AsyncPP's 20 runs and the language models' 27 were
-added, 207 now; each launch prints its estimated cost first);
+`make reproduce` runs the quick tier (1x only, 207 runs; each launch prints its
+estimated cost first, and the provenance below gives the measured time of the
+runs this page is built from);
 `make reproduce-ladder` runs every horizon and writes this page.
 
 **Another machine, other numbers at 1x.** A run is bit-for-bit deterministic
 on one machine, not across CPUs. The 1x runs of the PipeMare, PipeDream,
 stale-weights, PipeOptim and 2BW experiments were also trained on 2026-11-23
 on another 2-core AMD EPYC VM (Linux 6.18.44-fc-v595) with the same configs
-and training code: 27 of the 32 checks both runs evaluate kept their 1x
-verdict, and five moved by one step (`1f1b-no-stash-degrades` and
+and training code (a one-off comparison: that machine's runs are not in the
+repository): 27 of the 32 checks both runs evaluate kept their 1x verdict, and five moved by one step (`1f1b-no-stash-degrades` and
 `hogwild-t1-helps` partly there, not reproduced here;
 `prediction-beats-1f1b-sgdm` and `prediction-matches-stash-adamw` reproduced
 there, partly here; `prediction-beats-1f1b-adamw` partly there, not
@@ -98,7 +98,7 @@ Choices that change numbers:
   of the run and PipeMareW's warmup as long (App. C). The learning rate is
   ours: 0.05, because PipeMare's 0.1 with momentum, over a run this short, left
   T1 alone at 0.709 final test accuracy at P = 39 against GPipe's 0.979 in a
-  20-epoch pilot (seed 0, same machine, 2026-11-23).
+  20-epoch pilot (seed 0, same machine, 2026-11-23; a pilot, not in the repository).
 * **PipeOptim's recipe.** SGD momentum 0.9 with weight decay 5e-4, and AdamW
   (betas 0.9, 0.999); the learning rates are ours (0.02, 0.001).
 * **Hogwild!-style delays** (PipeMare App. E) use the `hogwild` schedule: each
