@@ -45,14 +45,17 @@ def test_warmup_steps_go_with_a_warmup_schedule_only():
 
 
 def test_run_ids_of_earlier_configs_are_unchanged():
-    """lr_warmup_steps was added later: at its default it stays out of the hash (sweep folders keep their names)."""
+    """lr_warmup_steps and unit_order were added later: at their defaults they stay out of the hash (sweep folders
+    keep their names; 8a89a35bfb023c83 is this config's id before either existed)."""
+    from staleopt.config import _LATER_FIELDS
     c = cfg()
-    assert c.to_dict()["lr_warmup_steps"] is None
-    before = {k: v for k, v in c.to_dict().items() if k != "lr_warmup_steps"}
+    assert c.to_dict()["lr_warmup_steps"] is None and c.to_dict()["unit_order"] == "registration"
+    assert set(_LATER_FIELDS) == {"lr_warmup_steps", "unit_order"}
+    before = {k: v for k, v in c.to_dict().items() if k not in _LATER_FIELDS}
     import hashlib
     import json
     blob = json.dumps(before, sort_keys=True, separators=(",", ":"))
-    assert c.run_id() == hashlib.sha256(blob.encode()).hexdigest()[:16]
+    assert c.run_id() == hashlib.sha256(blob.encode()).hexdigest()[:16] == "8a89a35bfb023c83"
     assert cfg(lr_schedule="linear-warmup", lr_warmup_steps=5).run_id() != cfg(
         lr_schedule="linear-warmup", lr_warmup_steps=6).run_id()
 
