@@ -1200,13 +1200,20 @@ class PipelineOptimizer(torch.optim.Optimizer):
             self._adopt_w0()
 
     def _add_state(self, optimizer, state: dict) -> dict:
+        """The engine's state; a training forward whose backward has not run is left out of the pass counts (a
+        process that loads the checkpoint cannot run that backward: it runs the microbatch again)."""
+        counts = self._counts
+        pending = counts[0] - counts[1] if counts is not None else 0
+        if pending:
+            counts = [counts[1], counts[1]]
+        passes = self._passes - pending if self._microbatch_passes else self._passes
         state["staleopt"] = {
             "format": self.FORMAT,
             "step": self._step,
             "delays": None if self._plans is None else [plan.delays for plan in self._plans],
             "recompute": None if self._plans is None else [plan.recomp for plan in self._plans],
-            "passes": (self._passes, self._pass),
-            "pass_counts": {"step": self._counts, "expected": self._expected},
+            "passes": (passes, min(self._pass, passes)),
+            "pass_counts": {"step": counts, "expected": self._expected},
             "history": self._history.state_dict(),
             "generator": self._generator.get_state(),
             "corrections": [k.state_dict() for k in self._corrections],
