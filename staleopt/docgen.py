@@ -166,7 +166,7 @@ def bench_costs(root: Path = ROOT / "docs" / "bench" / "f6537d8") -> str:
         f"what its weight moves alone cost), {span([at(s, 'pipemare', 'ratio') for s in steps])} for `pipemare` "
         f"({span([at(s, 'pipemare', 'engine_ratio') for s in steps])} from its engine time; its copies and T1/T2 "
         f"arithmetic alone: {span([at(s, 'floor pipemare', 'ratio') for s in steps] + floor_rung)}); at batch 128 the "
-        f"engine is under {math.ceil(100 * (big - 1))} % of the step; at GPT-2 small's size "
+        f"engine is under {math.floor(100 * (big - 1)) + 1} % of the step; at GPT-2 small's size "
         f"({gpt[0]['params'] / 1e6:.0f}M parameters, `P = {int(gpt[0]['stages'])}`) `dataflow` adds "
         f"{span([g['dataflow_engine_ms'] for g in gpt], '{:.0f}', ' ms')} to a "
         f"{span([g['plain_ms'] / 1000 for g in gpt], '{:.2f}', ' s')} step.\n")

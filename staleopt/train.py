@@ -56,8 +56,8 @@ Choices (each documented because it changes numbers):
 * **Language models** (data of task ``"lm"``, model ``gpt``; other pairings
   are a :class:`~staleopt.errors.ConfigError`): the loss is the cross-entropy
   of the logits ``(B, T, V)`` at every position of every window, averaged
-  over the ``B T`` predicted tokens (nats per token), in training and in
-  evaluation alike.
+  over the predicted tokens (nats per token; all ``B T`` but those whose target
+  is :data:`IGNORE_INDEX`, padding), in training and in evaluation alike.
 * **Output shapes** are checked at every batch (:class:`~staleopt.errors.ConfigError`
   naming both): ``(B, C)`` for classification, ``(B, T, V)`` for ``"lm"``, and
   for regression as many values per sample as the targets (compared flattened,

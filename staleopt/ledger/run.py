@@ -299,8 +299,9 @@ def write_page(path: Path, experiments: Sequence[Experiment], out: Path, extra: 
     configs, _ = plan(selection, tier)
     states = [sweep.run_state(Path(out) / "runs" / c.run_id()) for c in configs]
     result = rows(selection, out, tier) + list(extra)
-    info = provenance(out, len(configs), sum(s == "done" for s in states), run_times(configs, out))  # (may refuse:
-    checks = {(e.name, c.id): e.resolved(c) for e in experiments for c in e.checks}  # before any file is written)
+    # (provenance reads the launch log, which may be damaged: refused before any file is written)
+    info = provenance(out, len(configs), sum(s == "done" for s in states), run_times(configs, out))
+    checks = {(e.name, c.id): e.resolved(c) for e in experiments for c in e.checks}
     figures = {}
     for e in experiments:
         panels = [(checks[(e.name, g[0].id)], g) for g in group([r for r in result if r.experiment == e.name])
