@@ -923,5 +923,29 @@ def batches(dataset: Dataset, batch_size: int, *, shuffle: bool = False,
             yield tuple(t[idx] for t in dataset.tensors)
         return
     loader = torch.utils.data.DataLoader(torch.utils.data.Subset(dataset, order[first:stop].tolist()),
-                                         batch_size=batch_size, shuffle=False, num_workers=0)
+                                         batch_size=batch_size, shuffle=False, num_workers=0, collate_fn=_collate)
     yield from loader
+
+
+def _collate(samples: List[Any]) -> Any:
+    """torch's ``default_collate`` of ``(x, y)`` samples whose fields may also be Python lists of numbers
+    (a token sequence): such a field becomes one tensor first, where ``default_collate`` would transpose a
+    batch of length-``T`` lists into ``T`` tensors of the batch. Raises :class:`DataError` when a field is
+    not a rectangular array of numbers or when the samples of one batch differ in shape."""
+    def field(value, k: int):
+        if not isinstance(value, (list, tuple)):
+            return value
+        try:
+            return torch.as_tensor(value)
+        except (TypeError, ValueError, RuntimeError) as e:
+            raise DataError(f"field {k} of a sample is a {type(value).__name__} that is not a rectangular array of "
+                            f"numbers ({e}): return tensors, numpy arrays or lists of numbers") from None
+    if all(isinstance(s, (list, tuple)) for s in samples):
+        samples = [tuple(field(v, k) for k, v in enumerate(s)) for s in samples]
+        for k, values in enumerate(zip(*samples)):
+            shapes = {tuple(np.shape(v)) for v in values}
+            if len(shapes) > 1:
+                raise DataError(f"field {k} of the samples of one batch has {len(shapes)} shapes "
+                                f"({sorted(shapes)[:3]}...): pad every sample to one shape (a padded target "
+                                "of -100 is left out of the loss and the metrics)")
+    return torch.utils.data.default_collate(samples)

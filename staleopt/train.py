@@ -239,6 +239,43 @@ def _check_output(out, y, data, model: str) -> None:
                       "integer sequence targets)")
 
 
+def _refuse_labels(x, y, data, model: str) -> None:
+    """Raise :class:`DataError` when a batch holds a class, target or (``"lm"``, integer ``x``) input token
+    outside ``[0, num_classes)``; called when the forward or the loss failed, where torch says only
+    "index out of range in self" or "Target 7 is out of bounds". Returns when the batch is in range (the
+    failure was something else)."""
+    if data.task not in ("classification", "lm"):
+        return
+    C, found = data.num_classes, []
+    for what, t in (("target", y), ("input token", x if data.task == "lm" else None)):
+        if t is None or t.is_floating_point() or t.is_complex() or not t.numel():
+            continue
+        t = t[t != IGNORE_INDEX] if what == "target" else t
+        if t.numel() and (int(t.min()) < 0 or int(t.max()) >= C):
+            found.append(f"{what}s from {int(t.min())} to {int(t.max())}")
+    if found:
+        raise DataError(f"dataset {data.name!r} ({data.task}) declares num_classes = {C}, but a batch holds "
+                        f"{' and '.join(found)}, outside [0, {C}) (model {model!r} is built for {C} classes): "
+                        "declare num_classes as the largest label or token + 1, or leave it out "
+                        f"(staleopt.data.from_datasets reads it off the samples); only {IGNORE_INDEX} (padding) "
+                        "may fall outside")
+
+
+def _forward_loss(model, x, y, data, name: str, criterion):
+    """``(model(x), criterion(model(x), y))``, the output checked against the data (:func:`_check_output`)
+    and a label outside the vocabulary named (:func:`_refuse_labels`) instead of torch's bare IndexError."""
+    try:
+        out = model(x)
+        _check_output(out, y, data, name)
+        return out, criterion(out, y)
+    except (IndexError, RuntimeError) as e:
+        try:
+            _refuse_labels(x, y, data, name)
+        except DataError as refused:
+            raise refused from e
+        raise
+
+
 def _mse_loss(out, y, reduction: str = "mean"):
     """Mean squared error of each sample's values, flattened (an output of shape ``(B, 1)`` against scalar
     targets ``(B,)``)."""
@@ -264,18 +301,18 @@ def _evaluate(model, data, device, name: str) -> Dict[str, float]:
     model.eval()
     loss_sum, correct, n = 0.0, 0, 0
     size = max(1, _EVAL_TOKENS // torch.as_tensor(dataset[0][1]).numel()) if task == "lm" else _EVAL_BATCH
+    summed = functools.partial(_criterion(task), reduction="sum")  # divided once, by the kept targets, at the end
     for x, y in datasets.batches(dataset, size):
         x, y = x.to(device), y.to(device)
-        out = model(x)
-        _check_output(out, y, data, name)
+        out, loss = _forward_loss(model, x, y, data, name, summed)
         if task in ("classification", "lm"):
             logits, target = (out, y) if task == "classification" else (out.flatten(0, 1), y.flatten())
             kept = target != IGNORE_INDEX
-            loss_sum += _ce_loss(logits, target, reduction="sum").item()
+            loss_sum += loss.item()
             correct += (logits.argmax(-1)[kept] == target[kept]).sum().item()
             n += int(kept.sum().item())
         else:
-            loss_sum += _mse_loss(out, y, reduction="sum").item() / out[0].numel()
+            loss_sum += loss.item() / out[0].numel()
             n += len(x)
     model.train()
     if n == 0:
@@ -382,9 +419,7 @@ def _train(config: RunConfig, device: torch.device, progress: bool, checkpoint, 
                     break
                 x, y = x.to(device), y.to(device)
                 opt.zero_grad()
-                out = model(x)
-                _check_output(out, y, data, config.model)
-                loss = criterion(out, y)
+                _, loss = _forward_loss(model, x, y, data, config.model, criterion)
                 value = loss.item()
                 losses.append(value)
                 if not math.isfinite(value) or (bound is not None and value > bound):

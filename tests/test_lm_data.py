@@ -230,3 +230,101 @@ def test_padding_targets_count_in_no_metric_and_any_integer_targets_train():
     labels = torch.tensor([0, 2, 1, 1])
     assert train._criterion("classification")(head(x[:4].float()), labels.int()).item() == \
         train._criterion("classification")(head(x[:4].float()), labels).item()
+
+
+class _Lists(torch.utils.data.Dataset):
+    """Token windows whose samples are Python lists of ints (or, ``as_numpy``, int64 arrays)."""
+
+    def __init__(self, x, y, as_numpy=False):
+        self.x, self.y, self.as_numpy = x, y, as_numpy
+
+    def __len__(self):
+        return len(self.x)
+
+    def __getitem__(self, i):
+        if self.as_numpy:
+            return self.x[i].numpy(), self.y[i].numpy()
+        return self.x[i].tolist(), self.y[i].tolist()
+
+
+def test_samples_of_python_lists_train_as_arrays_do():
+    """A dataset whose samples are lists of token ids trains and evaluates exactly as the same samples as numpy
+    arrays (it crashed at the first batch: torch's default collate turns a batch of length-T lists into T tensors
+    of the batch, which has no .to)."""
+    from staleopt import data as datasets, registry, train
+    from staleopt.config import RunConfig
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randint(6, (120, 8), generator=g)
+    y = torch.roll(x, -1, 1)
+    kinds = {}
+    for as_numpy in (False, True):
+        name = f"list_tokens_{as_numpy}"
+        datasets.register(name, lambda a=as_numpy: (_Lists(x[:96], y[:96], a), _Lists(x[96:], y[96:], a)),
+                          replace=True)
+        try:
+            kinds[as_numpy] = train.run(RunConfig(model="gpt", model_kwargs={"d_model": 8, "layers": 1, "heads": 2},
+                                                  data=name, optimizer="adam", lr=1e-2, batch_size=16, epochs=1,
+                                                  method="pipemare", stages=2))
+        finally:
+            datasets._USER.pop(name, None)
+    cols = ["train_loss", "test_loss", "test_acc"]
+    assert kinds[False][cols].equals(kinds[True][cols]) and kinds[False]["status"].tolist() == ["ok"]
+    batch, = datasets.batches(_Lists(x[:4], y[:4]), 4)
+    assert batch[0].shape == (4, 8) and torch.equal(batch[0], x[:4]) and torch.equal(batch[1], y[:4])
+
+
+def test_ragged_or_non_numeric_samples_are_refused_with_the_field_named():
+    from staleopt import data as datasets
+    from staleopt.errors import DataError
+
+    class Ragged(torch.utils.data.Dataset):
+        def __len__(self):
+            return 4
+
+        def __getitem__(self, i):
+            return list(range(i + 1)), [0] * (i + 1)
+
+    with pytest.raises(DataError, match=r"field 0 of the samples of one batch has 4 shapes.*pad every sample"):
+        list(datasets.batches(Ragged(), 4))
+
+    class Words(Ragged):
+        def __getitem__(self, i):
+            return ["a", "b"], [0, 1]
+
+    with pytest.raises(DataError, match=r"field 0 of a sample is a list that is not a rectangular array"):
+        list(datasets.batches(Words(), 2))
+
+
+@pytest.mark.parametrize("split", ["train", "test"])
+def test_a_vocabulary_smaller_than_the_tokens_is_a_data_error(split):
+    """A Data that declares num_classes below its largest token or label raises a DataError naming the range
+    (torch said only 'index out of range in self' at the embedding, or 'Target 5 is out of bounds')."""
+    from torch.utils.data import TensorDataset
+
+    from staleopt import data as datasets, train
+    from staleopt.config import RunConfig
+    from staleopt.errors import DataError
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randint(4, (64, 8), generator=g)
+    y = torch.roll(x, -1, 1)
+    big_x, big_y = x.clone(), y.clone()
+    big_x[-1, 0] = big_y[-1, 0] = 5  # the last sample (of the test split) or every train sample holds a 5
+    tr = (TensorDataset(big_x[:48] + 1, big_y[:48] + 1) if split == "train" else TensorDataset(x[:48], y[:48]))
+    te = TensorDataset(big_x[48:], big_y[48:])
+    name = f"small_vocab_{split}"
+    datasets.register(name, lambda: datasets.Data(name, tr, te, num_classes=4, input_shape=(8,), task="lm"),
+                      replace=True)
+    try:
+        with pytest.raises(DataError, match=r"declares num_classes = 4, but a batch holds targets from \d to [45] "
+                                            r"and input tokens from \d to [45], outside \[0, 4\)"):
+            train.run(RunConfig(model="gpt", model_kwargs={"d_model": 8, "layers": 1, "heads": 2}, data=name,
+                                optimizer="adam", lr=1e-2, batch_size=16, epochs=1, method="gpipe", stages=1))
+    finally:
+        datasets._USER.pop(name, None)
+    # in range, the check stays out of the way of the model's own errors
+    model = torch.nn.Linear(3, 4)
+    with pytest.raises(RuntimeError, match="mat1 and mat2"):
+        train._forward_loss(model, x[:2].float(), y[:2], datasets.Data("d", tr, te, 4, (8,), "lm"), "m",
+                            train._criterion("lm"))
