@@ -454,15 +454,23 @@ def steps(model: nn.Module) -> List[Callable]:
     (:mod:`staleopt.segments`): run in order they compute ``model(x)`` bit for bit, and every
     partition's stage boundaries fall between two of them, so any partition's recompute segments
     can be checkpointed (:func:`staleopt.segments.checkpoint_segments`). A tuple ``(x, out)`` carries
-    a residual branch across a boundary."""
+    a residual branch across a boundary.
+
+    A user's model: its own ``steps()`` method when it has one (a list of modules, or
+    :class:`~staleopt.segments.Step` functions that declare the modules they read), else the children
+    of an ``nn.Sequential`` (whose forward is exactly that list)."""
     if callable(getattr(model, "steps", None)):
         return model.steps()
+    if isinstance(model, nn.Sequential) and type(model).forward is nn.Sequential.forward:
+        return list(model)
     tv = sys.modules.get("torchvision")
     if tv is not None and isinstance(model, tv.models.ResNet):
         return _torchvision_resnet_steps(model)
-    raise ConfigError(f"{type(model).__name__} is not a built-in staleopt model, so staleopt.models.steps does "
-                      "not know its layers: call staleopt.segments.checkpoint_segments(opt, layers, x) in its "
-                      "forward with its own layers (docs/wrapper.md)")
+    raise ConfigError(f"staleopt.models.steps does not know the layers of {type(model).__name__} (not a built-in "
+                      "model, not an nn.Sequential), so a recompute method cannot checkpoint its segments: give "
+                      "the model a steps() method that returns its forward as a list of layers, each reading at "
+                      "most one unit (a module, or staleopt.segments.Step(fn, *modules_fn_reads)), or build it as "
+                      "an nn.Sequential; see docs/tutorial.md, 'Recompute methods on your model'")
 
 
 @dataclass(frozen=True)

@@ -247,3 +247,73 @@ def test_train_command_runs_pipemare_recompute(tmp_path):
     assert main(args) == 0
     direct = train.run(RunConfig(method="pipemare-recompute", stages=4, **MLP))
     assert pd.read_csv(out)["test_loss"].tolist() == pytest.approx(direct["test_loss"].tolist(), rel=1e-12)
+
+
+def _tutorial_tiny_lm():
+    """docs/tutorial.md's TinyLM (section 6), executed from the page."""
+    from pathlib import Path
+
+    from staleopt import docgen
+    page = (Path(__file__).resolve().parents[1] / "docs" / "tutorial.md").read_text()
+    code, = [b.code for b in docgen.code_blocks(page) if "class TinyLM" in b.code]
+    scope = {"nn": nn, "torch": torch}
+    exec(code, scope)
+    return scope["TinyLM"]
+
+
+def test_a_users_sequential_and_a_model_with_steps_train_with_recompute():
+    """pipemare-recompute on a user's nn.Sequential runs its children as the layers (bit for bit a loop that
+    checkpoints the segments by hand) and on a model with a steps() method, the tutorial's TinyLM, its steps
+    (before, both were refused with advice to call checkpoint_segments, which train and compare users cannot)."""
+    from torch.utils.data import TensorDataset
+
+    def user_mlp(num_classes, input_shape):
+        return nn.Sequential(nn.Flatten(), nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 16), nn.ReLU(),
+                             nn.Linear(16, 16), nn.ReLU(), nn.Linear(16, num_classes))
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randint(6, (96, 8), generator=g)
+    tokens = (TensorDataset(x[:64], torch.roll(x[:64], -1, 1)), TensorDataset(x[64:], torch.roll(x[64:], -1, 1)))
+    models.register("user_mlp", user_mlp, replace=True)
+    models.register("user_tiny_lm", _tutorial_tiny_lm(), replace=True)
+    datasets.register("user_tokens", lambda: tokens, replace=True)
+    try:
+        config = RunConfig(model="user_mlp", method="pipemare-recompute", stages=4, **SYNTH)
+        records = train.run(config)
+
+        def forward(model, opt):
+            assert opt.schedule.segments(4) == [(0, 1), (2, 3)]
+            first = lambda x: F.relu(model[3](F.relu(model[1](model[0](x)))))   # stages 0-1
+            second = lambda h: model[7](F.relu(model[5](h)))                    # stages 2-3
+            return lambda x: opt.checkpoint(second, opt.checkpoint(first, x))
+
+        by_hand, _ = hand_loop(config, forward)
+        for col in ("train_loss", "test_loss", "test_acc"):
+            assert records[col].tolist() == by_hand[col].tolist()
+        lm = dict(model="user_tiny_lm", data="user_tokens", batch_size=16, epochs=2, lr=0.5, stages=3)
+        recomputed = train.run(RunConfig(method="pipemare-recompute", **lm))
+        assert recomputed["status"].tolist() == ["ok", "ok"]
+        assert recomputed["test_loss"].tolist() != train.run(RunConfig(method="pipemare", **lm))["test_loss"].tolist()
+    finally:
+        models._USER.pop("user_mlp", None)
+        models._USER.pop("user_tiny_lm", None)
+        datasets._USER.pop("user_tokens", None)
+
+
+def test_a_model_without_steps_is_refused_naming_the_steps_method():
+    class Net(nn.Module):
+        def __init__(self, num_classes, input_shape):
+            super().__init__()
+            self.a, self.b = nn.Linear(8, 8), nn.Linear(8, num_classes)
+
+        def forward(self, x):
+            return self.b(torch.relu(self.a(x.flatten(1))))
+
+    class OwnForward(nn.Sequential):
+        def forward(self, x):
+            return super().forward(x) * 2
+
+    for model in (Net(3, (1, 8)), OwnForward(nn.Flatten(), nn.Linear(8, 3))):
+        with pytest.raises(ConfigError, match=r"give the model a steps\(\) method .* or build it as an "
+                                              r"nn.Sequential; see docs/tutorial.md"):
+            models.steps(model)
