@@ -43,7 +43,7 @@ from . import metrics, speedup, stats
 from .errors import ConfigError
 
 __all__ = ["Claim", "Beats", "Matches", "Diverges", "NeverDiverges", "Degrades", "LessMemory", "Faster", "DEMO_CLAIMS",
-           "DEMO_TARGET", "LM_DEMO_CLAIMS", "evaluate", "format_table", "CLAIM_COLUMNS", "VERDICTS"]
+           "DEMO_TARGET", "LM_DEMO_CLAIMS", "default_claims", "evaluate", "format_table", "CLAIM_COLUMNS", "VERDICTS"]
 
 #: Columns of :func:`evaluate`'s table (and of ``claims.csv``).
 CLAIM_COLUMNS = ("claim", "evidence", "verdict")
@@ -103,6 +103,14 @@ class Claim(abc.ABC):
         """``(evidence, holds)``: the numbers it was decided on and whether it holds."""
 
 
+def _digits(value: float, bound: float, digits: int) -> int:
+    """``digits``, or more where ``value`` and the ``bound`` a claim compares it with would print alike though
+    they differ (a speedup of 1.2468 shown as "1.25x" against a factor of 1.25 that it fails)."""
+    while value != bound and digits < 15 and f"{abs(value):.{digits}f}" == f"{abs(bound):.{digits}f}":
+        digits += 1
+    return digits
+
+
 @dataclass(frozen=True)
 class Beats(Claim):
     a: str
@@ -117,7 +125,7 @@ class Beats(Claim):
         p = ctx.p(self.stages)
         (ma, ta), (mb, tb) = ctx.score(self.a, p), ctx.score(self.b, p)
         gain = ctx.metric.gain(ma, mb)
-        return f"{ta} vs {tb}: {gain:+.3f}", gain >= self.margin
+        return f"{ta} vs {tb}: {gain:+.{_digits(gain, self.margin, 3)}f}", gain >= self.margin
 
 
 @dataclass(frozen=True)
@@ -134,7 +142,7 @@ class Matches(Claim):
         p = ctx.p(self.stages)
         (ma, ta), (mb, tb) = ctx.score(self.a, p), ctx.score(self.b, p)
         gain = ctx.metric.gain(ma, mb)
-        return f"{ta} vs {tb}: {gain:+.3f}", abs(gain) <= self.tol
+        return f"{ta} vs {tb}: {gain:+.{_digits(abs(gain), self.tol, 3)}f}", abs(gain) <= self.tol
 
 
 @dataclass(frozen=True)
@@ -187,7 +195,7 @@ class Degrades(Claim):
         lo, hi = ctx.p(self.low), ctx.p(self.high)
         (ml, tl), (mh, th) = ctx.score(self.method, lo), ctx.score(self.method, hi)
         gain = ctx.metric.gain(mh, ml)   # negative: worse at the larger P
-        return f"P={lo}: {tl}; P={hi}: {th}: {gain:+.3f}", -gain >= self.margin
+        return f"P={lo}: {tl}; P={hi}: {th}: {gain:+.{_digits(-gain, self.margin, 3)}f}", -gain >= self.margin
 
 
 @dataclass(frozen=True)
@@ -206,7 +214,8 @@ class LessMemory(Claim):
         p = ctx.p(self.stages)
         if not self.total:
             ma, mb = (float(ctx.group(m, p)["memory_ratio_gpipe"].iloc[0]) for m in (self.a, self.b))
-            return f"{self.a} {ma:.2f}x GPipe vs {self.b} {mb:.2f}x GPipe (analytic)", ma < mb
+            d = _digits(ma, mb, 2)
+            return f"{self.a} {ma:.{d}f}x GPipe vs {self.b} {mb:.{d}f}x GPipe (analytic)", ma < mb
         for m in (self.a, self.b):
             ctx.group(m, p)
         if ctx.memory is None:
@@ -217,7 +226,8 @@ class LessMemory(Claim):
                               for m in (self.a, self.b))
         if math.isnan(ma) or math.isnan(mb):
             raise ConfigError("the total memory needs the runs' model and data, which this process cannot build")
-        return (f"{self.a} {ma:.2f}x GPipe ({ba / 2 ** 20:.1f} MiB) vs {self.b} {mb:.2f}x GPipe "
+        d = _digits(ma, mb, 2)
+        return (f"{self.a} {ma:.{d}f}x GPipe ({ba / 2 ** 20:.1f} MiB) vs {self.b} {mb:.{d}f}x GPipe "
                 f"({bb / 2 ** 20:.1f} MiB) (analytic, activations measured)"), ma < mb
 
 
@@ -248,7 +258,7 @@ class Faster(Claim):
             return f"{int(r.reached)}/{int(r.runs)} reached it" + (
                 f" at pipeline time {r.time_to_target:.1f} (step {r.steps_to_target:.0f})" if r.reached else "")
         evidence = (f"{self.method}: {reached(me)}; {self.baseline}: {reached(base)}; speedup "
-                    + ("-" if math.isnan(me.speedup) else f"{me.speedup:.2f}x"))
+                    + ("-" if math.isnan(me.speedup) else f"{me.speedup:.{_digits(me.speedup, self.factor, 2)}f}x"))
         ok = me.reached == me.runs and base.reached == base.runs and me.speedup >= self.factor
         return evidence, bool(ok)
 
@@ -286,9 +296,22 @@ LM_DEMO_CLAIMS: Tuple[Claim, ...] = (
 )
 
 
+def default_claims(metric) -> Tuple[Claim, ...]:
+    """The claims judged when none are given, by the metric they are judged in: :data:`DEMO_CLAIMS` in
+    accuracy, :data:`LM_DEMO_CLAIMS` in perplexity, and for any other metric (regression's test loss) the
+    demo's claims without a margin, whose thresholds are in accuracy (``Beats``, ``Matches``)."""
+    metric = metrics.get(metric)
+    if metric is metrics.ACCURACY:
+        return DEMO_CLAIMS
+    if metric is metrics.PERPLEXITY:
+        return LM_DEMO_CLAIMS
+    return tuple(c for c in DEMO_CLAIMS if not isinstance(c, (Beats, Matches)))
+
+
 def evaluate(records: pd.DataFrame, claims: Sequence[Claim] = None, level: float = 0.95,
              target: Optional[float] = None, memory: Optional[pd.DataFrame] = None, metric=None) -> pd.DataFrame:
-    """Table of ``claim``, ``evidence`` and ``verdict`` (:data:`VERDICTS`) per claim (default :data:`DEMO_CLAIMS`).
+    """Table of ``claim``, ``evidence`` and ``verdict`` (:data:`VERDICTS`) per claim (default: the metric's,
+    :func:`default_claims`).
 
     A claim that needs a method or ``P`` the records lack is ``"not evaluated"``, with the reason as evidence.
 
@@ -299,11 +322,11 @@ def evaluate(records: pd.DataFrame, claims: Sequence[Claim] = None, level: float
     plus 1%). ``memory``: :func:`staleopt.hardware.run_memory` of the records, computed here when a claim
     needs it.
     """
-    claims = DEMO_CLAIMS if claims is None else claims
     stats.check_level(level)
     if records.empty:
         raise ConfigError("no finished runs to evaluate the claims on; run the sweep first")
     metric = metrics.of(records, metric)
+    claims = default_claims(metric) if claims is None else claims
     runs = stats.per_run(records, ["method", "stages"], metric=metric)
     runs["stages"] = runs["stages"].astype(int)
     if target is None and any(isinstance(c, Faster) for c in claims):

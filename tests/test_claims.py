@@ -154,3 +154,40 @@ def test_claims_the_records_cannot_decide_are_not_evaluated():
 def test_demo_claims_default_target_is_gpipe_minus_a_point():
     table = claims.evaluate(hand_records(), [Faster("pipemare", "gpipe", "max", 1.0)])
     assert "reaches 0.920" in table["claim"][0]
+
+
+def test_the_default_claims_are_the_metrics():
+    """Records in perplexity are judged by the language-model demo's claims (compare() on a user's LM judged
+    them by the classification demo's, whose margins are in accuracy, read as perplexity), regression records
+    by the demo's claims without an accuracy margin; accuracy records by the demo's."""
+    acc = hand_records()
+    ppl = acc.assign(test_ppl=1 / acc["test_acc"], test_acc=math.nan)
+    loss = acc.assign(test_loss=1 - acc["test_acc"], test_acc=math.nan)
+    for records, want in ((acc, claims.DEMO_CLAIMS), (ppl, claims.LM_DEMO_CLAIMS)):
+        table = claims.evaluate(records)
+        assert len(table) == len(want)
+        assert table["claim"].tolist() == claims.evaluate(records, want)["claim"].tolist()
+    table = claims.evaluate(loss)
+    kept = claims.default_claims("test_loss")
+    assert kept and not any(isinstance(c, (Beats, Matches)) for c in kept) and len(table) == len(kept)
+    assert claims.default_claims(claims.metrics.PERPLEXITY) is claims.LM_DEMO_CLAIMS
+    # a metric named explicitly picks its claims, whatever the records' task
+    assert len(claims.evaluate(ppl.assign(test_loss=1 - acc["test_acc"]), metric="test_loss")) == len(kept)
+
+
+def test_evidence_shows_the_digits_that_decide_a_verdict():
+    """A speedup of 3.93... against a factor between it and 3.935 printed as "3.93x" (or 1.2468 as "1.25x" against
+    1.25) next to "does not hold"; the evidence now prints as many digits as tell the two apart."""
+    records = hand_records()
+    (speed,) = claims.evaluate(records, [Faster("pipemare", "gpipe", "max", 1.0)], target=0.9)["evidence"]
+    s = float(speed.split("speedup ")[1].rstrip("x"))
+    exact = speedup.speedup_table(records, 0.9).set_index(["method", "stages"]).loc[("pipemare", 8), "speedup"]
+    above = round(exact, 2) + 0.001 if round(exact, 2) > exact else exact + 0.0001
+    assert f"{above:.2f}" == f"{s:.2f}" or f"{above:.2f}" == f"{exact:.2f}"
+    table = claims.evaluate(records, [Faster("pipemare", "gpipe", "max", above),
+                                      Beats("gpipe", "pipemare", "max", 0.00667)], target=0.9)
+    assert table["verdict"].tolist() == ["does not hold", "does not hold"]
+    shown = float(table["evidence"][0].split("speedup ")[1].rstrip("x"))
+    assert shown < above and f"{shown}" != f"{above:.2f}"
+    assert "+0.006667" in table["evidence"][1]       # gain 0.00666... against a margin of 0.00667
+    assert "+0.007" in claims.evaluate(records, [Beats("gpipe", "pipemare", "max", 0.01)])["evidence"][0]
