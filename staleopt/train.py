@@ -229,7 +229,15 @@ def _check_output(out, y, data, model: str) -> None:
         return
     if want is None and got is not None and got[:1] == tuple(y.shape[:1]) and out[0].numel() == y[0].numel():
         return
-    shown = "a " + type(out).__name__ if got is None else f"shape {got}"
+    if got is None:
+        first = ("its 'logits' field" if hasattr(out, "logits") or (isinstance(out, Mapping) and "logits" in out)
+                 else "its first element" if isinstance(out, (tuple, list)) and out else None)
+        raise ConfigError(f"model {model!r} returns a {type(out).__name__}, but the trainer needs one tensor "
+                          f"(logits for {task}, the predictions for regression)" + (
+                              f": return {first} from the forward (a wrapper module whose forward returns "
+                              "self.model(x).logits or self.model(x)[0])" if first else
+                              ": make the forward return a tensor"))
+    shown = f"shape {got}"
     need = (f"{want}" if want is not None else
             f"{len(y)} samples of {y[0].numel()} value(s) each, as the targets {tuple(y.shape)}")
     raise ConfigError(f"model {model!r} returns {shown} for a batch of {len(y)} of dataset {data.name!r} "

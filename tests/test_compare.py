@@ -303,6 +303,34 @@ def test_own_token_data_is_a_language_model_task_and_wrong_outputs_are_refused()
         train.run(RunConfig(model="three_outputs", data="five_classes", stages=1, epochs=1, batch_size=10))
 
 
+
+@pytest.mark.filterwarnings("ignore:the first training forward read no weight")  # no tensor out: none seen read
+@pytest.mark.parametrize("kind, fix", [("tuple", "its first element"), ("dict", "its 'logits' field"),
+                                       ("object", "its 'logits' field"), ("none", "make the forward return a tensor")])
+def test_a_model_that_returns_no_tensor_is_told_which_part_to_return(kind, fix):
+    """A tuple, a dict or a Hugging Face-style output with .logits is refused naming the part to return (the
+    message spoke of shapes and num_classes, which were not the problem)."""
+    from types import SimpleNamespace
+
+    from staleopt import train
+
+    class Wrapped(nn.Module):
+        def __init__(self, num_classes, input_shape):
+            super().__init__()
+            self.fc = nn.Linear(6, num_classes)
+
+        def forward(self, x):
+            out = self.fc(x)
+            return {"tuple": (out, x), "dict": {"logits": out}, "object": SimpleNamespace(logits=out),
+                    "none": None}[kind]
+
+    staleopt.register_model("wrapped_output", Wrapped, replace=True)
+    staleopt.register_data("five_classes", lambda: (TensorDataset(torch.randn(20, 6), torch.arange(20) % 5),
+                                                    TensorDataset(torch.randn(5, 6), torch.arange(5))), replace=True)
+    with pytest.raises(ConfigError, match=rf"'wrapped_output' returns a \w+, but the trainer needs one tensor.*{fix}"):
+        train.run(RunConfig(model="wrapped_output", data="five_classes", stages=1, epochs=1, batch_size=10))
+
+
 ROOT_SCALE = textwrap.dedent('''\
     import torch
     from torch import nn
