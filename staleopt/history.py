@@ -720,7 +720,8 @@ class SlotHistory(History):
                          "ran, or microbatch_passes' N): this step runs more forward/backward passes than that, runs "
                          "a pass again after its backward raised (an out-of-memory error caught and retried), or "
                          "runs again after a step() that did not happen (torch.amp.GradScaler skips step() after an "
-                         "inf or NaN gradient). Run the same number of passes in every step (fewer is fine), or use "
+                         "inf or NaN gradient), or resumes a checkpoint saved after the step's last backward and "
+                         "before its step() (save after opt.step()). Run the same number of passes in every step (fewer is fine), or use "
                          "memory='fast' (one more version per delayed stage; it also trains through skipped steps "
                          "and retried passes)")
 

@@ -1203,6 +1203,12 @@ class PipelineOptimizer(torch.optim.Optimizer):
         """The engine's state; a training forward whose backward has not run is left out of the pass counts (a
         process that loads the checkpoint cannot run that backward: it runs the microbatch again)."""
         counts = self._counts
+        if self._history.strategy == "minimal" and self._last_pass() and any(self._max_delays[0]):
+            warnings.warn("a checkpoint saved after the step's last backward pass and before opt.step(), in "
+                          "memory='minimal' (which dropped each delayed stage's oldest version in that backward): "
+                          "a process that loads it can call step() with these gradients, but not run the "
+                          "step's passes again (LoopError). Save after opt.step(), or use memory='fast'",
+                          UserWarning, stacklevel=3)
         pending = counts[0] - counts[1] if counts is not None else 0
         if pending:
             counts = [counts[1], counts[1]]
@@ -1303,6 +1309,9 @@ class PipelineOptimizer(torch.optim.Optimizer):
         self._passes, self._pass = mine["passes"]
         counts = mine["pass_counts"]  # None (an older checkpoint): this step's passes are unknown
         self._counts = None if counts is None or counts["step"] is None else list(counts["step"])
+        # passes of this step that ran before the save saw the forward and the backward (a step() with their
+        # gradients is not a loop that bypassed the model)
+        self._seen = {"forward", "backward"} if self._counts is not None and self._counts[1] else set()
         if not self._microbatch_passes:
             self._expected = None if counts is None or counts["expected"] is None else tuple(counts["expected"])
         self._generator.set_state(mine["generator"])

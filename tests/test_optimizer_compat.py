@@ -9,7 +9,7 @@ from torch import nn
 
 import staleopt
 from staleopt import schedules
-from staleopt.errors import (ConfigError, DelayError, OptimizerMismatchError, ScheduleError, StageError,
+from staleopt.errors import (ConfigError, DelayError, LoopError, OptimizerMismatchError, ScheduleError, StageError,
                              StaleoptError)
 
 from helpers import batches, mlp, mse, train
@@ -175,6 +175,48 @@ def test_a_submodules_state_dict_mid_pass_sees_current_weights():
         assert all(torch.equal(v, w_t[k if sub is model[0] else "0." + k]) for k, v in sub.state_dict().items())
     mse(out, y).backward()
     opt.step()
+
+
+def test_a_checkpoint_between_the_last_backward_and_step_warns_and_resumes_by_stepping():
+    """Saved after the step's last backward and before step() in memory='minimal': the save warns; a process
+    that loads it with the gradients steps on exactly; one that runs the pass again gets a LoopError naming this
+    cause (it named retried passes and skipped steps only)."""
+    import copy
+
+    def build():
+        model = mlp(seed=8)
+        return model, staleopt.PipelineOptimizer(model, torch.optim.SGD(model.parameters(), lr=0.3), stages=3,
+                                                 schedule="dataflow")
+
+    data = batches(7, seed=8)
+    model, opt = build()
+    train(model, opt, data[:5])
+    x, y = data[5]
+    opt.zero_grad()
+    mse(model(x), y).backward()
+    with pytest.warns(UserWarning, match=r"after the step's last backward pass and before opt.step\(\)"):
+        ckpt = copy.deepcopy({"model": model.state_dict(), "opt": opt.state_dict(),
+                              "grads": [p.grad for p in model.parameters()]})
+    opt.step()
+    train(model, opt, data[6:])
+    for redo in (False, True):
+        m2, o2 = build()
+        m2.load_state_dict(ckpt["model"])
+        o2.load_state_dict(ckpt["opt"])
+        if redo:
+            o2.zero_grad()
+            with pytest.raises(LoopError, match=r"resumes a checkpoint saved after the step's last backward"):
+                mse(m2(x), y).backward()
+                o2.step()
+            continue
+        for p, g in zip(m2.parameters(), ckpt["grads"]):
+            p.grad = g.clone()
+        o2.step()
+        train(m2, o2, data[6:])
+        assert all(torch.equal(a, b) for a, b in zip(m2.parameters(), model.parameters()))
+    with warnings.catch_warnings():  # after step() (and in memory='fast') a save is silent
+        warnings.simplefilter("error")
+        opt.state_dict()
 
 
 def test_closure_and_zero_grad():
