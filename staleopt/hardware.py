@@ -79,14 +79,15 @@ def time_to_accuracy(steps_to_target: float, method, stages: int, microbatches: 
     length left to the method's default is cut at it (a default warmup longer than the run covers all of it, as
     :func:`staleopt.speedup.pipeline_time` cuts them).
     """
+    pipeline = methods.build(method, stages, microbatches)
     if "total_steps" not in phase_args:
         phase_args["total_steps"] = steps_to_target
-        for c in methods.build(method, stages, microbatches).corrections:
+        for c in pipeline.corrections:
             if isinstance(c, Warmup):
                 phase_args.setdefault("warmup_steps", min(c.steps, steps_to_target))
             if isinstance(c, Hybrid):
                 phase_args.setdefault("pipelined_steps", min(c.pipelined_steps, steps_to_target))
-    return steps_to_target / pipeline_utilization(method, stages, microbatches, **phase_args)
+    return steps_to_target / pipeline.utilization(**phase_args)
 
 
 def effective_delays(method, stages: int, microbatches: int = 1) -> Tuple[List[int], List[int]]:

@@ -446,8 +446,12 @@ def execution_order(model: nn.Module, units: Sequence[Unit], example_input: Any)
     is backpropagated; units the pass does not use keep their registration order, after the rest.
     """
     flow = _probe(model, units, example_input)
-    order = sorted(range(len(units)), key=lambda i: (flow.first_use.get(i, math.inf), i))
-    return [units[i] for i in order]
+    return [units[i] for i in _first_use_order(flow, len(units))]
+
+
+def _first_use_order(flow: Dataflow, n: int) -> List[int]:
+    """The indices of ``n`` units by the first use of their weights in ``flow``; unused ones last, in order."""
+    return sorted(range(n), key=lambda i: (flow.first_use.get(i, math.inf), i))
 
 
 def _run_example(model: nn.Module, example_input: Any) -> Tuple[Any, Tuple[str, ...]]:
@@ -494,9 +498,9 @@ def partition_model(model: nn.Module, stages: Union[int, str, Sequence[int]], st
     module_order: Tuple[str, ...] = ()
     if example_input is not None and units:
         outputs, module_order = _run_example(model, example_input)
-        units = units_of(model, module_order)
+        units = units_of(model, module_order)  # again: a tied weight's owner is the module called first
         flow = dataflow(outputs, units)
-        order = sorted(range(len(units)), key=lambda i: (flow.first_use.get(i, math.inf), i))
+        order = _first_use_order(flow, len(units))
         position = {old: new for new, old in enumerate(order)}
         units = [units[i] for i in order]
         used_late = frozenset((position[a], position[b], j) for a, b, j in flow.shared)
