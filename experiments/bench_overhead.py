@@ -76,8 +76,8 @@ after is recorded in ``meta.json``.
    all weights.
 6. **Piece by piece.** ``pipemare``'s whole step in the same setting as a ladder
    of floors, each adding one piece to the one before (:data:`LADDER`): the
-   hooks alone, the stale forward views (pointing and one copy: ``dataflow``'s
-   floor), pipemare's second copy, T2's backward rewrite, T2's accumulator
+   hooks alone, the stale forward views (pointing and two copies: ``dataflow``'s
+   floor), pipemare's spare row, T2's backward rewrite, T2's accumulator
    update, T1's per-stage groups (pipemare's floor), then the wrapper; per
    rung the median over interleaved rounds of its step over the plain step
    and what it adds (:func:`budget`, ``budget.csv``).
@@ -321,7 +321,9 @@ class DataMovementFloor:
     the parameter at the row of ``w_{t-tau}`` (``p.data = row``); when the backward begins, ``w_t`` is copied
     over that row (one ``torch._foreach_copy_``: the row now stores ``w_t``, and the backward, whose saved
     weights alias the row, reads ``w_t``, ``tau_bkwd = 0``); at the end of the backward the parameters point at
-    their own storage again. One weight copy and two pointer moves per parameter and step; no storage checks,
+    their own storage again; the step copies ``w_t`` into that row once more before the base step (the engine's
+    push: a change to the weights between backward and step is part of ``w_t``). Two weight copies and two
+    pointer moves per parameter and step; no storage checks,
     plans, pass counting or corrections, so it handles exactly one training forward and its backward per step
     (no eval between them, no recomputation, no checkpoints). ``seconds`` sums the time inside its hooks'
     bodies, as :class:`EngineClock` times the wrapper's.
@@ -379,7 +381,12 @@ class DataMovementFloor:
         return loss
 
     def _update(self) -> None:
-        """The step (the row written at the backward's start already stores ``w_t``)."""
+        """The step: ``w_t`` into its row (written at the backward's start, but the weights at rest may have
+        changed since), then the base step."""
+        if self.moves:
+            t0 = clock()
+            torch._foreach_copy_(self._pointed, self.own)
+            self.seconds += clock() - t0
         self.base.step()
 
 
@@ -466,8 +473,9 @@ class HooksFloor(DataMovementFloor):
 #: ``pipemare``'s whole step (issue 23's 1.10 goal) piece by piece, each rung adding one piece to the one
 #: before: (label, the floor that times it). The wrapper itself is the last rung (:func:`budget`).
 LADDER = (("hooks (no data movement)", HooksFloor),
-          ("+ stale forward views: pointing, one copy (dataflow's floor)", DataMovementFloor),
-          ("+ pipemare's spare row: a second copy", functools.partial(PipemareFloor, without=PipemareFloor.PIECES)),
+          ("+ stale forward views: pointing, two copies (dataflow's floor)", DataMovementFloor),
+          ("+ pipemare's spare row (push's copy goes there)", functools.partial(PipemareFloor,
+                                                                                without=PipemareFloor.PIECES)),
           ("+ T2's backward rewrite", functools.partial(PipemareFloor, without=("t1", "t2-update"))),
           ("+ T2's accumulator update", functools.partial(PipemareFloor, without=("t1",))),
           ("+ T1's per-stage groups (pipemare's floor)", PipemareFloor))

@@ -553,10 +553,11 @@ class SlotHistory(History):
         self._data = [v.data for v in self.views]  # aliases of the parameters' own storage
         # binding (module docstring): a view of contiguous tensors may point its parameters at a row
         self._bindable = [M > 0 and all(d.is_contiguous() for d in v.data) for M, v in zip(self._M, self.views)]
-        # the storage checks (load, restore; _moved) compare addresses: per view its first and last parameter (owner)
-        # and the addresses of their own storage
-        self._ends = [(v.owners[0], v.owners[-1]) for v in self.views]
-        self._home_ptrs = [(d[0].data_ptr(), d[-1].data_ptr()) for d in self._data]
+        # the storage checks (load, restore; _moved) compare addresses: per view every parameter (owner) and the
+        # addresses of its own storage (not only the first and last: `p.data = p.data * mask`, pruning, gives one
+        # parameter new storage, which pointing it elsewhere and back would silently undo)
+        self._ends = [tuple(v.owners) for v in self.views]
+        self._home_ptrs = [tuple(x.data_ptr() for x in d) for d in self._data]
         # of the state's bound views: their ends, the addresses they were pointed at, and their parameters and own storage
         self._bound_ends: Tuple[torch.Tensor, ...] = ()
         self._bound_ptrs: List[int] = []
@@ -860,18 +861,18 @@ class SlotHistory(History):
             self.load(self._at_rest)
 
     def _moved(self, indices: Sequence[int], home: bool) -> Exception:
-        """The error for views ``indices`` whose first or last parameter is no longer its own storage (``home``)
+        """The error for views ``indices`` one of whose parameters is no longer its own storage (``home``)
         or the row it points at: something moved or replaced them, which pointing them elsewhere would silently
         undo. (Before pointing, :meth:`load` and :meth:`restore` compare those addresses all at once.)"""
         views = self.views
         for i in indices:
             owners, expected = views[i].owners, self._data[i] if home else views[i].data
-            if (owners[0].data_ptr() != expected[0].data_ptr()
-                    or owners[-1].data_ptr() != expected[-1].data_ptr()):
+            if any(o.data_ptr() != e.data_ptr() for o, e in zip(owners, expected)):
                 return LoopError(f"the parameters of stage {views[i].stage} were moved or replaced after the "
                                  "PipelineOptimizer was built (e.g. model.to(device), module.half(), "
-                                 "load_state_dict(assign=True)), here during a training step: build the optimizer "
-                                 "after the model is on its device and in its dtype")
+                                 "load_state_dict(assign=True), or p.data = new_tensor), here during a training "
+                                 "step: build the optimizer after the model is on its device and in its dtype, and "
+                                 "change weights in place (p.data.mul_(mask), or p.mul_(mask) under no_grad)")
         return CorrectionError("the storage check of the pointed parameters disagrees with their views (a bug: "
                                "please report it)")
 
@@ -902,11 +903,14 @@ class SlotHistory(History):
         state = self._st
         moves = state.next.get("push")
         if moves is None:  # w_t into its row (t mod M), which held w_{t-H} (fast: w_{t-H-1})
-            todo = tuple(i for i in self._delayed if not state.saved[i])
+            # also where a pass already stored w_t there (the copy back of a dropped w_{t-H}, a pass row): the
+            # parameters at rest may have changed since (weight decay or a constraint applied between backward()
+            # and step() is part of w_t, design §1), and no cheap test sees a change through .data
+            todo = self._delayed
             moves = (todo, _Refs(self, [(i, 0) for i in todo]), _Refs(self, [(i, None) for i in todo]))
             self._remember(state, "push", moves)
         todo, rows, params = moves
-        if not todo:  # (a pass already stored w_t: the copy back of a dropped w_{t-H}, a pass row)
+        if not todo:
             return
         _copy(rows.at(t), params.at(t), self._foreach)
         self._st = self._derive("pushed", lambda state: {"saved": tuple(

@@ -356,8 +356,8 @@ class PipelineOptimizer(torch.optim.Optimizer):
         self._stored = [v for v in self._views if v.H]  # the views whose versions the history keeps
         self._stored_index = tuple(v.index for v in self._stored)
         self._pending: Optional[dict] = None  # the "staleopt" entry between the two load hooks
-        self._ptr_params = [p for v in self._views for p in (v.params[0], v.params[-1])]
-        self._ptrs = [p.data_ptr() for p in self._ptr_params]  # where the parameters' storage was
+        self._ptr_params = [p for v in self._views for p in v.params]
+        self._ptrs = [p.data_ptr() for p in self._ptr_params]  # where the parameters' storage was (every one)
         self._device_type = self._views[0].params[0].device.type
         self._autocast_outside = False  # autocast was on when the latest training forward began
         self._stage_of_param = {id(p): s.index for s in self._partition for p in s.params}
@@ -1092,8 +1092,9 @@ class PipelineOptimizer(torch.optim.Optimizer):
     def _check_storage(self) -> None:
         if list(map(torch.Tensor.data_ptr, self._ptr_params)) != self._ptrs:
             raise LoopError("the model's parameters were moved or replaced after the PipelineOptimizer "
-                            "was built (e.g. model.to(device) or load_state_dict(assign=True)): build "
-                            "the optimizer after the model is on its device")
+                            "was built (e.g. model.to(device), load_state_dict(assign=True), or p.data = "
+                            "new_tensor): build the optimizer after the model is on its device, and change "
+                            "weights in place (p.data.mul_(mask), or p.mul_(mask) under no_grad)")
 
     @disable_dynamo
     @torch.no_grad()

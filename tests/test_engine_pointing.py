@@ -223,6 +223,32 @@ def test_a_rollback_during_a_pass_trains_as_the_reference(method, memory):
         assert _pair(rollback(order), method, memory)
 
 
+@pytest.mark.parametrize("memory", ["minimal", "fast"])
+@pytest.mark.parametrize("schedule", ["sync", "dataflow", "pipedream"])
+def test_one_middle_parameter_given_new_storage_is_refused(schedule, memory):
+    """``p.data = p.data * mask`` (pruning) on a parameter neither first nor last of its stage raises
+    ``LoopError`` naming the in-place fix, before any update (the storage check compared the first and last
+    parameter only: the engine pointed the pruned parameter back at its old storage, and the pruned values
+    vanished without a word)."""
+    model = nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 2), nn.Linear(2, 2), nn.Linear(2, 2))
+    opt = staleopt.PipelineOptimizer(model, torch.optim.SGD(model.parameters(), lr=0.1), stages=2,
+                                     schedule=schedule, memory=memory)
+    x = torch.ones(3, 2)
+    for _ in range(2):
+        opt.zero_grad()
+        model(x).sum().backward()
+        opt.step()
+    bias = model[0].bias  # stage 0 = 0.weight, 0.bias, 1.weight, 1.bias
+    bias.data = torch.zeros_like(bias)
+    before = [p.detach().clone() for p in model.parameters()]
+    with pytest.raises(staleopt.errors.LoopError, match=r"p.data = new_tensor.*change weights in place"):
+        opt.zero_grad()
+        model(x).sum().backward()
+        opt.step()
+    assert torch.equal(bias, torch.zeros(2))
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))  # nothing updated
+
+
 @pytest.mark.parametrize("mid_pass", [True, False])
 def test_parameters_replaced_during_a_step_are_refused(mid_pass):
     """A module whose parameters are re-allocated (``module.half().double()``, ``model.to(...)`` on part of the
