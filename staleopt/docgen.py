@@ -134,7 +134,7 @@ API_MODULES = ("staleopt", "staleopt.optimizer", "staleopt.partition", "staleopt
                "staleopt.timeline", "staleopt.theory", "staleopt.advisor", "staleopt.plot.sweep", "staleopt.errors")
 
 
-def bench_costs(root: Path = ROOT / "docs" / "bench" / "f6537d8") -> str:
+def bench_costs(root: Path = ROOT / "docs" / "bench" / "f34f8cf") -> str:
     """README's cost paragraph from the two recorded ``make bench`` runs committed in ``root`` (each run's
     ``step.csv``, table 1; ``budget.csv``, table 6; ``growth.csv``, table 8; ``meta.json``): ranges over the runs."""
     import json
