@@ -99,7 +99,8 @@ def compare(model: Union[str, Callable], data: Union[str, Callable] = "mnist1d",
     claims, in that metric (default: GPipe's mean best accuracy minus 0.01, or its best
     perplexity plus 1%, when ``methods`` has ``gpipe``; none otherwise). ``claims``: default the demo's
     for the metric (:func:`staleopt.claims.default_claims`: ``DEMO_CLAIMS`` in accuracy, ``LM_DEMO_CLAIMS``
-    in perplexity); a claim on a method not run is ``"not evaluated"``. ``workers``, ``threads``, ``bar``: as :func:`staleopt.sweep.run_sweep`.
+    in perplexity); a claim on a method not run is ``"not evaluated"``. ``workers``, ``threads``, ``bar``: as
+    :func:`staleopt.sweep.run_sweep`.
     Returns a :class:`Comparison`; the files are written into ``out``. Runs that did not finish (failed, left to
     another launch, damaged files: ``result.report``) are left out of the tables, with a warning that names them.
     """

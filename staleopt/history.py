@@ -722,9 +722,9 @@ class SlotHistory(History):
                          "a pass again after its backward raised (an out-of-memory error caught and retried), or "
                          "runs again after a step() that did not happen (torch.amp.GradScaler skips step() after an "
                          "inf or NaN gradient), or resumes a checkpoint saved after the step's last backward and "
-                         "before its step() (save after opt.step()). Run the same number of passes in every step (fewer is fine), or use "
-                         "memory='fast' (one more version per delayed stage; it also trains through skipped steps "
-                         "and retried passes)")
+                         "before its step() (save after opt.step()). Run the same number of passes in every step "
+                         "(fewer is fine), or use memory='fast' (one more version per delayed stage; it also trains "
+                         "through skipped steps and retried passes)")
 
     def _plan_load(self, d: _Draft, targets: List[Target]) -> Tuple[tuple, tuple]:
         """Check ``targets`` (versions) and plan the rounds of moves that bring the views in their own storage to them,
