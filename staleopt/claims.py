@@ -6,7 +6,9 @@ its evidence, the numbers it was decided on, and whether it holds. A method's
 score is each run's best test metric over epochs (PipeMare App. C: the best test
 accuracy; for a language model the lowest test perplexity, :mod:`staleopt.metrics`),
 averaged over seeds with the interval of :mod:`staleopt.stats`; a diverged run
-keeps the value it had (it stays in the mean and is counted in the evidence).
+keeps the value it had (it stays in the mean and is counted in the evidence; a
+perplexity of ``inf`` makes the mean ``inf``), and a claim is decided on the mean
+its evidence prints.
 Stage counts are ints or ``"max"`` / ``"min"``: the largest / smallest ``P`` in the records.
 
 Margins and tolerances are in the metric's units (accuracy points, perplexity)
@@ -86,9 +88,8 @@ class _Context:
         div)"``."""
         g, m = self.group(method, p), self.metric
         nd, n = stats.divergence_count(g["diverged"])
-        text = (f"{method} {stats.mean_ci_text(g[m.best_column], self.level, m.digits, m.bounds)}"
-                + (f" ({nd}/{n} div)" if nd else ""))
-        return float(g[m.best_column].mean()), text
+        mean, lo, hi, _, _ = stats.interval(g[m.best_column], self.level, m.bounds)
+        return mean, f"{method} {stats.interval_text(mean, lo, hi, m.digits)}" + (f" ({nd}/{n} div)" if nd else "")
 
 
 class Claim(abc.ABC):

@@ -135,8 +135,8 @@ def compare(model: Union[str, Callable], data: Union[str, Callable] = "mnist1d",
                       "compare again retries it", stacklevel=2)
     metric = metrics_module.of(records, metric)
     if target is None and "gpipe" in set(records["method"]):
-        from .speedup import default_target
-        target = default_target(records, metric=metric)
+        from .speedup import target_or_none
+        target = target_or_none(records, metric=metric)
     result = write_report(records, out, target=target, claims=claims, metric=metric)
     result.report = report
     return result

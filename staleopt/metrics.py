@@ -81,6 +81,14 @@ class Metric:
             return math.nan
         return float(s.max() if self.higher_is_better else s.min())
 
+    @property
+    def worst(self) -> float:
+        """The worst value: the lower bound of a bounded higher-is-better metric (accuracy 0), else the
+        infinity on the worse side (a perplexity or a loss of ``inf``)."""
+        if self.higher_is_better:
+            return self.bounds[0] if self.bounds is not None else -math.inf
+        return self.bounds[1] if self.bounds is not None else math.inf
+
     def gain(self, value: float, baseline: float) -> float:
         """How much better ``value`` is than ``baseline``: positive means better (module docstring)."""
         return value - baseline if self.higher_is_better else baseline - value

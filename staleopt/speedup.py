@@ -34,9 +34,11 @@ from __future__ import annotations
 
 import json
 import math
+import warnings
 from pathlib import Path
 from typing import Dict, Optional, Sequence
 
+import numpy as np
 import pandas as pd
 
 from . import methods, metrics, stats
@@ -138,15 +140,35 @@ def default_target(records: pd.DataFrame, baseline: str = "gpipe", margin: float
                    metric=None) -> float:
     """``baseline``'s mean best test ``metric`` over its runs made worse by ``margin``
     (:meth:`~staleopt.metrics.Metric.worse_by`: an accuracy minus ``margin``, a perplexity or loss times
-    ``1 + margin``; PipeMare Table 2's targets sit about a point below synchronous training)."""
+    ``1 + margin``; PipeMare Table 2's targets sit about a point below synchronous training).
+
+    The mean is over the baseline's runs with a finite best: a target is a value that runs reach, and a run
+    that diverged before its first finite evaluation (perplexity ``inf``) reached none. A
+    :class:`~staleopt.errors.ConfigError` when no run has one."""
     metric = metrics.of(records, metric)
     _check(records, metric)
     base = records[records["method"] == baseline]
     if base.empty:
         raise ConfigError(f"no {baseline!r} runs to set the target from; pass a target {metric.label} "
                           f"(--target) or a baseline the sweep has: {sorted(set(records['method']))}")
-    best = base.groupby("run")[metric.column].agg(metric.best).mean()
-    return metric.worse_by(float(best), margin)
+    bests = base.groupby("run")[metric.column].agg(metric.best)
+    finite = bests[np.isfinite(bests)]
+    if finite.empty:
+        raise ConfigError(f"no {baseline!r} run has a finite best {metric.label} ({len(bests)} runs: "
+                          f"{', '.join(map(str, bests))}) to set the target from; pass a target {metric.label} "
+                          "(--target)")
+    return metric.worse_by(float(finite.mean()), margin)
+
+
+def target_or_none(records: pd.DataFrame, baseline: str = "gpipe", metric=None) -> Optional[float]:
+    """:func:`default_target`, or ``None`` with a warning that says why where the baseline's runs set none
+    (none has a finite best): a report is then written without its time-to-target table and figure, never
+    lost."""
+    try:
+        return default_target(records, baseline, metric=metric)
+    except ConfigError as e:
+        warnings.warn(f"{e}; the report has no time-to-target table or figure", stacklevel=2)
+        return None
 
 
 def shared_target(sweep_dir=None, records: Optional[pd.DataFrame] = None, metric=None) -> Optional[float]:
@@ -166,7 +188,7 @@ def shared_target(sweep_dir=None, records: Optional[pd.DataFrame] = None, metric
                 if target is not None and same:
                     return float(target)
     if records is not None and len(records) and "gpipe" in set(records["method"]):
-        return default_target(records, metric=metric)
+        return target_or_none(records, metric=metric)
     return None
 
 

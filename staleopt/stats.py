@@ -29,7 +29,14 @@ definition (:func:`interval`, the one rule every table, figure and claim uses):
   4.3 (12.7 at ``n = 2``), and an interval of ±1.2 on an accuracy says nothing that
   the three values themselves do not say better.
 
-A diverged run counts with the value it had, in every mean, interval and count.
+A diverged run counts with the value it had, in every mean, interval and count, and
+so does an infinite one: a language model whose loss overflowed has perplexity
+``inf`` (:mod:`staleopt.train` records such a run as diverged), its group's mean is
+``inf`` and its interval the range ``[min, inf]``, in the tables, the figures
+(:mod:`staleopt.plot.sweep` draws it at the axis' edge) and the claims alike. A
+NaN is a missing value, left out of ``n``; :func:`per_run` gives a diverged run
+whose metric has no value at all (a NaN loss from its first evaluation) the
+metric's worst (:attr:`staleopt.metrics.Metric.worst`).
 """
 from __future__ import annotations
 
@@ -56,22 +63,50 @@ def check_level(level: float) -> float:
     return float(level)
 
 
+def _values(values: Iterable[float]):
+    """The values that count: every number but NaN (a missing value); ``inf`` counts (a diverged run's)."""
+    return [float(v) for v in values if v is not None and not math.isnan(float(v))]
+
+
+def _mean_std(xs: Sequence[float]) -> Tuple[float, float]:
+    """Mean and sample standard deviation (ddof 1; NaN for one value) of finite ``xs``, without overflow where
+    the values are near a float's limit (a diverged run's perplexity of 1e170: its square is beyond a float)."""
+    n = len(xs)
+    mean = sum(xs) / n
+    if not math.isfinite(mean):
+        mean = sum(x / n for x in xs)
+    if n < 2:
+        return mean, math.nan
+    try:
+        s = math.sqrt(sum((x - mean) ** 2 for x in xs) / (n - 1))
+    except OverflowError:
+        s = math.inf
+    if not math.isfinite(s):  # scaled by the largest value: s / c is computed from values of size <= 1
+        c = max(abs(x) for x in xs)
+        ys = [x / c for x in xs]
+        m = sum(ys) / n
+        s = c * math.sqrt(sum((y - m) ** 2 for y in ys) / (n - 1))
+    return mean, s
+
+
 def t_interval(values: Iterable[float], level: float = 0.95) -> Tuple[float, float, int]:
-    """``(mean, half_width, n)`` of the Student-t confidence interval over the finite ``values``.
+    """``(mean, half_width, n)`` of the Student-t confidence interval over the ``values`` but NaN (missing).
 
     ``half_width = t_{(1+level)/2, n-1} * s / sqrt(n)`` with ``s`` the sample
-    standard deviation (ddof 1); NaN when ``n < 2``.
+    standard deviation (ddof 1); NaN when ``n < 2``. An infinite value (a diverged
+    run's perplexity) counts: the mean is infinite and the half-width NaN.
     """
     from scipy import stats
     check_level(level)
-    xs = [float(v) for v in values if v is not None and math.isfinite(float(v))]
+    xs = _values(values)
     n = len(xs)
     if n == 0:
         return math.nan, math.nan, 0
-    mean = sum(xs) / n
+    if not all(math.isfinite(x) for x in xs):
+        return sum(xs) / n, math.nan, n
+    mean, s = _mean_std(xs)
     if n < 2:
         return mean, math.nan, n
-    s = math.sqrt(sum((x - mean) ** 2 for x in xs) / (n - 1))
     return mean, float(stats.t.ppf((1 + level) / 2, n - 1)) * s / math.sqrt(n), n
 
 
@@ -83,14 +118,15 @@ ACCURACY = (0.0, 1.0)
 
 def interval(values: Iterable[float], level: float = 0.95,
              bounds: Optional[Tuple[float, float]] = ACCURACY) -> Tuple[float, float, float, int, str]:
-    """``(mean, lo, hi, n, kind)`` of the finite ``values``: ``kind`` ``"t"`` (the ``level`` Student-t interval
+    """``(mean, lo, hi, n, kind)`` of the ``values`` but NaN: ``kind`` ``"t"`` (the ``level`` Student-t interval
     within ``bounds``; ``None``: unbounded) when ``n >= MIN_SEEDS_FOR_T``, else ``"range"`` (``[min, max]``).
-    ``n = 0`` gives NaNs."""
-    mean, half, n = t_interval(values, level)
-    xs = [float(v) for v in values if v is not None and math.isfinite(float(v))]
+    An infinite value makes the mean infinite and the interval the range (``[312.4, inf]``: no t-interval
+    holds an infinite mean). ``n = 0`` gives NaNs."""
+    xs = _values(values)
+    mean, half, n = t_interval(xs, level)
     if n == 0:
         return math.nan, math.nan, math.nan, 0, "range"
-    if n < MIN_SEEDS_FOR_T:
+    if n < MIN_SEEDS_FOR_T or not math.isfinite(mean):
         return mean, min(xs), max(xs), n, "range"
     lo, hi = mean - half, mean + half
     if bounds is not None:
@@ -99,10 +135,11 @@ def interval(values: Iterable[float], level: float = 0.95,
 
 
 def interval_text(mean: float, lo: float, hi: float, digits: int = 3) -> str:
-    """``"0.947 [0.931, 0.960]"``; ``"0.947"`` when ``lo == hi``; ``"-"`` for a NaN mean."""
+    """``"0.947 [0.931, 0.960]"``; ``"0.947"`` when ``lo == hi`` or either is NaN; ``"-"`` for a NaN mean;
+    ``"inf [312.40, inf]"`` where a value was infinite."""
     if isinstance(mean, float) and math.isnan(mean):
         return "-"
-    if not (math.isfinite(lo) and math.isfinite(hi)) or lo == hi:
+    if math.isnan(lo) or math.isnan(hi) or lo == hi:
         return f"{mean:.{digits}f}"
     return f"{mean:.{digits}f} [{lo:.{digits}f}, {hi:.{digits}f}]"
 
@@ -151,10 +188,14 @@ def per_run(records: pd.DataFrame, keys: Sequence[str], target: Optional[float] 
         row = {"run": run, **{k: last[k] for k in keys}}
         if "seed" in r.columns and "seed" not in keys:
             row["seed"] = last["seed"]
-        row.update({metric.best_column: metric.best(r[metric.column]), metric.final_column: last[metric.column],
+        diverged = last["status"] == "diverged"
+        best, final = metric.best(r[metric.column]), float(last[metric.column])
+        if diverged:  # a diverged run with no value of its metric scores the worst (module docstring)
+            best, final = (metric.worst if math.isnan(v) else v for v in (best, final))
+        row.update({metric.best_column: best, metric.final_column: final,
                     "final_loss": last["train_loss"] if "train_loss" in r.columns else math.nan,
                     "epochs_run": len(r), "steps_run": last["step"] if "step" in r.columns else math.nan,
-                    "diverged": last["status"] == "diverged"})
+                    "diverged": diverged})
         row.update({c: last[c] for c in HARDWARE_COLUMNS if c in r.columns})
         if floor:
             row.update({"best_loss": last["best_loss"], "excess_loss": r["test_loss"].min() - last["best_loss"]})

@@ -44,10 +44,12 @@ Choices (each documented because it changes numbers):
   App. D.1). Every other schedule runs the model's own forward, unwrapped.
 * **Divergence.** A training loss that is non-finite or above
   ``divergence_loss`` ends the run before that step's update; the epoch is
-  recorded with ``status = "diverged"``. So does a non-finite test loss at an
-  epoch's end: the training loss reads stale forward weights, so ``w_t`` can
-  have overflowed up to ``tau_fwd`` steps before the training loss shows it,
-  and the evaluation (on ``w_t``) is where it shows first. So does a step
+  recorded with ``status = "diverged"``. So does a non-finite test loss (or
+  an infinite test perplexity: a loss of 709 nats per token or more, whose
+  ``exp`` is beyond a float) at an epoch's end: the training loss reads stale
+  forward weights, so ``w_t`` can have overflowed up to ``tau_fwd`` steps
+  before the training loss shows it, and the evaluation (on ``w_t``) is where
+  it shows first. So does a step
   whose size the weights' dtype cannot hold (torch's "value cannot be
   converted ... without overflow", e.g. ``lr = 1e308``). Never an exception.
 * **Evaluation** at the end of each epoch: ``model.eval()`` under
@@ -76,9 +78,9 @@ them): ``epoch``, ``step`` (optimizer steps so far), ``train_loss`` (mean over
 the epoch's steps, computed with the stale views the pipeline would use),
 ``test_loss`` (per token for a language model), ``test_acc`` (NaN for
 regression; next-token accuracy for a language model), ``test_ppl``
-(``exp(test_loss)`` for a language model, else NaN), ``best_loss`` (the
-data's best achievable test loss, :attr:`staleopt.data.Data.best_loss`; NaN
-when unknown), ``lr_base`` (the
+(``exp(test_loss)`` for a language model, ``inf`` where that overflows; else
+NaN), ``best_loss`` (the data's best achievable test loss,
+:attr:`staleopt.data.Data.best_loss`; NaN when unknown), ``lr_base`` (the
 scheduler's ``alpha_{k,base}`` after the epoch), ``wall_time`` (seconds since
 training began), ``status`` (``"ok"`` | ``"diverged"``), ``tau_max`` (largest
 forward delay, steps), and the analytic hardware figures of
@@ -295,16 +297,17 @@ def _criterion(task: str):
 
 
 def _ppl(loss: float) -> float:
-    """``exp(loss)``, ``inf`` beyond a float's range."""
-    return math.exp(loss) if loss < 709.0 or math.isnan(loss) else math.inf
+    """``exp(loss)``; ``inf`` beyond a float's range and for a NaN loss (weights that overflowed: the worst
+    perplexity, :mod:`staleopt.stats`)."""
+    return math.exp(loss) if loss < 709.0 else math.inf
 
 
 @torch.no_grad()
 def _evaluate(model, data, device, name: str) -> Dict[str, float]:
     """``test_loss`` (mean per sample; per token for ``"lm"``), ``test_acc`` (classification: accuracy;
-    lm: next-token accuracy; regression: NaN) and ``test_ppl`` (lm: ``exp(test_loss)``; else NaN) of model
-    ``name`` on ``data``'s test split; targets equal to :data:`IGNORE_INDEX` (padding) count in none of them,
-    as in the training loss."""
+    lm: next-token accuracy; regression: NaN) and ``test_ppl`` (lm: ``exp(test_loss)``, ``inf`` beyond a
+    float's range or for a NaN loss; else NaN) of model ``name`` on ``data``'s test split; targets equal to
+    :data:`IGNORE_INDEX` (padding) count in none of them, as in the training loss."""
     dataset, task = data.test, data.task
     model.eval()
     loss_sum, correct, n = 0.0, 0, 0
@@ -449,7 +452,8 @@ def _train(config: RunConfig, device: torch.device, progress: bool, checkpoint, 
                 if checkpoint is not None and checkpoint.due(opt.step_count):
                     save(epoch, done_batches, losses, epoch_order)
             evaluation = _evaluate(model, data, device, config.model)
-            if not math.isfinite(evaluation["test_loss"]):  # w_t diverged ahead of the stale training loss
+            # w_t diverged ahead of the stale training loss (or its perplexity overflowed: a loss >= 709 nats)
+            if not (math.isfinite(evaluation["test_loss"]) and evaluation["test_ppl"] != math.inf):
                 status = "diverged"
             records.append({"epoch": epoch, "step": opt.step_count,
                             "train_loss": sum(losses) / len(losses) if losses else math.nan,

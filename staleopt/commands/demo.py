@@ -82,7 +82,7 @@ def register(subparsers) -> None:
 def _cell(mean, lo, hi, diverged, runs, digits=3):
     from ..stats import interval_text
     text = interval_text(mean, lo, hi, digits)
-    return text + (f" ({diverged}/{runs} div)" if diverged and text != "-" else "")
+    return text + (f" ({diverged}/{runs} div)" if diverged else "")
 
 
 def _in_order(methods):
@@ -179,9 +179,12 @@ def _show(result) -> None:
           f"(x GPipe) at P = {largest}:")
     at = hw.xs(largest, level="stages") if largest in hw.index.get_level_values("stages") else hw
     print(at.loc[[m for m in table.index if m in at.index]].to_string(float_format=lambda v: f"{v:.3f}"))
-    print(f"\ntime to {m.noun} {m.format(result.target)}: speedup over GPipe at the same P (pipeline time = steps "
-          "to the target / utilization; (k/n): only k of n seeds reached it):")
-    print(result.speedup_table().to_string())
+    if result.target is None:
+        print(f"\nno time to {m.noun}: no target (pass --target; the warning above says why GPipe's runs set none)")
+    else:
+        print(f"\ntime to {m.noun} {m.format(result.target)}: speedup over GPipe at the same P (pipeline time = "
+              "steps to the target / utilization; (k/n): only k of n seeds reached it):")
+        print(result.speedup_table().to_string())
     print("\nclaims (evaluated from these runs):")
     print(result.claims.to_string(index=False, max_colwidth=120))
 
@@ -232,8 +235,8 @@ def _default_target(args, records):
     from .. import claims
     if args.task != "lm":
         return claims.DEMO_TARGET
-    from ..speedup import default_target
-    return default_target(records)
+    from ..speedup import target_or_none
+    return target_or_none(records)
 
 
 def run(args) -> int:
@@ -291,7 +294,6 @@ def markdown(directory) -> str:
     directory = Path(directory)
     summary = pd.read_csv(directory / "summary.csv")
     info = json.loads((directory / "run.json").read_text())
-    fast = pd.read_csv(directory / "speedup.csv")
     verdicts = pd.read_csv(directory / "claims.csv")
     m = next((x for x in metrics.METRICS.values() if x.best_column in summary.columns), metrics.ACCURACY)
     seeds = int(summary["runs"].max())
@@ -308,11 +310,15 @@ def markdown(directory) -> str:
     lines.append("| method | " + " | ".join(table.columns) + " |")
     lines.append("| --- |" + " --- |" * len(table.columns))
     lines += [f"| {m_} | " + " | ".join(row) + " |" for m_, row in zip(table.index, table.values.tolist())]
-    sp = speedup_pivot(fast)
-    lines += ["", f"Time to {m.noun} {m.format(info['target'])}: speedup over GPipe at the same `P` in simulated "
-              "pipeline time, steps to the target / pipeline utilization (`(k/n)`: only k of n seeds reached it):",
-              "", "| method | " + " | ".join(sp.columns) + " |", "| --- |" + " --- |" * len(sp.columns)]
-    lines += [f"| {m_} | " + " | ".join(row) + " |" for m_, row in zip(sp.index, sp.values.tolist())]
+    if info.get("target") is None:
+        lines += ["", f"No time to {m.noun}: the run had no target (GPipe's runs set none; pass `--target`)."]
+    else:
+        sp = speedup_pivot(pd.read_csv(directory / "speedup.csv"))
+        lines += ["", f"Time to {m.noun} {m.format(info['target'])}: speedup over GPipe at the same `P` in "
+                  "simulated pipeline time, steps to the target / pipeline utilization (`(k/n)`: only k of n "
+                  "seeds reached it):", "", "| method | " + " | ".join(sp.columns) + " |",
+                  "| --- |" + " --- |" * len(sp.columns)]
+        lines += [f"| {m_} | " + " | ".join(row) + " |" for m_, row in zip(sp.index, sp.values.tolist())]
     lines += ["", "Claims, evaluated from the run (`staleopt demo` prints them and writes `claims.csv`):", "",
               claims.format_table(verdicts), ""]
     return "\n".join(lines)

@@ -4,7 +4,8 @@ One panel per check that ran at more than one horizon: the per-seed gaps
 (:attr:`staleopt.ledger.verdict.Row.gaps`) as points, their mean with the 95%
 Student-t interval, on a log ``tau_max / steps`` axis with the paper's own run
 marked (:class:`staleopt.ledger.spec.PaperHorizon`), the line of no gap and,
-for "not worse" and "matches", the margin. The figure is drawn from the same
+for "not worse" and "matches", the margin; an infinite gap (a diverged run's
+perplexity) is marked at the axis' edge (:class:`staleopt.plot.sweep.Edge`). The figure is drawn from the same
 rows as the page's tables, so the two cannot disagree.
 """
 from __future__ import annotations
@@ -17,6 +18,7 @@ from .. import metrics
 from ..ledger.spec import Check
 from ..ledger.verdict import Row, trend
 from ..stats import t_interval
+from .sweep import Edge, _legend
 
 __all__ = ["gap_label", "horizon_figure"]
 
@@ -43,11 +45,17 @@ def gap_label(check: Check, metric=metrics.ACCURACY) -> str:
 
 def _panel(ax, check: Check, rows: Sequence[Row]) -> None:
     ran = [r for r in rows if r.gaps and math.isfinite(r.ratio)]
+    edge = Edge(None)  # a gap of inf (a diverged run's perplexity) at the axis' edge, as the tables count it
+    edge.keep([0.0, check.margin, -check.margin] if check.rule in ("not-worse", "matches") else [0.0])
     for r in ran:
         ys = [g for _, g in r.gaps]
         ax.scatter([r.ratio] * len(ys), ys, s=12, color="0.55", zorder=2,
                    label="one seed" if r is ran[0] else None)
+        edge.keep(ys)
+        edge.drawn([r.ratio] * len(ys), ys, "0.55")
         mean, half, _ = t_interval(ys)
+        edge.drawn([r.ratio], [mean], "C0")
+        edge.keep([mean - half, mean + half])
         ax.errorbar([r.ratio], [mean], yerr=None if math.isnan(half) else [[half], [half]], fmt="o", color="C0",
                     ms=5, capsize=3, zorder=3, label="mean, 95% interval" if r is ran[0] else None)
         ax.annotate(f"{r.horizon}x", (r.ratio, mean), textcoords="offset points", xytext=(5, 4), fontsize=7)
@@ -68,7 +76,8 @@ def _panel(ax, check: Check, rows: Sequence[Row]) -> None:
     ax.set_xlabel(r"$\tau_{max}$ / steps (log)")
     ax.set_ylabel(gap_label(check, rows[0].metric if rows else metrics.ACCURACY), fontsize=8)
     ax.set_title(f"{check.id}: {trend(rows).label}", fontsize=9)
-    ax.legend(fontsize=6, loc="best")
+    edge.finish(ax)
+    ax.legend(*_legend(ax, False, edge.beyond), fontsize=6, loc="best")
 
 
 def horizon_figure(panels: Sequence[Tuple[Check, Sequence[Row]]], path: Optional[Path] = None, title: str = ""):

@@ -29,7 +29,10 @@ and the direction of "reaching" a target come from it.
 One rule for divergence, the tables' and claims' (:mod:`staleopt.stats`): a
 diverged run is drawn (``x`` at its last record) and counted in every mean; a
 curve carries it at its last value after it stopped (:func:`carried`), so a
-curve ends at the table's mean final value. Titles are read off the records'
+curve ends at the table's mean final value. An unbounded metric's axis spans
+the runs that did not diverge; a value beyond it (a perplexity of ``inf`` or
+``1e170``, and a mean it makes infinite) is marked ``^`` at the axis' edge
+(:class:`Edge`), so the figure shows what the table's ``inf`` says. Titles are read off the records'
 configs (:func:`describe`), never typed in. Fewer than :data:`CATEGORICAL_BELOW`
 stage counts are drawn as categories, not joined as a trend.
 """
@@ -44,8 +47,8 @@ import pandas as pd
 from .. import metrics, speedup, stats
 from ..errors import ConfigError
 
-__all__ = ["METHOD_ORDER", "CATEGORICAL_BELOW", "per_run", "line_keys", "describe", "carried", "plot_accuracy_vs_stages", "plot_accuracy_vs_epoch",
-           "plot_accuracy_vs_time", "save"]
+__all__ = ["METHOD_ORDER", "CATEGORICAL_BELOW", "per_run", "line_keys", "describe", "carried", "Edge",
+           "plot_accuracy_vs_stages", "plot_accuracy_vs_epoch", "plot_accuracy_vs_time", "save"]
 
 #: Legend order of the papers' methods (others follow alphabetically).
 METHOD_ORDER = ("gpipe", "pipedream-flush", "pipedream", "pipedream-vs", "pipedream-2bw", "pipemare-stash",
@@ -150,18 +153,59 @@ def _summary(values, level, bounds):
     return mean, lo, hi
 
 
-def _legend(ax, diverged: bool):
-    """Handles and labels of ``ax``, plus one neutral "diverged run" marker when some run diverged."""
+def _legend(ax, diverged: bool, beyond: bool = False):
+    """Handles and labels of ``ax``, plus one neutral "diverged run" marker when some run diverged and one
+    "beyond the axis" marker when a value was (:class:`Edge`)."""
     from matplotlib.lines import Line2D
     handles, labels = ax.get_legend_handles_labels()
     if diverged:
         handles.append(Line2D([], [], color="0.2", marker="x", linestyle="none", markersize=7))
         labels.append("diverged run")
+    if beyond:
+        handles.append(Line2D([], [], color="0.2", marker="^", linestyle="none", markersize=6))
+        labels.append("beyond the axis (inf or\nfar off: see the table)")
     return handles, labels
 
 
 def _mark_diverged(ax, x, y, color):
     ax.scatter(x, y, marker="x", s=60, color=color, zorder=5, label="_diverged")
+
+
+class Edge:
+    """The y axis of an unbounded metric (a perplexity, a loss) fitted to the values of the runs that did not
+    diverge, and every drawn value beyond it (a diverged run's ``inf`` or ``1e170``, which would squash the
+    others or not be drawn at all) marked at the axis' edge, ``^`` above and ``v`` below, in its line's color:
+    the table's ``inf`` is in the figure too. A bounded metric (accuracy) keeps its bounds as the axis."""
+
+    def __init__(self, bounds: Optional[Tuple[float, float]]):
+        self.bounds, self.kept, self.points = bounds, [], []
+
+    def keep(self, values) -> None:
+        """Values the axis must show (the runs that did not diverge)."""
+        self.kept += [float(v) for v in values if np.isfinite(v)]
+
+    def drawn(self, xs, ys, color) -> None:
+        """Points drawn at ``(xs, ys)``, marked at the edge where beyond the axis."""
+        self.points += [(float(x), float(y), color) for x, y in zip(xs, ys) if not np.isnan(y)]
+
+    def finish(self, ax) -> None:
+        if self.bounds is not None:
+            ax.set_ylim(*self.bounds)
+            return
+        kept = self.kept or [y for _, y, _ in self.points if np.isfinite(y)]
+        if not kept:
+            return
+        lo, hi = min(kept), max(kept)
+        pad = 0.06 * (hi - lo) or 0.06 * abs(hi) or 1.0
+        lo, hi = lo - pad, hi + pad
+        ax.set_ylim(lo, hi)
+        for x, y, color in self.points:
+            if y > hi or y < lo:
+                ax.scatter([x], [hi if y > hi else lo], marker="^" if y > hi else "v", s=40, color=color,
+                           clip_on=False, zorder=6, label="_beyond")
+        self.beyond = any(y > hi or y < lo for _, y, _ in self.points)
+
+    beyond = False
 
 
 def _positions(stages) -> Tuple[dict, bool]:
@@ -224,8 +268,10 @@ def plot_accuracy_vs_stages(source, metric: Optional[str] = None, level: float =
     stages = sorted(table["stages"].unique())
     pos, categorical = _positions(stages)
     timed = "gpipe" in set(records["method"]) and "microbatches" in records.columns
+    if timed and target is None:
+        target = speedup.target_or_none(records, metric=m)
+        timed = target is not None
     if timed:
-        target = speedup.default_target(records, metric=m) if target is None else target
         fast = speedup.speedup_table(records, target, keys=[*keys, "stages"], metric=m)
         fast = fast[(fast["reached"] > 0) & fast["speedup"].notna()]
     if memory is None:
@@ -241,7 +287,8 @@ def plot_accuracy_vs_stages(source, metric: Optional[str] = None, level: float =
     if total:  # the total memory panel sits beside the weights-only one
         total_ax = axes.pop(2)
         totals = memory.set_index(["method", "stages"])["total_ratio_gpipe"]
-    diverged = False
+    diverged, edge = False, Edge(m.bounds)
+    edge.keep(table.loc[~table["diverged"], metric])
     lines = _lines(table, keys, methods)
     for j, (label, style, rows) in enumerate(lines):
         look = {**style, "linestyle": "none"} if categorical else style
@@ -255,10 +302,15 @@ def plot_accuracy_vs_stages(source, metric: Optional[str] = None, level: float =
             total_ax.plot(xs, [totals.get((method, p), np.nan) for p, _ in by_p], ms=4, label=label, **look)
         dodged = [_dodge(pos[p], j, len(lines), categorical) for p, _ in by_p]
         mean, lo, hi = (np.array(v) for v in zip(*[_summary(r[metric], level, m.bounds) for _, r in by_p]))
-        axes[2].errorbar(dodged, mean, yerr=[mean - lo, hi - mean], ms=4, lw=1.2, capsize=2, label=label, **look)
+        with np.errstate(invalid="ignore"):  # an infinite mean (inf - inf) has no bar: Edge marks it
+            axes[2].errorbar(dodged, mean, yerr=[mean - lo, hi - mean], ms=4, lw=1.2, capsize=2, label=label,
+                             **look)
+        edge.drawn(dodged, mean, style["color"])
+        edge.keep([v for (_, r), a, b in zip(by_p, lo, hi) if not r["diverged"].any() for v in (a, b)])
         for x, (_, r) in zip(dodged, by_p):
             ok, bad = r[~r["diverged"]], r[r["diverged"]]
             axes[2].scatter([x] * len(ok), ok[metric], s=9, color=style["color"], alpha=0.45, lw=0, label="_seed")
+            edge.drawn([x] * len(r), r[metric], style["color"])
             if len(bad):
                 _mark_diverged(axes[2], [x] * len(bad), bad[metric], style["color"])
                 diverged = True
@@ -285,12 +337,11 @@ def plot_accuracy_vs_stages(source, metric: Optional[str] = None, level: float =
     axes[1].set_ylabel("weight + optimizer memory (x GPipe)")
     axes[2].set_ylabel(f"{which} {m.label}\n({stats.interval_caption(seeds, level, m.bounds)}; dots: seeds)",
                        fontsize=8)
-    if m.bounds is not None:
-        axes[2].set_ylim(*m.bounds)
+    edge.finish(axes[2])
     axes[0].set_title("throughput", fontsize=10)
     axes[1].set_title("memory: weights, optimizer, corrections", fontsize=10)
     axes[2].set_title("model quality", fontsize=10)
-    fig.legend(*_legend(axes[2], diverged), loc="outside right center", fontsize=8, frameon=False)
+    fig.legend(*_legend(axes[2], diverged, edge.beyond), loc="outside right center", fontsize=8, frameon=False)
     fig.suptitle(title or describe(records), fontsize=11)
     return fig
 
@@ -310,14 +361,14 @@ def plot_accuracy_vs_epoch(source, stages: int, level: float = 0.95, methods: Op
     at = _at_stages(records, stages)
     fig = Figure(figsize=figsize, layout="constrained")
     ax = fig.add_subplot()
-    diverged = _accuracy_curves(ax, at, line_keys(records), methods, "epoch", m.column)
+    edge = Edge(m.bounds)
+    diverged = _accuracy_curves(ax, at, line_keys(records), methods, "epoch", m.column, edge)
     ax.set_xlabel("epoch")
     ax.set_ylabel(f"{m.label} (mean over seeds; thin: each seed)")
     ax.set_title(title or f"{describe(records)}, P = {stages}", fontsize=10)
     ax.grid(alpha=0.3)
-    if m.bounds is not None:
-        ax.set_ylim(*m.bounds)
-    ax.legend(*_legend(ax, diverged), fontsize=8, frameon=False)
+    edge.finish(ax)
+    ax.legend(*_legend(ax, diverged, edge.beyond), fontsize=8, frameon=False)
     return fig
 
 
@@ -340,11 +391,14 @@ def carried(at: pd.DataFrame, epochs: Optional[Sequence[int]] = None) -> pd.Data
     return pd.concat(rows, ignore_index=True)
 
 
-def _accuracy_curves(ax, at: pd.DataFrame, keys: List[str], methods, x: str, y: str) -> bool:
+def _accuracy_curves(ax, at: pd.DataFrame, keys: List[str], methods, x: str, y: str, edge: Edge) -> bool:
     """One line per method: the mean ``y`` (a test metric) of all its runs per epoch (:func:`carried`), at the
     epoch or at the mean ``x`` of the runs that recorded that epoch (``"pipeline_time"``); each run's own
-    curve thin; a diverged run's last record marked ``x``. True if any run diverged."""
+    curve thin; a diverged run's last record marked ``x``; every point told to ``edge``. True if any run
+    diverged."""
     diverged = False
+    bad_runs = set(at.loc[at["status"] == "diverged", "run"])
+    edge.keep(at.loc[~at["run"].isin(bad_runs), y])
     runs_table = at.groupby("run", sort=False).first().reset_index()
     for label, style, rows in _lines(runs_table, keys, methods):
         mine = carried(at[at["run"].isin(rows["run"])], at["epoch"].unique())
@@ -353,14 +407,16 @@ def _accuracy_curves(ax, at: pd.DataFrame, keys: List[str], methods, x: str, y: 
             epochs = sorted(mine.loc[~mine["carried"], "epoch"].unique())
         xs = epochs if x == "epoch" else [mine.loc[(mine["epoch"] == e) & ~mine["carried"], x].mean()
                                            for e in epochs]
-        ax.plot(xs, [mine.loc[mine["epoch"] == e, y].mean() for e in epochs], ms=3, lw=1.6,
-                label=label, **style)
+        means = [stats.t_interval(mine.loc[mine["epoch"] == e, y])[0] for e in epochs]
+        ax.plot(xs, means, ms=3, lw=1.6, label=label, **style)
+        edge.drawn(xs, means, style["color"])
         for _, r in mine[~mine["carried"]].groupby("run", sort=False):
             ax.plot(r[x], r[y], color=style["color"], lw=0.6, alpha=0.35, label="_seed")
         ends = mine[~mine["carried"]].sort_values("epoch").groupby("run").tail(1)
         bad = ends[ends["status"] == "diverged"]
         if len(bad):
             _mark_diverged(ax, bad[x], bad[y], style["color"])
+            edge.drawn(bad[x], bad[y], style["color"])
             diverged = True
     return diverged
 
@@ -383,20 +439,21 @@ def plot_accuracy_vs_time(source, stages: int, target: Optional[float] = None, l
     m = metrics.of(records, metric)
     at = speedup.with_pipeline_time(_at_stages(records, stages))
     if target is None and "gpipe" in set(records["method"]):
-        target = speedup.default_target(records, metric=m)
+        target = speedup.target_or_none(records, metric=m)
     fig = Figure(figsize=figsize, layout="constrained")
     ax = fig.add_subplot()
-    diverged = _accuracy_curves(ax, at, line_keys(records), methods, "pipeline_time", m.column)
+    edge = Edge(m.bounds)
+    diverged = _accuracy_curves(ax, at, line_keys(records), methods, "pipeline_time", m.column, edge)
     if target is not None:
         ax.axhline(target, color="0.4", lw=1, ls="--", label=f"target {m.format(target)}")
+        edge.keep([target])
     ax.set_xscale("log")
     ax.set_xlabel("pipeline time (minibatches of a fully utilized pipeline)")
     ax.set_ylabel(f"{m.label} (mean over seeds; thin: each seed)")
     ax.set_title(title or f"{describe(records)}, P = {stages}", fontsize=10)
     ax.grid(alpha=0.3)
-    if m.bounds is not None:
-        ax.set_ylim(*m.bounds)
-    ax.legend(*_legend(ax, diverged), fontsize=8, frameon=False)
+    edge.finish(ax)
+    ax.legend(*_legend(ax, diverged, edge.beyond), fontsize=8, frameon=False)
     return fig
 
 

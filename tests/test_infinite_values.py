@@ -1,0 +1,169 @@
+"""A diverged language model's perplexity is ``inf`` (or ~1e170): one rule in every table, figure, claim and target.
+
+A run whose metric is infinite has diverged; it counts with that value in every mean and interval (the mean is
+``inf``, the interval the range ``[min, inf]``), the figures mark it at the axis' edge, the claims are decided on
+the numbers their evidence prints, a spread of values near a float's limit is computed without overflow, and a
+baseline whose runs set no finite target leaves a report without its time-to-target table, never no report.
+"""
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from staleopt import claims, metrics, speedup, stats, sweep, train
+from staleopt.commands import demo
+from staleopt.compare import write_report
+from staleopt.config import RunConfig
+from staleopt.errors import ConfigError
+from staleopt.plot import sweep as plots
+
+INF = math.inf
+#: A tiny GPT on a Markov chain.
+LM = dict(model="gpt", model_kwargs={"d_model": 16, "heads": 2}, optimizer="adam", lr=0.01, batch_size=16, epochs=3,
+          data="text-markov", data_kwargs={"train_tokens": 4000, "test_tokens": 1000, "context": 16})
+#: test perplexity per epoch of seeds 0, 1, 2 (10 steps an epoch); dataflow's seed 0 at P = 8 overflowed at once,
+#: its seed 1 went to 1e170 (finite, beyond every other value), gpipe's seed 2 at P = 2 diverged before any
+#: finite evaluation when ``gpipe_inf``.
+PPL = {"gpipe": [[30.0, 20.0, 15.0], [31.0, 21.0, 16.0], [29.0, 19.0, 14.0]],
+       ("dataflow", 2): [[32.0, 24.0, 18.0]] * 3,
+       ("dataflow", 8): [[INF], [40.0, 1e170], [35.0, 25.0, 21.0]]}
+
+
+def lm_records(gpipe_inf=False):
+    rows = []
+    for method in ("gpipe", "dataflow"):
+        for p in (2, 8):
+            for seed, ppls in enumerate(PPL.get((method, p), PPL.get(method))):
+                if gpipe_inf and method == "gpipe":
+                    ppls = [INF]
+                for epoch, ppl in enumerate(ppls, 1):
+                    bad = not ppl < 1e100
+                    rows.append({"run": f"{method}-{p}-{seed}", "method": method, "stages": p, "microbatches": 4,
+                                 "seed": seed, "epochs": 3, "epoch": epoch, "step": 10 * epoch, "test_ppl": ppl,
+                                 "test_loss": math.log(ppl), "test_acc": 0.3, "train_loss": 3.0,
+                                 "utilization": 0.5, "memory_ratio_gpipe": 1.0, "status": "diverged" if bad else "ok"})
+    return pd.DataFrame(rows)
+
+
+# ----------------------------------------------------------------------------------------------- stats
+
+def test_an_infinite_value_counts_in_the_mean_and_the_interval_is_the_range():
+    assert stats.t_interval([INF, 20.0, 30.0])[0] == INF and math.isnan(stats.t_interval([INF, 20.0, 30.0])[1])
+    assert stats.t_interval([INF, 20.0, 30.0])[2] == 3, "an infinite value is counted, not dropped"
+    assert stats.interval([INF, 20.0, 30.0, 25.0], bounds=None) == (INF, 20.0, INF, 4, "range")
+    assert stats.mean_ci_text([INF, 20.0, 30.0], digits=2, bounds=None) == "inf [20.00, inf]"
+    # NaN is a missing value: left out of n, as before
+    assert stats.interval([math.nan, 20.0, 30.0], bounds=None) == (25.0, 20.0, 30.0, 2, "range")
+
+
+def test_the_spread_of_values_near_a_floats_limit_does_not_overflow():
+    mean, lo, hi, n, kind = stats.interval([1.16e170, 2.07e133], bounds=None)  # (x - mean) ** 2 overflows a float
+    assert (mean, lo, hi, n, kind) == ((1.16e170 + 2.07e133) / 2, 2.07e133, 1.16e170, 2, "range")
+    xs = [1.16e170, 2.0e170, 1.5e170, 0.9e170]
+    mean, half, n = stats.t_interval(xs)
+    s = float(np.std(np.array(xs) / 1e170, ddof=1)) * 1e170
+    assert n == 4 and math.isclose(mean, sum(x / 4 for x in xs), rel_tol=1e-12)
+    assert math.isclose(half, 3.182446305284263 * s / 2, rel_tol=1e-9)
+    big = [1.5e308, 1.7e308]  # their sum is beyond a float; the mean is not
+    assert math.isclose(stats.t_interval(big)[0], 1.6e308, rel_tol=1e-12)
+
+
+def test_a_diverged_run_without_a_value_scores_the_metrics_worst():
+    r = lm_records()
+    r.loc[r["run"] == "dataflow-8-0", ["test_ppl", "test_loss"]] = math.nan
+    table = stats.per_run(r, ["method", "stages"], metric=metrics.PERPLEXITY).set_index("run")
+    assert table.loc["dataflow-8-0", ["best_ppl", "final_ppl", "diverged"]].tolist() == [INF, INF, True]
+    assert metrics.PERPLEXITY.worst == INF and metrics.ACCURACY.worst == 0.0 and metrics.TEST_LOSS.worst == INF
+
+
+# ----------------------------------------------------------------------- tables, claims, figures agree
+
+def test_the_table_the_claim_and_the_figure_say_inf_alike():
+    records = lm_records()
+    summary = sweep.summarize(records, by=["method", "stages"])
+    cell = demo.pivot(summary).loc["dataflow", "P=8"]
+    assert cell == "inf [21.00, inf] (2/3 div)", cell
+    ctx_claims = claims.evaluate(records, [claims.Beats("gpipe", "dataflow", "max", 2.0)], target=20.0)
+    evidence, verdict = ctx_claims.loc[0, ["evidence", "verdict"]]
+    assert "dataflow inf [21.00, inf] (2/3 div)" in evidence and verdict == "holds", evidence
+    fig = plots.plot_accuracy_vs_stages(records, target=20.0)
+    quality = fig.axes[2]
+    top = quality.get_ylim()[1]
+    assert top < 100, "the axis spans the runs that did not diverge, not 1e170"
+    marks = [c for c in quality.collections if c.get_label() == "_beyond"]
+    ys = sorted({float(y) for c in marks for y in c.get_offsets()[:, 1]})
+    assert ys == [top], "the inf mean, the inf seed and the 1e170 seed sit at the axis' top"
+    assert len(marks) == 3, "dataflow at P = 8: its mean and its two seeds beyond the axis"
+    legend = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert any(t.startswith("beyond the axis") for t in legend) and "diverged run" in legend
+
+
+def test_the_epoch_curve_ends_beyond_the_axis_where_the_table_says_inf():
+    fig = plots.plot_accuracy_vs_epoch(lm_records(), 8)
+    ax = fig.axes[0]
+    top = ax.get_ylim()[1]
+    marks = [c for c in ax.collections if c.get_label() == "_beyond"]
+    assert marks and {float(y) for c in marks for y in c.get_offsets()[:, 1]} == {top}
+    dataflow = next(line for line in ax.get_lines() if line.get_label() == "dataflow")
+    assert list(dataflow.get_ydata()) == [INF, INF, INF], "the seed that overflowed at once is carried at inf"
+
+
+def test_without_a_diverged_run_the_figures_mark_nothing():
+    records = lm_records()
+    records = records[~records["run"].str.startswith("dataflow-8")]
+    fig = plots.plot_accuracy_vs_stages(records, target=20.0)
+    assert not [c for c in fig.axes[2].collections if c.get_label() == "_beyond"]
+    lo, hi = fig.axes[2].get_ylim()
+    assert lo < 14.0 and hi > 18.0
+
+
+def test_a_demo_cell_without_a_value_keeps_its_divergence_count():
+    assert demo._cell(math.nan, math.nan, math.nan, 3, 3) == "- (3/3 div)"
+    assert demo._cell(0.5, 0.4, 0.6, 0, 3) == "0.500 [0.400, 0.600]"
+
+
+# --------------------------------------------------------------------------------------------- target
+
+def test_the_default_target_is_over_the_baselines_runs_with_a_finite_best():
+    records = lm_records()
+    records.loc[records["run"] == "gpipe-2-2", "test_ppl"] = INF
+    finite = [15.0, 16.0, 15.0, 16.0, 14.0]  # gpipe's best at P = 2 (seeds 0, 1) and P = 8 (seeds 0, 1, 2)
+    assert math.isclose(speedup.default_target(records), sum(finite) / 5 * 1.01, rel_tol=1e-12)
+    with pytest.raises(ConfigError, match="no 'gpipe' run has a finite best test perplexity.*--target"):
+        speedup.default_target(lm_records(gpipe_inf=True))
+
+
+def test_a_baseline_without_a_finite_best_leaves_a_report_without_its_time_table(tmp_path):
+    config = RunConfig(**LM)
+    records = lm_records(gpipe_inf=True)
+    records = records.assign(**{k: v for k, v in sweep._flat(config.to_dict()).items() if k not in records.columns})
+    with pytest.warns(UserWarning, match="finite best.*no time-to-target table"):
+        target = speedup.target_or_none(records)
+    assert target is None
+    with pytest.warns(UserWarning, match="finite best"):  # the figure's default target: none either
+        result = write_report(records, tmp_path, target=None, metric=metrics.PERPLEXITY)
+    assert (tmp_path / "summary.csv").is_file() and (tmp_path / "claims.csv").is_file()
+    assert result.speedup_table().empty
+    with pytest.warns(UserWarning, match="finite best"):
+        fig = plots.plot_accuracy_vs_stages(records)
+    assert not [ax for ax in fig.axes if ax.get_title().startswith("time to")], "no speedup panel without a target"
+    assert not (tmp_path / "speedup.csv").exists()
+
+
+# ----------------------------------------------------------------------------------------------- train
+
+def test_an_lm_whose_perplexity_overflows_has_diverged(monkeypatch):
+    """A test loss of 800 nats per token is finite but its perplexity is not: the run diverged there, as it does at
+    a NaN loss (whose perplexity reads inf, the worst), instead of going on as "ok"."""
+    evaluate, calls = train._evaluate, []
+
+    def overflowed_at_epoch_2(*args):
+        calls.append(1)
+        out = evaluate(*args)
+        return {**out, "test_loss": 800.0, "test_ppl": train._ppl(800.0)} if len(calls) == 2 else out
+
+    monkeypatch.setattr(train, "_evaluate", overflowed_at_epoch_2)
+    rec = train.run(RunConfig(**LM))
+    assert rec["status"].tolist() == ["ok", "diverged"] and rec["test_ppl"].iloc[-1] == INF
+    assert train._ppl(math.nan) == INF and train._ppl(708.0) == math.exp(708.0)
