@@ -551,6 +551,9 @@ class SlotHistory(History):
         self._swap_blocks: Dict[tuple, List[tuple]] = {}  # views swapped together -> their blocks
         self._pieces: List[list] = [[None] * M for M in self._M]  # [view][row] -> its pieces, as _blocks cuts them
         self._data = [v.data for v in self.views]  # aliases of the parameters' own storage
+        # push's copy, the same at every step and from every state (:meth:`push`): w_t into row t mod M_i
+        self._push_moves = (_Refs(self, [(i, 0) for i in self._delayed]),
+                            _Refs(self, [(i, None) for i in self._delayed]))
         # binding (module docstring): a view of contiguous tensors may point its parameters at a row
         self._bindable = [M > 0 and all(d.is_contiguous() for d in v.data) for M, v in zip(self._M, self.views)]
         # the storage checks (load, restore; _moved) compare addresses: per view every parameter (owner) and the
@@ -900,18 +903,14 @@ class SlotHistory(History):
     def push(self, t):
         if t != self._t:
             raise CorrectionError(f"the history is at step {self._t}, not {t}: push follows advance")
-        state = self._st
-        moves = state.next.get("push")
-        if moves is None:  # w_t into its row (t mod M), which held w_{t-H} (fast: w_{t-H-1})
-            # also where a pass already stored w_t there (the copy back of a dropped w_{t-H}, a pass row): the
-            # parameters at rest may have changed since (weight decay or a constraint applied between backward()
-            # and step() is part of w_t, design §1), and no cheap test sees a change through .data
-            todo = self._delayed
-            moves = (todo, _Refs(self, [(i, 0) for i in todo]), _Refs(self, [(i, None) for i in todo]))
-            self._remember(state, "push", moves)
-        todo, rows, params = moves
+        # w_t into its row (t mod M), which held w_{t-H} (fast: w_{t-H-1}), for every delayed view: also where a
+        # pass already stored w_t there (the copy back of a dropped w_{t-H}, a pass row), as the parameters at
+        # rest may have changed since (weight decay or a constraint applied between backward() and step() is part
+        # of w_t, design §1), and no cheap test sees a change through .data
+        todo = self._delayed
         if not todo:
             return
+        rows, params = self._push_moves
         _copy(rows.at(t), params.at(t), self._foreach)
         self._st = self._derive("pushed", lambda state: {"saved": tuple(
             s or i in todo for i, s in enumerate(state.saved))})

@@ -579,15 +579,17 @@ def test_random_delays_keep_the_cached_transitions_bounded(monkeypatch, memory):
         model = mlp((5,) + (12,) * 6 + (3,))
         opt = staleopt.PipelineOptimizer(model, torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9),
                                          stages=5, schedule="hogwild", seed=7, memory=memory)
-        most = 0
+        most, cleared, before = 0, 0, 0
         for x, y in batches(40, in_dim=5, out_dim=3):
             _step(model, opt, x, y)
             cached = sum(len(state.next) for state in opt.history._states.values())
-            most = max(most, opt.history._plans)
+            most, cleared = max(most, opt.history._plans), cleared + (opt.history._plans < before)
+            before = opt.history._plans
             assert cached <= opt.history._plans <= limit
-        return [p.detach().clone() for p in model.parameters()], most, len(opt.history._states)
+        return [p.detach().clone() for p in model.parameters()], most, cleared, len(opt.history._states)
 
-    kept, most_kept, states_kept = run(10 ** 6)
-    forgot, most, states = run(6)
-    assert most_kept > 6 and most == 6 and states < states_kept  # (the bound was reached, and states dropped)
+    kept, most_kept, cleared_kept, states_kept = run(10 ** 6)
+    forgot, most, cleared, states = run(6)
+    assert most_kept > 6 and cleared_kept == 0  # (the run meets more transitions than the bound)
+    assert most <= 6 and cleared > 0 and states < states_kept  # (the bound was reached: forgotten, states dropped)
     assert all(torch.equal(a, b) for a, b in zip(kept, forgot))
