@@ -912,8 +912,10 @@ class PipelineOptimizer(torch.optim.Optimizer):
     def _on_forward_end(self, module, args, output):
         self._in_forward = False
         if module.training and torch.is_grad_enabled():
-            outputs = [t for t in ((output,) if isinstance(output, torch.Tensor) else flatten(output))
-                       if isinstance(t, torch.Tensor) and t.grad_fn is not None]  # (a tensor: no pytree walk)
+            leaves = (output,) if isinstance(output, torch.Tensor) else flatten(output)  # (a tensor: no walk)
+            outputs = [t for t in leaves if isinstance(t, torch.Tensor) and t.grad_fn is not None]
+            if not outputs and not any(isinstance(t, torch.Tensor) for t in leaves):
+                self._opaque_output(output)
             if not self._traced:
                 self._trace(outputs)
             if self._calls and self._plan().needs_checkpoint:
@@ -927,6 +929,22 @@ class PipelineOptimizer(torch.optim.Optimizer):
                                 + "run without autocast to simulate the backward views")
             for t in outputs:  # (leaves would keep their hooks: only outputs with a grad_fn)
                 t.register_hook(self._calls_back[0])
+
+    def _opaque_output(self, output) -> None:
+        """A training forward whose output holds no tensor the hooks can reach: its backward would read the
+        forward views (the backward views are loaded by a hook on the output's tensors), so refuse it."""
+        self._restore()
+        kind = type(output).__name__
+        fix = ("make the forward return a tensor" if output is None else
+               f"return its 'logits' field from the forward (self.model(x).logits), or register the class {kind} "
+               "with torch.utils._pytree (register_dataclass or register_pytree_node)" if hasattr(output, "logits")
+               else f"return the tensor(s) (or a tuple or dict of them), or register the class {kind} with "
+                    "torch.utils._pytree (register_dataclass or register_pytree_node)")
+        raise LoopError(
+            f"the model's training forward returned a {kind} in which torch.utils._pytree finds no tensor (it "
+            "looks into tuples, lists, dicts, namedtuples and registered classes), so the PipelineOptimizer "
+            "cannot hook the output to load the backward views and the backward would silently read the "
+            f"forward's weights: {fix}")
 
     def _trace(self, outputs) -> None:
         """Check the first training forward's graph: stages contiguous, weights read without casts."""

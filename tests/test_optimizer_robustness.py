@@ -319,3 +319,59 @@ def test_a_stage_whose_weights_the_forward_never_reads_is_warned_about():
         warnings.simplefilter("error")
         mse(model(x), y).backward()
     fixed.step()
+
+
+def test_an_output_the_hooks_cannot_reach_is_refused_and_a_registered_one_trains():
+    """A model returning an object pytree cannot look into trained with no hook on its output: every backward
+    read the forward's weights, with only a warning per step (and a first one saying no stage's weight was read).
+    It is refused at the first training forward with w_t back in the parameters; the class registered with
+    torch.utils._pytree trains bit for bit as the model that returns the tensor."""
+    import dataclasses
+
+    from staleopt.errors import LoopError
+
+    class Out:
+        def __init__(self, t):
+            self.t = t
+
+    @dataclasses.dataclass
+    class Registered:
+        t: torch.Tensor
+
+    torch.utils._pytree.register_dataclass(Registered)
+
+    class Wrapping(nn.Module):
+        def __init__(self, wrap):
+            super().__init__()
+            self.net, self.wrap = mlp((5, 7, 7, 3)), wrap
+
+        def forward(self, x):
+            out = self.net(x)
+            return self.wrap(out) if self.wrap is not None else out
+
+    def run(wrap):
+        torch.manual_seed(0)
+        model = Wrapping(wrap).double()
+        opt = _opt(model)
+        for x, y in batches(6):
+            opt.zero_grad()
+            out = model(x)
+            mse(out if wrap is None else out.t, y).backward()
+            opt.step()
+        return [p.detach().clone() for p in model.parameters()]
+
+    model = Wrapping(None).double()
+    opt = _opt(model)
+    for x, y in batches(4):  # stale views now differ from w_t
+        opt.zero_grad()
+        mse(model(x), y).backward()
+        opt.step()
+    before = [p.detach().clone() for p in model.parameters()]
+    model.wrap = Out
+    with pytest.raises(LoopError, match="returned a Out in which torch.utils._pytree finds no tensor.*"
+                                        "register the class Out"):
+        model(x)
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters())), "w_t is back"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert all(torch.equal(a, b) for a, b in zip(run(Registered), run(None)))
