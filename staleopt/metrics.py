@@ -90,7 +90,10 @@ class Metric:
         return self.bounds[1] if self.bounds is not None else math.inf
 
     def gain(self, value: float, baseline: float) -> float:
-        """How much better ``value`` is than ``baseline``: positive means better (module docstring)."""
+        """How much better ``value`` is than ``baseline``: positive means better (module docstring); 0 where they
+        are equal, also both ``inf`` (two diverged runs: neither is better)."""
+        if value == baseline:
+            return 0.0
         return value - baseline if self.higher_is_better else baseline - value
 
     def reached(self, values: pd.Series, target: float) -> pd.Series:
@@ -147,8 +150,9 @@ def _has_values(records: pd.DataFrame, column: str) -> bool:
     return column in records.columns and bool(pd.to_numeric(records[column], errors="coerce").notna().any())
 
 
-def task_of(records: pd.DataFrame) -> str:
-    """The task of ``records`` by their values (module docstring); :class:`ConfigError` when they mix tasks."""
+def task_of(records: pd.DataFrame, empty: str = "classification") -> str:
+    """The task of ``records`` by their values (module docstring); :class:`ConfigError` when they mix tasks.
+    ``empty``: the task of records with no value at all (a run that diverged at its first evaluation)."""
     runs = records.groupby("run", sort=False) if "run" in records.columns and len(records) else [(None, records)]
     found = []
     for _, r in runs:
@@ -159,7 +163,7 @@ def task_of(records: pd.DataFrame) -> str:
     if len(found) > 1:
         raise ConfigError(f"the records mix tasks ({', '.join(found)}), which no one metric ranks; name the metric "
                           f"(metric=, --metric: one of {', '.join(METRICS)}) or split the records by dataset")
-    return found[0] if found else "classification"
+    return found[0] if found else empty
 
 
 def of(records: Optional[pd.DataFrame] = None, metric: Union[Metric, str, None] = None) -> Metric:

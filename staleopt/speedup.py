@@ -142,17 +142,21 @@ def default_target(records: pd.DataFrame, baseline: str = "gpipe", margin: float
     (:meth:`~staleopt.metrics.Metric.worse_by`: an accuracy minus ``margin``, a perplexity or loss times
     ``1 + margin``; PipeMare Table 2's targets sit about a point below synchronous training).
 
-    The mean is over the baseline's runs with a finite best: a target is a value that runs reach, and a run
-    that diverged before its first finite evaluation (perplexity ``inf``) reached none. A
-    :class:`~staleopt.errors.ConfigError` when no run has one."""
+    The mean is over the baseline's runs that did not diverge (a target is what the baseline reaches when it
+    trains; a diverged run's best can be ``inf`` or ``1e170``), else, where every one diverged, over those with
+    a finite best (what they reached before). A :class:`~staleopt.errors.ConfigError` when no run has one."""
     metric = metrics.of(records, metric)
     _check(records, metric)
     base = records[records["method"] == baseline]
     if base.empty:
         raise ConfigError(f"no {baseline!r} runs to set the target from; pass a target {metric.label} "
                           f"(--target) or a baseline the sweep has: {sorted(set(records['method']))}")
-    bests = base.groupby("run")[metric.column].agg(metric.best)
-    finite = bests[np.isfinite(bests)]
+    by_run = base.groupby("run")
+    bests = by_run[metric.column].agg(metric.best)
+    trained = by_run["status"].agg(lambda s: not (s == "diverged").any())
+    finite = bests[trained & np.isfinite(bests)]
+    if finite.empty:
+        finite = bests[np.isfinite(bests)]
     if finite.empty:
         raise ConfigError(f"no {baseline!r} run has a finite best {metric.label} ({len(bests)} runs: "
                           f"{', '.join(map(str, bests))}) to set the target from; pass a target {metric.label} "

@@ -49,7 +49,7 @@ from . import metrics
 from .errors import ConfigError
 
 __all__ = ["HARDWARE_COLUMNS", "MIN_SEEDS_FOR_T", "ACCURACY", "t_interval", "interval", "interval_text", "interval_caption",
-           "check_level", "mean_ci_text", "per_run", "steps_to_target",
+           "check_level", "mean_ci_text", "scored", "with_worst", "per_run", "steps_to_target",
            "divergence_count", "status_text"]
 
 #: Per-run hardware columns of :mod:`staleopt.train` records, constant within a run.
@@ -169,6 +169,23 @@ def steps_to_target(run_records: pd.DataFrame, target: float, metric=None) -> fl
     return float(hit["step"].iloc[0]) if len(hit) else math.nan
 
 
+def scored(value: float, diverged: bool, metric) -> float:
+    """``value``, or the ``metric``'s worst where a diverged run has no value (a NaN loss: module docstring)."""
+    return metric.worst if diverged and math.isnan(value) else value
+
+
+def with_worst(records: pd.DataFrame, metric=None) -> pd.DataFrame:
+    """``records`` with :func:`scored` applied to the ``metric`` column (default the records' task's) of every
+    diverged record: what the curves of the figures average, as the tables do."""
+    metric = metrics.of(records, metric)
+    bad = (records["status"] == "diverged") & records[metric.column].isna()
+    if not bad.any():
+        return records
+    out = records.copy()
+    out.loc[bad, metric.column] = metric.worst
+    return out
+
+
 def per_run(records: pd.DataFrame, keys: Sequence[str], target: Optional[float] = None,
             metric=None) -> pd.DataFrame:
     """One row per run: ``run``, ``keys``, ``seed``, the metric's best and final value (``best_acc``,
@@ -188,17 +205,17 @@ def per_run(records: pd.DataFrame, keys: Sequence[str], target: Optional[float] 
         row = {"run": run, **{k: last[k] for k in keys}}
         if "seed" in r.columns and "seed" not in keys:
             row["seed"] = last["seed"]
-        diverged = last["status"] == "diverged"
-        best, final = metric.best(r[metric.column]), float(last[metric.column])
-        if diverged:  # a diverged run with no value of its metric scores the worst (module docstring)
-            best, final = (metric.worst if math.isnan(v) else v for v in (best, final))
+        diverged = last["status"] == "diverged"  # (then a missing value scores the worst: module docstring)
+        best, final = (scored(v, diverged, metric) for v in (metric.best(r[metric.column]), float(last[metric.column])))
         row.update({metric.best_column: best, metric.final_column: final,
-                    "final_loss": last["train_loss"] if "train_loss" in r.columns else math.nan,
+                    "final_loss": scored(float(last["train_loss"]), diverged, metrics.TEST_LOSS)
+                    if "train_loss" in r.columns else math.nan,
                     "epochs_run": len(r), "steps_run": last["step"] if "step" in r.columns else math.nan,
                     "diverged": diverged})
         row.update({c: last[c] for c in HARDWARE_COLUMNS if c in r.columns})
         if floor:
-            row.update({"best_loss": last["best_loss"], "excess_loss": r["test_loss"].min() - last["best_loss"]})
+            row.update({"best_loss": last["best_loss"], "excess_loss": scored(
+                r["test_loss"].min() - last["best_loss"], diverged, metrics.TEST_LOSS)})
         if target is not None:
             row["steps_to_target"] = steps_to_target(r, target, metric)
         rows.append(row)

@@ -167,3 +167,73 @@ def test_an_lm_whose_perplexity_overflows_has_diverged(monkeypatch):
     rec = train.run(RunConfig(**LM))
     assert rec["status"].tolist() == ["ok", "diverged"] and rec["test_ppl"].iloc[-1] == INF
     assert train._ppl(math.nan) == INF and train._ppl(708.0) == math.exp(708.0)
+
+
+# ------------------------------------------------------------------------------ the ledger, regression, summary
+
+def _ledger_runs(method, scores, diverged=()):
+    return [{"recipe": "r", "method": method, "stages": 4, "seed": s, "score": v, "diverged": s in diverged}
+            for s, v in enumerate(scores)]
+
+
+def test_the_ledger_pairs_two_diverged_runs_as_no_gap_not_as_a_missing_seed():
+    from staleopt.ledger import spec, verdict
+    check = spec.Check("c", "a claim", "Paper §1", "1.0", "matches", {"a": {"recipe": "r", "method": "x"},
+                                                                      "b": {"recipe": "r", "method": "y"}})
+    one = verdict.evaluate(check, _ledger_runs("x", [-INF, 0.90, 0.91], {0}) + _ledger_runs("y", [-INF, 0.90, 0.90],
+                                                                                           {0}), "e", "")
+    assert one.gaps[0] == (0, 0.0) and "1 paired seed(s) where both diverged count as no gap" in one.reason
+    every = verdict.evaluate(check, _ledger_runs("x", [-INF] * 3, {0, 1, 2}) + _ledger_runs("y", [-INF] * 3,
+                                                                                            {0, 1, 2}), "e", "")
+    assert every.verdict == verdict.NOT and "both diverged (an infinite score) in all 3 paired seeds" in every.reason
+    rows = [verdict.Row("e", "c", "claim", "s", "n", "set", "ours", verdict.NOT, gaps=tuple(enumerate(g)), horizon=h,
+                        ratio=0.01 / h, steps=100 * h) for h, g in {1: [0.1, 0.2, 0.1], 4: [-INF, 0.2, 0.1]}.items()]
+    trend = verdict.trend(rows)
+    assert trend.label == verdict.WIDENING and "infinite (a diverged run) at 4x" in trend.text, trend.text
+
+
+def test_a_diverged_regression_run_with_a_nan_loss_counts_as_inf_in_the_curves_and_the_ledger():
+    from staleopt.ledger import verdict
+    rows = []
+    for seed, losses in enumerate([[1.0, 0.5, 0.4], [1.2, 0.8, 0.45], [math.nan]]):
+        for epoch, loss in enumerate(losses, 1):
+            rows.append({"run": f"dataflow-{seed}", "method": "dataflow", "stages": 4, "microbatches": 1,
+                         "seed": seed, "epoch": epoch, "step": 10 * epoch, "test_loss": loss, "test_acc": math.nan,
+                         "test_ppl": math.nan, "train_loss": 1.0, "utilization": 0.5, "memory_ratio_gpipe": 1.0,
+                         "status": "diverged" if math.isnan(loss) else "ok"})
+    records = pd.DataFrame(rows)
+    assert demo.pivot(sweep.summarize(records, by=["method", "stages"])).loc["dataflow", "P=4"] == \
+        "inf [0.400, inf] (1/3 div)"
+    line = next(x for x in plots.plot_accuracy_vs_epoch(records, 4).axes[0].get_lines() if x.get_label() == "dataflow")
+    assert list(line.get_ydata()) == [INF] * 3, "the table's inf, not the mean of the other two seeds"
+    scores = {r["run"]: r["score"] for r in verdict.scores(records, {f"dataflow-{s}": "r" for s in range(3)})}
+    assert scores["dataflow-2"] == INF
+
+
+def test_the_summary_losses_of_a_run_that_overflowed_are_inf():
+    records = lm_records()
+    records["best_loss"] = 1.0
+    bad = records["run"] == "dataflow-8-0"
+    records.loc[bad, ["test_loss", "train_loss"]] = math.nan
+    table = stats.per_run(records, ["method", "stages"]).set_index("run")
+    assert table.loc["dataflow-8-0", ["best_ppl", "final_loss", "excess_loss"]].tolist() == [INF, INF, INF]
+    row = sweep.summarize(records, by=["method", "stages"]).set_index(["method", "stages"]).loc[("dataflow", 8)]
+    assert row["final_loss"] == INF and row["excess_loss"] == INF
+
+
+def test_the_default_target_leaves_out_a_baseline_run_that_diverged_at_1e170():
+    records = lm_records()
+    run = records["run"] == "gpipe-2-2"
+    records.loc[run, "test_ppl"] = 1e170
+    records.loc[run & (records["epoch"] == 3), "status"] = "diverged"
+    assert math.isclose(speedup.default_target(records), 15.2 * 1.01, rel_tol=1e-12)  # 15, 16 at P = 2; 15, 16, 14
+    every = lm_records()
+    every.loc[every["method"] == "gpipe", "status"] = "diverged"  # all diverged (late): what they reached counts
+    assert math.isclose(speedup.default_target(every), 15.0 * 1.01, rel_tol=1e-12)
+
+
+def test_the_claims_without_a_target_are_not_evaluated_rather_than_raising():
+    with pytest.warns(UserWarning, match="finite best"):
+        table = claims.evaluate(lm_records(gpipe_inf=True))
+    faster = table[table["claim"].str.contains("sooner")]
+    assert (faster["verdict"] == "not evaluated").all() and faster["claim"].str.contains("none set").all()

@@ -1,7 +1,10 @@
 """Verdicts computed from the runs: each check's rule applied to per-seed test scores.
 
 A run's score is its test metric at the end of training (a run that diverged
-scores the value recorded when it stopped): the check's ``metric`` when it
+scores the value recorded when it stopped, ``inf`` where that was none or
+overflowed, :mod:`staleopt.stats`; two runs of one seed that both scored it
+differ by 0, counted, and a check whose every pair is such is not reproduced,
+with that reason): the check's ``metric`` when it
 names one, else the runs' task's (:mod:`staleopt.metrics`: test accuracy for
 classification, test perplexity for a language model). Every difference below
 is a gain (:meth:`staleopt.metrics.Metric.gain`): ``a_s - b_s`` for an accuracy,
@@ -50,7 +53,8 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import pandas as pd
 
-from .. import metrics
+from .. import metrics, stats
+from ..errors import ConfigError
 from ..stats import t_interval
 from .spec import Check, selects
 
@@ -107,15 +111,20 @@ def scores(records: pd.DataFrame, recipe_of: Dict[str, str], horizon_of: Optiona
     out = []
     if records.empty:
         return out
+    try:  # the task of a run with no value at all (it diverged at its first evaluation): the other runs'
+        common = metrics.task_of(records)
+    except ConfigError:
+        common = "classification"
     for run, r in records.sort_values(["run", "epoch"]).groupby("run", sort=False):
         if run not in recipe_of:
             continue
         last = r.iloc[-1]
-        metric = metrics.for_task(metrics.task_of(r))
+        metric = metrics.for_task(metrics.task_of(r, empty=common))
         row = {k: last[k] for k in r.columns if k not in ("run",)}
         row.update(run=run, recipe=recipe_of[run], horizon=(horizon_of or {}).get(run, 1), stages=int(last["stages"]),
                    seed=int(last["seed"]), metric=metric.column,
-                   score=float(last[metric.column]), diverged=last["status"] == "diverged")
+                   score=stats.scored(float(last[metric.column]), last["status"] == "diverged", metric),
+                   diverged=last["status"] == "diverged")
         out.append(row)
     return out
 
@@ -124,12 +133,18 @@ def _by_seed(rows, key) -> Dict[int, float]:
     return {r["seed"]: key(r) for r in rows}
 
 
+def _minus(x: float, y: float) -> float:
+    """``x - y``, and 0 where they are equal, also both infinite (two diverged runs of one seed: no gap, not a
+    missing one; ``inf - inf`` would be NaN and drop the seed)."""
+    return 0.0 if x == y else x - y
+
+
 def _paired(a: Dict[int, float], b: Dict[int, float]) -> List[float]:
-    return [a[s] - b[s] for s in sorted(set(a) & set(b))]
+    return [_minus(a[s], b[s]) for s in sorted(set(a) & set(b))]
 
 
 def _paired_by_seed(a: Dict[int, float], b: Dict[int, float]) -> Tuple[Tuple[int, float], ...]:
-    return tuple((s, a[s] - b[s]) for s in sorted(set(a) & set(b)))
+    return tuple((s, _minus(a[s], b[s])) for s in sorted(set(a) & set(b)))
 
 
 def _group_text(label: str, rows, value) -> str:
@@ -209,7 +224,8 @@ def evaluate(check: Check, runs: Sequence[Dict], experiment: str, setting: str) 
         return row("-", NOT, mixed)
 
     def value(r):   # the run's score in the check's metric
-        return float(r[metric.column]) if check.metric is not None else r["score"]
+        return stats.scored(float(r[metric.column]), r["diverged"], metric) if check.metric is not None \
+            else r["score"]
 
     sign = 1.0 if metric.higher_is_better else -1.0
 
@@ -247,7 +263,13 @@ def evaluate(check: Check, runs: Sequence[Dict], experiment: str, setting: str) 
             verdict = _judge(d, lambda lo, hi: -m < lo and hi < m, lambda mu: abs(mu) < m)
             reason = {PARTLY: f"mean difference {mean:+.3f} is within ±{m:.2f}, but the 95% interval leaves ±{m:.2f}",
                       NOT: f"differs by {_beyond(mean, m, '+')}, more than the margin ±{m:.2f}"}.get(verdict, "")
-        return row(ours, verdict, reason, d, _paired_by_seed(by_seed(a), by_seed(b)))
+        sa, sb = by_seed(a), by_seed(b)
+        both = sum(math.isinf(sa[s]) and sa[s] == sb[s] for s in set(sa) & set(sb))  # both diverged: gap 0
+        if both and both == len(d):
+            verdict, reason = NOT, f"both diverged (an infinite score) in all {both} paired seeds: nothing to compare"
+        elif both:
+            reason = "; ".join(x for x in (reason, f"{both} paired seed(s) where both diverged count as no gap") if x)
+        return row(ours, verdict, reason, d, _paired_by_seed(sa, sb))
     if check.rule == "gap-grows":
         a, b = _by_stages(groups["a"]), _by_stages(groups["b"])
         stages = sorted(set(a) & set(b))
@@ -256,8 +278,8 @@ def evaluate(check: Check, runs: Sequence[Dict], experiment: str, setting: str) 
         gaps = {p: _paired(by_seed(a[p]), by_seed(b[p])) for p in stages}
         lo_p, hi_p = stages[0], stages[-1]
         seeds = sorted(set(by_seed(a[lo_p])) & set(by_seed(b[lo_p])) & set(by_seed(a[hi_p])) & set(by_seed(b[hi_p])))
-        d = [(by_seed(a[hi_p])[s] - by_seed(b[hi_p])[s]) - (by_seed(a[lo_p])[s] - by_seed(b[lo_p])[s])
-             for s in seeds]
+        d = [_minus(_minus(by_seed(a[hi_p])[s], by_seed(b[hi_p])[s]),
+                    _minus(by_seed(a[lo_p])[s], by_seed(b[lo_p])[s])) for s in seeds]
         name_a, name_b = check.selectors["a"].get("method"), check.selectors["b"].get("method")
         ours = "; ".join([_diff_text(f"{minus(name_a, name_b)} at P={p}", gaps[p]) for p in stages]
                          + [_diff_text(f"growth P={lo_p}->{hi_p}", d)])
@@ -327,7 +349,14 @@ def trend(rows: Sequence[Row]) -> Trend:
     short, long_ = ran[0], ran[-1]
     g0, g1 = dict(short.gaps), dict(long_.gaps)
     seeds = sorted(set(g0) & set(g1))
-    c = [abs(g1[s]) - abs(g0[s]) for s in seeds]
+    c = [_minus(abs(g1[s]), abs(g0[s])) for s in seeds]
+    infinite = [x for x in c if math.isinf(x)]  # a seed whose gap became infinite (a run diverged) or finite again
+    if infinite and len({x > 0 for x in infinite}) == 1:
+        grew = infinite[0] > 0
+        label = WIDENING if grew else CLOSING
+        return Trend(label, f"{label}: the gap of {len(infinite)} of {len(c)} paired seed(s) is infinite (a diverged "
+                            f"run) at {(long_ if grew else short).horizon}x and finite at "
+                            f"{(short if grew else long_).horizon}x", (infinite[0], math.nan))
     mean, half, n = t_interval(c)
     if n < 2 or math.isnan(half):
         return Trend(NO_TREND, f"{n} paired seed(s) between {short.horizon}x and {long_.horizon}x: no interval")

@@ -358,7 +358,7 @@ def plot_accuracy_vs_epoch(source, stages: int, level: float = 0.95, methods: Op
     from matplotlib.figure import Figure
     records = _records(source)
     m = metrics.of(records, metric)
-    at = _at_stages(records, stages)
+    at = stats.with_worst(_at_stages(records, stages), m)  # a diverged run's missing value: the worst, as tabled
     fig = Figure(figsize=figsize, layout="constrained")
     ax = fig.add_subplot()
     edge = Edge(m.bounds)
@@ -437,7 +437,7 @@ def plot_accuracy_vs_time(source, stages: int, target: Optional[float] = None, l
     from matplotlib.figure import Figure
     records = _records(source)
     m = metrics.of(records, metric)
-    at = speedup.with_pipeline_time(_at_stages(records, stages))
+    at = stats.with_worst(speedup.with_pipeline_time(_at_stages(records, stages)), m)
     if target is None and "gpipe" in set(records["method"]):
         target = speedup.target_or_none(records, metric=m)
     fig = Figure(figsize=figsize, layout="constrained")
