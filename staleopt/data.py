@@ -45,6 +45,7 @@ import json
 import os
 import pickle
 import random
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
@@ -849,9 +850,22 @@ def from_datasets(train: Dataset, test: Dataset, name: str = "custom", task: Opt
         if not hasattr(ds, "__getitem__") or not hasattr(ds, "__len__") or len(ds) == 0:
             raise DataError(f"dataset {name!r}: the {split} split must be a non-empty Dataset of (x, y) samples, "
                             f"got {type(ds).__name__}")
+    for split, ds in (("train", train), ("test", test)):
+        first = ds[0]
+        if isinstance(first, Mapping) or not isinstance(first, (tuple, list)) or len(first) != 2:
+            what = (f"a {type(first).__name__} with the keys {sorted(map(str, first))}" if isinstance(first, Mapping)
+                    else f"a {type(first).__name__} of {len(first)} fields" if isinstance(first, (tuple, list))
+                    else f"a {type(first).__name__}")
+            raise DataError(f"dataset {name!r}: a sample must be a pair (x, y), but the first {split} sample is "
+                            f"{what}: wrap the dataset so that it returns (input, target), e.g. a Dataset whose "
+                            "__getitem__ returns (d[i]['x'], d[i]['y']), or a TensorDataset of exactly two tensors")
     x, y = train[0]
     y = torch.as_tensor(y)
     integer = not (y.is_floating_point() or y.is_complex())
+    if task is None and integer and tuple(y.shape) == (1,) and torch.as_tensor(x).is_floating_point():
+        raise DataError(f"dataset {name!r}: the first target is an integer tensor of shape (1,), which reads as a "
+                        "one-token sequence (task 'lm'): a class label is a scalar (return y.squeeze(-1) or "
+                        "int(y)); pass task='lm' if it is a one-token sequence")
     task = task or (("lm" if y.dim() else "classification") if integer else "regression")
     if task not in ("classification", "regression", "lm"):
         raise ConfigError(f"dataset {name!r}: task must be 'classification', 'regression' or 'lm', got {task!r}")

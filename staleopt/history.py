@@ -721,13 +721,14 @@ class SlotHistory(History):
         return LoopError(f"stage {self.views[i].stage} reads w_(t-{self._H[i]}) again at step {self._t}, but "
                          "memory='minimal' dropped that version in the backward pass of what the engine took for the "
                          "step's last training pass (it expects as many passes per step as the most any earlier step "
-                         "ran, or microbatch_passes' N): this step runs more forward/backward passes than that, runs "
-                         "a pass again after its backward raised (an out-of-memory error caught and retried), or "
-                         "runs again after a step() that did not happen (torch.amp.GradScaler skips step() after an "
-                         "inf or NaN gradient), or resumes a checkpoint saved after the step's last backward and "
-                         "before its step() (save after opt.step()). Run the same number of passes in every step "
-                         "(fewer is fine), or use memory='fast' (one more version per delayed stage; it also trains "
-                         "through skipped steps and retried passes)")
+                         "ran, or microbatch_passes' N): this step runs more forward/backward passes than that (a "
+                         "forward for logging or metrics in train mode with grad enabled counts as a pass: run it "
+                         "under torch.no_grad() or model.eval()), runs a pass again after its backward raised (an "
+                         "out-of-memory error caught and retried), or runs again after a step() that did not happen "
+                         "(torch.amp.GradScaler skips step() after an inf or NaN gradient), or resumes a checkpoint "
+                         "saved after the step's last backward and before its step() (save after opt.step()). Run "
+                         "the same number of passes in every step (fewer is fine), or use memory='fast' (one more "
+                         "version per delayed stage; it also trains through skipped steps and retried passes)")
 
     def _plan_load(self, d: _Draft, targets: List[Target]) -> Tuple[tuple, tuple]:
         """Check ``targets`` (versions) and plan the rounds of moves that bring the views in their own storage to them,

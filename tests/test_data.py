@@ -381,3 +381,26 @@ def test_cifar_switches_and_mnist1d_split_are_checked(tmp_path):
     for split in (1.0, 1.5, -0.5, 0.0):
         with pytest.raises(ConfigError, match="train_split must lie in"):
             data.load("mnist1d", num_samples=100, train_split=split, cache=False)
+
+
+def test_samples_that_are_not_an_input_target_pair_are_refused_naming_the_fix():
+    """A dict sample (the Hugging Face datasets style), a triple or a TensorDataset of three tensors failed with a
+    bare TypeError (the dict's keys unpacked as x and y) or 'too many values to unpack'."""
+    class Dicts(torch.utils.data.Dataset):
+        def __len__(self):
+            return 4
+
+        def __getitem__(self, i):
+            return {"x": torch.randn(3), "y": i % 2}
+
+    pairs = TensorDataset(torch.randn(4, 3), torch.arange(4) % 2)
+    with pytest.raises(DataError, match=r"first train sample is a dict with the keys \['x', 'y'\].*\(d\[i\]\['x'\]"):
+        data.from_datasets(Dicts(), pairs)
+    with pytest.raises(DataError, match="first test sample is a tuple of 3 fields.*exactly two tensors"):
+        data.from_datasets(pairs, TensorDataset(torch.randn(4, 3), torch.arange(4) % 2, torch.ones(4)))
+    # an integer label of shape (1,) reads as a one-token sequence: told to squeeze it, or to say task='lm'
+    column = TensorDataset(torch.randn(4, 3), (torch.arange(4) % 2)[:, None])
+    with pytest.raises(DataError, match=r"shape \(1,\).*one-token sequence.*y.squeeze\(-1\)"):
+        data.from_datasets(column, column)
+    assert data.from_datasets(column, column, task="lm").task == "lm"
+    assert data.from_datasets(pairs, pairs).task == "classification"

@@ -375,3 +375,18 @@ def test_an_output_the_hooks_cannot_reach_is_refused_and_a_registered_one_trains
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert all(torch.equal(a, b) for a, b in zip(run(Registered), run(None)))
+
+
+def test_a_logging_forward_after_the_last_backward_is_named_as_the_cause():
+    """A train-mode forward with grad enabled between backward() and step() is a pass that reads a version the
+    last backward dropped in minimal memory: the LoopError names it (it listed four other causes)."""
+    from staleopt.errors import LoopError
+    model = mlp((5, 7, 7, 3)).double()
+    opt = _opt(model)
+    with pytest.raises(LoopError, match=r"a forward for logging or metrics in train mode.*torch.no_grad\(\)"):
+        for t, (x, y) in enumerate(batches(6)):
+            opt.zero_grad()
+            mse(model(x), y).backward()
+            if t == 3:
+                model(x)  # a metric computed from a fresh forward, no no_grad()
+            opt.step()
