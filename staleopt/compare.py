@@ -20,6 +20,7 @@ unless ``metric=`` names another.
 from __future__ import annotations
 
 import json
+import math
 import os
 import warnings
 from dataclasses import dataclass, field
@@ -180,7 +181,8 @@ def write_report(records: pd.DataFrame, out: Union[str, os.PathLike], target: Op
     where = Path(figures) if figures is not None else out
     files.append(out / "memory.csv")
     memory.to_csv(files[-1], index=False)
-    figures = [Path(plots.save(plots.plot_accuracy_vs_stages(records, metric.best_column, title=title, target=target,
+    figures = [Path(plots.save(plots.plot_accuracy_vs_stages(records, metric.best_column, title=title,
+                                                             target=math.nan if target is None else target,
                                                              level=level, memory=memory),
                                where / "accuracy_vs_stages.png")),
                Path(plots.save(plots.plot_accuracy_vs_epoch(records, largest, level=level,

@@ -6,6 +6,7 @@ the numbers their evidence prints, a spread of values near a float's limit is co
 baseline whose runs set no finite target leaves a report without its time-to-target table, never no report.
 """
 import math
+import warnings
 
 import numpy as np
 import pandas as pd
@@ -141,8 +142,11 @@ def test_a_baseline_without_a_finite_best_leaves_a_report_without_its_time_table
     with pytest.warns(UserWarning, match="finite best.*no time-to-target table"):
         target = speedup.target_or_none(records)
     assert target is None
-    with pytest.warns(UserWarning, match="finite best"):  # the figure's default target: none either
+    with warnings.catch_warnings():  # told once (above): the report's figure draws no time panel, not warning again
+        warnings.simplefilter("error")
         result = write_report(records, tmp_path, target=None, metric=metrics.PERPLEXITY)
+    figure = plots.plot_accuracy_vs_stages(records, target=math.nan)
+    assert not [ax for ax in figure.axes if ax.get_title().startswith("time to")], "target NaN: no time panel"
     assert (tmp_path / "summary.csv").is_file() and (tmp_path / "claims.csv").is_file()
     assert result.speedup_table().empty
     with pytest.warns(UserWarning, match="finite best"):

@@ -254,7 +254,7 @@ def plot_accuracy_vs_stages(source, metric: Optional[str] = None, level: float =
     accuracy) and each seed's own value as a dot (an ``x`` for a diverged run, which
     stays in the mean); nothing is dropped. ``target``: in that metric, default
     :func:`staleopt.speedup.default_target` (GPipe's mean best accuracy minus 0.01,
-    or its best perplexity plus 1%); the speedup panel draws every method and ``P``
+    or its best perplexity plus 1%; NaN: none, no speedup panel); the speedup panel draws every method and ``P``
     where a seed reached it, labelled ``k/n`` where only ``k`` of ``n`` did (the
     mean over those). Fewer than :data:`CATEGORICAL_BELOW` stage counts are
     categories, not joined by lines. ``title``: default read off the records
@@ -270,7 +270,7 @@ def plot_accuracy_vs_stages(source, metric: Optional[str] = None, level: float =
     timed = "gpipe" in set(records["method"]) and "microbatches" in records.columns
     if timed and target is None:
         target = speedup.target_or_none(records, metric=m)
-        timed = target is not None
+    timed = timed and target is not None and not np.isnan(target)
     if timed:
         fast = speedup.speedup_table(records, target, keys=[*keys, "stages"], metric=m)
         fast = fast[(fast["reached"] > 0) & fast["speedup"].notna()]
