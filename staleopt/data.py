@@ -850,7 +850,6 @@ def from_datasets(train: Dataset, test: Dataset, name: str = "custom", task: Opt
         if not hasattr(ds, "__getitem__") or not hasattr(ds, "__len__") or len(ds) == 0:
             raise DataError(f"dataset {name!r}: the {split} split must be a non-empty Dataset of (x, y) samples, "
                             f"got {type(ds).__name__}")
-    for split, ds in (("train", train), ("test", test)):
         first = ds[0]
         if isinstance(first, Mapping) or not isinstance(first, (tuple, list)) or len(first) != 2:
             what = (f"a {type(first).__name__} with the keys {sorted(map(str, first))}" if isinstance(first, Mapping)

@@ -199,15 +199,15 @@ def per_run(records: pd.DataFrame, keys: Sequence[str], target: Optional[float] 
     if missing:
         raise ConfigError(f"records lack the columns {missing}; pass the records of staleopt.sweep.collect")
     floor = "best_loss" in records.columns and bool(records["best_loss"].notna().any())
+    records = with_worst(records, metric)  # a diverged run's missing value: the worst (module docstring)
     rows = []
     for run, r in records.sort_values(["run", "epoch"]).groupby("run", sort=False):
         last = r.iloc[-1]
         row = {"run": run, **{k: last[k] for k in keys}}
         if "seed" in r.columns and "seed" not in keys:
             row["seed"] = last["seed"]
-        diverged = last["status"] == "diverged"  # (then a missing value scores the worst: module docstring)
-        best, final = (scored(v, diverged, metric) for v in (metric.best(r[metric.column]), float(last[metric.column])))
-        row.update({metric.best_column: best, metric.final_column: final,
+        diverged = last["status"] == "diverged"
+        row.update({metric.best_column: metric.best(r[metric.column]), metric.final_column: last[metric.column],
                     "final_loss": scored(float(last["train_loss"]), diverged, metrics.TEST_LOSS)
                     if "train_loss" in r.columns else math.nan,
                     "epochs_run": len(r), "steps_run": last["step"] if "step" in r.columns else math.nan,

@@ -49,9 +49,9 @@ Choices (each documented because it changes numbers):
   ``exp`` is beyond a float) at an epoch's end: the training loss reads stale
   forward weights, so ``w_t`` can have overflowed up to ``tau_fwd`` steps
   before the training loss shows it, and the evaluation (on ``w_t``) is where
-  it shows first. So does a step
-  whose size the weights' dtype cannot hold (torch's "value cannot be
-  converted ... without overflow", e.g. ``lr = 1e308``). Never an exception.
+  it shows first. So does a step whose size the weights' dtype cannot hold
+  (torch's "value cannot be converted ... without overflow", e.g.
+  ``lr = 1e308``). Never an exception.
 * **Evaluation** at the end of each epoch: ``model.eval()`` under
   ``torch.no_grad()``, so the model holds ``w_t`` (docs/design.md §1) and BatchNorm
   uses its running statistics.

@@ -5,8 +5,9 @@ One panel per check that ran at more than one horizon: the per-seed gaps
 Student-t interval, on a log ``tau_max / steps`` axis with the paper's own run
 marked (:class:`staleopt.ledger.spec.PaperHorizon`), the line of no gap and,
 for "not worse" and "matches", the margin; an infinite gap (a diverged run's
-perplexity) is marked at the axis' edge (:class:`staleopt.plot.sweep.Edge`). The figure is drawn from the same
-rows as the page's tables, so the two cannot disagree.
+perplexity) is marked at the axis' edge (:class:`staleopt.plot.sweep.Edge`).
+The figure is drawn from the same rows as the page's tables, so the two cannot
+disagree.
 """
 from __future__ import annotations
 

@@ -32,8 +32,8 @@ curve carries it at its last value after it stopped (:func:`carried`), so a
 curve ends at the table's mean final value. An unbounded metric's axis spans
 the runs that did not diverge; a value beyond it (a perplexity of ``inf`` or
 ``1e170``, and a mean it makes infinite) is marked ``^`` at the axis' edge
-(:class:`Edge`), so the figure shows what the table's ``inf`` says. Titles are read off the records'
-configs (:func:`describe`), never typed in. Fewer than :data:`CATEGORICAL_BELOW`
+(:class:`Edge`), so the figure shows what the table's ``inf`` says. Titles are
+read off the records' configs (:func:`describe`), never typed in. Fewer than :data:`CATEGORICAL_BELOW`
 stage counts are drawn as categories, not joined as a trend.
 """
 from __future__ import annotations
@@ -179,6 +179,7 @@ class Edge:
 
     def __init__(self, bounds: Optional[Tuple[float, float]]):
         self.bounds, self.kept, self.points = bounds, [], []
+        self.beyond = False  # (after finish: whether a value was marked)
 
     def keep(self, values) -> None:
         """Values the axis must show (the runs that did not diverge)."""
@@ -203,9 +204,7 @@ class Edge:
             if y > hi or y < lo:
                 ax.scatter([x], [hi if y > hi else lo], marker="^" if y > hi else "v", s=40, color=color,
                            clip_on=False, zorder=6, label="_beyond")
-        self.beyond = any(y > hi or y < lo for _, y, _ in self.points)
-
-    beyond = False
+                self.beyond = True
 
 
 def _positions(stages) -> Tuple[dict, bool]:
@@ -254,9 +253,9 @@ def plot_accuracy_vs_stages(source, metric: Optional[str] = None, level: float =
     accuracy) and each seed's own value as a dot (an ``x`` for a diverged run, which
     stays in the mean); nothing is dropped. ``target``: in that metric, default
     :func:`staleopt.speedup.default_target` (GPipe's mean best accuracy minus 0.01,
-    or its best perplexity plus 1%; NaN: none, no speedup panel); the speedup panel draws every method and ``P``
-    where a seed reached it, labelled ``k/n`` where only ``k`` of ``n`` did (the
-    mean over those). Fewer than :data:`CATEGORICAL_BELOW` stage counts are
+    or its best perplexity plus 1%; NaN: none, no speedup panel); the speedup
+    panel draws every method and ``P`` where a seed reached it, labelled ``k/n``
+    where only ``k`` of ``n`` did (the mean over those). Fewer than :data:`CATEGORICAL_BELOW` stage counts are
     categories, not joined by lines. ``title``: default read off the records
     (:func:`describe`).
     """
