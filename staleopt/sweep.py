@@ -715,10 +715,11 @@ def summarize(records: pd.DataFrame, by: Optional[Sequence[str]] = None, level: 
     Groups: ``by``, default every config key except ``seed``; the output keeps
     the ``by`` columns that vary (and ``method``, ``stages``), then ``runs``,
     ``best_acc``, ``best_acc_lo``, ``best_acc_hi``, ``best_acc_ci``, the same
-    for ``final_acc``, ``interval`` (:func:`staleopt.stats.interval`'s kind:
-    ``t`` or ``range``), ``final_loss``, ``excess_loss`` (the mean lowest test loss
-    above the dataset's best achievable ``best_loss``; only where the records know
-    it), ``diverged`` (count) and ``status`` (``ok``, ``diverged`` or ``k/n
+    for ``final_acc``, ``best_acc_interval`` and ``final_acc_interval``
+    (:func:`staleopt.stats.interval`'s kind of each column's interval: ``t``, or
+    ``range`` below the t-interval's seeds or where a value is infinite),
+    ``final_loss``, ``excess_loss`` (the mean lowest test loss above the dataset's
+    best achievable ``best_loss``; only where the records know it), ``diverged`` (count) and ``status`` (``ok``, ``diverged`` or ``k/n
     diverged``). ``*_lo``, ``*_hi``: the interval every table and figure shows
     (within the metric's bounds, [0, 1] for an accuracy; the seeds' range below
     :data:`~staleopt.stats.MIN_SEEDS_FOR_T` seeds); ``*_ci``: the Student-t
@@ -741,10 +742,11 @@ def summarize(records: pd.DataFrame, by: Optional[Sequence[str]] = None, level: 
         key = key if isinstance(key, tuple) else (key,)
         nd, n = divergence_count(g["diverged"])
         row = {**dict(zip(keep, key)), "runs": n}
+        kinds = {}
         for col in (metric.best_column, metric.final_column):
-            mean, lo, hi, _, kind = interval(g[col], level, metric.bounds)
+            mean, lo, hi, _, kinds[f"{col}_interval"] = interval(g[col], level, metric.bounds)
             row.update({col: mean, f"{col}_lo": lo, f"{col}_hi": hi, f"{col}_ci": t_interval(g[col], level)[1]})
-        row.update({"interval": kind, "final_loss": t_interval(g["final_loss"], level)[0]})
+        row.update({**kinds, "final_loss": t_interval(g["final_loss"], level)[0]})
         if "excess_loss" in g.columns:
             row["excess_loss"] = t_interval(g["excess_loss"], level)[0]
         rows.append({**row, "diverged": nd, "status": status_text(nd, n)})

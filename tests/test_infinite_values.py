@@ -5,6 +5,7 @@ A run whose metric is infinite has diverged; it counts with that value in every 
 the numbers their evidence prints, a spread of values near a float's limit is computed without overflow, and a
 baseline whose runs set no finite target leaves a report without its time-to-target table, never no report.
 """
+import dataclasses
 import math
 import warnings
 
@@ -196,6 +197,49 @@ def test_the_ledger_pairs_two_diverged_runs_as_no_gap_not_as_a_missing_seed():
     assert trend.label == verdict.WIDENING and "infinite (a diverged run) at 4x" in trend.text, trend.text
 
 
+def test_gaps_infinite_in_both_directions_have_no_mean_and_the_ledger_says_so():
+    """One side diverged in one seed and the other in another: the gaps are +inf and -inf, whose mean is undefined;
+    the verdict says why instead of "differs by +nan", and the trend does not call it an interval-less change."""
+    from staleopt.ledger import spec, verdict
+    check = spec.Check("c", "a claim", "Paper §1", "1.0", "matches", {"a": {"recipe": "r", "method": "x"},
+                                                                      "b": {"recipe": "r", "method": "y"}})
+    row = verdict.evaluate(check, _ledger_runs("x", [-INF, 0.90, 0.91], {0}) + _ledger_runs("y", [0.9, -INF, 0.90],
+                                                                                           {1}), "e", "")
+    assert row.verdict == verdict.NOT and "nan" not in row.reason, row.reason
+    assert "infinite in both directions (1 seed(s) +inf, 1 -inf" in row.reason and row.diverged == (0, 1)
+    degrades = spec.Check("d", "a claim", "Paper §1", "1.0", "degrades",
+                          {"a": {"recipe": "r", "method": "x"}, "reference": {"recipe": "r", "method": "y"}})
+    runs = _ledger_runs("x", [0.9, 0.9, 0.9]) + [{**r, "stages": 8} for r in _ledger_runs("x", [-INF, 0.5, 0.9], {0})]
+    row = verdict.evaluate(degrades, runs + _ledger_runs("y", [0.9, -INF, 0.9], {1}), "e", "")
+    assert row.verdict == verdict.NOT and "infinite in both directions" in row.reason, row.reason
+    rows = [verdict.Row("e", "c", "claim", "s", "n", "set", "ours", verdict.NOT, gaps=tuple(enumerate(g)), horizon=h,
+                        ratio=0.01 / h, steps=100 * h) for h, g in {1: [0.1, -INF, 0.1], 4: [-INF, 0.2, 0.1]}.items()]
+    trend = verdict.trend(rows)
+    assert trend.label == verdict.NO_TREND and "infinite (a diverged run) in 1 paired seed(s) and finite again in 1" \
+        in trend.text, trend.text
+
+
+def test_the_ledger_figure_fits_a_perplexitys_axis_to_the_seeds_that_did_not_diverge():
+    """A diverged run's finite perplexity of 1e170 makes a gap of 1e170: the panel's axis stays on the other seeds'
+    gaps and marks that one at the edge (it spanned 1e170 and squashed every other point onto 0)."""
+    from staleopt.ledger import spec, verdict
+    from staleopt.plot.ledger import horizon_figure
+    check = spec.Check("c", "a claim", "Paper §1", "1.0", "matches", {"a": {"recipe": "r", "method": "x"},
+                                                                      "b": {"recipe": "r", "method": "y"}},
+                       metric="test_ppl", margin=1.0)
+
+    def runs(x, y, div=()):
+        return [{**r, "test_ppl": r["score"]} for r in _ledger_runs("x", x, div) + _ledger_runs("y", y)]
+    rows = [dataclasses.replace(verdict.evaluate(check, runs(x, y, div), "e", ""), horizon=h, ratio=0.01 / h)
+            for h, x, y, div in ((1, [30.2, 30.0, 29.6], [30.0, 30.1, 29.9], ()),
+                                 (2, [1e170, 29.5, 29.8], [30.0, 30.1, 29.9], {0}))]
+    assert rows[1].diverged == (0,) and rows[0].diverged == ()
+    ax = horizon_figure([(check, rows)]).axes[0]
+    lo, hi = ax.get_ylim()
+    assert -5 < lo and hi < 5, (lo, hi)
+    assert [c for c in ax.collections if c.get_label() == "_beyond"], "the diverged seed is marked at the edge"
+
+
 def test_a_diverged_regression_run_with_a_nan_loss_counts_as_inf_in_the_curves_and_the_ledger():
     from staleopt.ledger import verdict
     rows = []
@@ -223,6 +267,30 @@ def test_the_summary_losses_of_a_run_that_overflowed_are_inf():
     assert table.loc["dataflow-8-0", ["best_ppl", "final_loss", "excess_loss"]].tolist() == [INF, INF, INF]
     row = sweep.summarize(records, by=["method", "stages"]).set_index(["method", "stages"]).loc[("dataflow", 8)]
     assert row["final_loss"] == INF and row["excess_loss"] == INF
+
+
+def test_each_summary_column_names_its_own_interval_and_results_says_where_inf_makes_a_range(tmp_path, capsys):
+    """A run that diverged late (a finite best, a final perplexity of inf): its group's best has a t-interval and
+    its final the range; one ``interval`` column said "range" for both, and ``staleopt results`` called every cell
+    a t-interval."""
+    from staleopt.cli import main
+
+    def lm_train(config, progress=False):
+        late = config.method == "pb" and config.seed == 3
+        return pd.DataFrame([{"epoch": e, "step": 5 * e, "train_loss": 1.0, "test_loss": math.log(p),
+                              "test_acc": math.nan, "test_ppl": p, "wall_time": 0.0, "utilization": 1.0,
+                              "memory_ratio_gpipe": 1.0, "status": "diverged" if p == INF else "ok"}
+                             for e, p in enumerate([30.0 + config.seed, INF if late else 20.0 + config.seed], 1)])
+    path = tmp_path / "sweep.toml"
+    path.write_text('name = "lm"\n[base]\nmodel = "mlp"\ndata = "synthetic"\nepochs = 2\n'
+                    '[grid]\nmethod = ["gpipe", "pb"]\nstages = [2]\nseed = [0, 1, 2, 3]\n')
+    sweep.run_sweep(path, tmp_path / "s", train_fn=lm_train, bar=False)
+    assert main(["results", str(tmp_path / "s")]) == 0
+    assert "t-interval] over 4 seeds; a mean of inf shows the range [min, inf])" in capsys.readouterr().out
+    summary = pd.read_csv(tmp_path / "s" / "results" / "summary.csv").set_index("method")
+    assert "interval" not in summary.columns
+    assert summary.loc["pb", ["best_ppl_interval", "final_ppl_interval"]].tolist() == ["t", "range"]
+    assert summary.loc["gpipe", ["best_ppl_interval", "final_ppl_interval"]].tolist() == ["t", "t"]
 
 
 def test_the_default_target_leaves_out_a_baseline_run_that_diverged_at_1e170():

@@ -373,7 +373,7 @@ def test_summary_over_seeds_by_hand():
     assert g.runs == 3 and g.status == "ok" and g.diverged == 0
     assert g.best_acc == pytest.approx(0.85) and g.best_acc_ci == pytest.approx(4.302653 * 0.05 / 3 ** 0.5, rel=1e-6)
     assert g.final_acc == pytest.approx(0.85) and g.final_loss == pytest.approx(0.5)
-    assert (g.interval, g.best_acc_lo, g.best_acc_hi) == ("range", 0.8, 0.9)  # 3 seeds: their range
+    assert (g.best_acc_interval, g.best_acc_lo, g.best_acc_hi) == ("range", 0.8, 0.9)  # 3 seeds: their range
     p = s[s.method == "pb"].iloc[0]
     assert p.status == "1/3 diverged" and p.diverged == 1
     assert p.best_acc == pytest.approx((0.4 + 0.5 + 0.1) / 3) and p.final_acc == pytest.approx((0.3 + 0.5 + 0.1) / 3)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
 from typing import Optional
@@ -231,9 +232,11 @@ def run_results_command(args) -> int:
     for col in values:
         shown[col] = [interval_text(m, lo, hi, 4) for m, lo, hi in
                       zip(summary[col], summary[f"{col}_lo"], summary[f"{col}_hi"])]
-    shown = shown.drop(columns=[f"{c}_{s}" for c in values for s in ("lo", "hi", "ci")] + ["diverged", "interval"])
+    shown = shown.drop(columns=[f"{c}_{s}" for c in values for s in ("lo", "hi", "ci", "interval")] + ["diverged"])
     print(shown.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
     caption = interval_caption(int(summary['runs'].max()), args.level, metric.bounds)
+    if any(math.isinf(v) for c in values for v in summary[c]):  # (stats.interval: no t-interval holds an infinite mean)
+        caption += "; a mean of inf shows the range [min, inf]"
     what = "accuracies" if metric is metrics.ACCURACY else \
         f"{metric.label}, {'higher' if metric.higher_is_better else 'lower'} is better"
     print(f"({what}: {caption}" + ("; rows with fewer runs: see the runs column" if summary["runs"].nunique() > 1

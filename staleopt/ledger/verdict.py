@@ -4,7 +4,8 @@ A run's score is its test metric at the end of training (a run that diverged
 scores the value recorded when it stopped, ``inf`` where that was none or
 overflowed, :mod:`staleopt.stats`; two runs of one seed that both scored it
 differ by 0, counted, and a check whose every pair is such is not reproduced,
-with that reason): the check's ``metric`` when it
+with that reason; so is one whose gaps are infinite in both directions, which
+have no mean): the check's ``metric`` when it
 names one, else the runs' task's (:mod:`staleopt.metrics`: test accuracy for
 classification, test perplexity for a language model). Every difference below
 is a gain (:meth:`staleopt.metrics.Metric.gain`): ``a_s - b_s`` for an accuracy,
@@ -93,6 +94,9 @@ class Row:
     steps: int = 0
     #: The record column the scores are in (:mod:`staleopt.metrics`).
     metric: str = metrics.ACCURACY.column
+    #: The seeds of :attr:`gaps` where a run the check compares diverged (its gap may be infinite or huge:
+    #: :mod:`staleopt.plot.ledger` fits the axis of an unbounded metric to the other seeds).
+    diverged: Tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -179,6 +183,17 @@ def _beyond(x: float, margin: float, sign: str = "") -> str:
     return f"{x:{sign}.6g}"
 
 
+def _no_mean(d: Sequence[float]) -> str:
+    """The reason a check's gaps have no mean, or "": infinite gaps of both signs (each side diverged in some seed;
+    ``inf - inf`` has no value), which no rule can judge."""
+    mean, _, n = t_interval(d)
+    if n == 0 or not math.isnan(mean):
+        return ""
+    up, down = sum(x == math.inf for x in d), sum(x == -math.inf for x in d)
+    return (f"the per-seed gaps are infinite in both directions ({up} seed(s) +inf, {down} -inf: each side "
+            "diverged in some seed), so they have no mean: nothing to compare")
+
+
 def _judge(d: Sequence[float], lo_ok, mean_ok) -> str:
     mean, half, n = t_interval(d)
     if n == 0:
@@ -212,10 +227,15 @@ def evaluate(check: Check, runs: Sequence[Dict], experiment: str, setting: str) 
     groups = {k: selects(runs, sel) for k, sel in check.selectors.items()}
     metric, mixed = _metric(check, groups)
 
+    diverged = {r["seed"] for g in groups.values() for r in g if r["diverged"]}
+
     def row(ours, verdict, reason="", d=(), gaps=()):
         mean, half, _ = t_interval(d)
+        if _no_mean(d):
+            verdict, reason = NOT, _no_mean(d)
         return Row(experiment, check.id, check.claim, check.source, check.paper_number, setting, ours, verdict, reason,
-                   mean, half, tuple(gaps), metric=metric.column)
+                   mean, half, tuple(gaps), metric=metric.column,
+                   diverged=tuple(s for s, _ in gaps if s in diverged))
 
     missing = [k for k, g in groups.items() if not g]
     if missing:
@@ -302,6 +322,8 @@ def evaluate(check: Check, runs: Sequence[Dict], experiment: str, setting: str) 
                      + [group_text(f"{name} P={p}", a[p]) for p in stages]
                      + [_diff_text(minus(f"P={lo_p}", f"P={hi_p}").replace(" - ", " minus "), growth),
                         _diff_text(f"drop from {check.selectors['reference'].get('method')} at P={hi_p}", drop)])
+    if _no_mean(growth) or _no_mean(drop):
+        return row(ours, NOT, _no_mean(growth) or _no_mean(drop), growth, drops)
     v_growth = _judge(growth, lambda lo, hi: lo > 0, lambda mu: mu > 0)
     v_drop = _judge(drop, lambda lo, hi: lo > 0, lambda mu: mu > 0)
     if NOT_RUN in (v_growth, v_drop):
@@ -357,6 +379,10 @@ def trend(rows: Sequence[Row]) -> Trend:
         return Trend(label, f"{label}: the gap of {len(infinite)} of {len(c)} paired seed(s) is infinite (a diverged "
                             f"run) at {(long_ if grew else short).horizon}x and finite at "
                             f"{(short if grew else long_).horizon}x", (infinite[0], math.nan))
+    if infinite:
+        up = sum(x > 0 for x in infinite)
+        return Trend(NO_TREND, f"{NO_TREND}: between {short.horizon}x and {long_.horizon}x the gap became infinite (a "
+                               f"diverged run) in {up} paired seed(s) and finite again in {len(infinite) - up}")
     mean, half, n = t_interval(c)
     if n < 2 or math.isnan(half):
         return Trend(NO_TREND, f"{n} paired seed(s) between {short.horizon}x and {long_.horizon}x: no interval")

@@ -46,17 +46,22 @@ def gap_label(check: Check, metric=metrics.ACCURACY) -> str:
 
 def _panel(ax, check: Check, rows: Sequence[Row]) -> None:
     ran = [r for r in rows if r.gaps and math.isfinite(r.ratio)]
-    edge = Edge(None)  # a gap of inf (a diverged run's perplexity) at the axis' edge, as the tables count it
+    # the axis of an unbounded metric (a perplexity) is fitted to the seeds where no compared run diverged: a
+    # diverged run's gap (inf, or 1e170 from a finite overflowed perplexity) is marked at the edge, as
+    # plot.sweep marks the same runs' values; an accuracy's gaps are bounded and all kept
+    unbounded = metrics.get(rows[0].metric).bounds is None if rows else False
+    edge = Edge(None)
     edge.keep([0.0, check.margin, -check.margin] if check.rule in ("not-worse", "matches") else [0.0])
     for r in ran:
         ys = [g for _, g in r.gaps]
         ax.scatter([r.ratio] * len(ys), ys, s=12, color="0.55", zorder=2,
                    label="one seed" if r is ran[0] else None)
-        edge.keep(ys)
+        edge.keep([g for s, g in r.gaps if not (unbounded and s in r.diverged)])
         edge.drawn([r.ratio] * len(ys), ys, "0.55")
         mean, half, _ = t_interval(ys)
         edge.drawn([r.ratio], [mean], "C0")
-        edge.keep([mean - half, mean + half])
+        if not (unbounded and r.diverged):
+            edge.keep([mean - half, mean + half])
         ax.errorbar([r.ratio], [mean], yerr=None if math.isnan(half) else [[half], [half]], fmt="o", color="C0",
                     ms=5, capsize=3, zorder=3, label="mean, 95% interval" if r is ran[0] else None)
         ax.annotate(f"{r.horizon}x", (r.ratio, mean), textcoords="offset points", xytext=(5, 4), fontsize=7)
