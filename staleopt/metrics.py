@@ -27,8 +27,10 @@ plain difference, as before.
 and ``test_acc`` NaN for regression. Records with a value of ``test_ppl`` (``inf`` counts: a diverged LM
 run) are a language model's, else records with a value of ``test_acc`` are classification, else records
 with ``test_loss`` are regression; records older than ``test_ppl`` (or with no value at all) are read as
-classification, what they were. Records that mix tasks (a sweep over a classification and an LM dataset) have no one
-metric: name it (``metric=``, ``--metric``).
+classification, what they were. A run that diverged with no test loss at all (NaN from its first evaluation)
+says nothing of its task (an LM's next-token accuracy is a value, its perplexity NaN in records older than the
+``inf`` rule, :mod:`staleopt.stats`): it takes the other runs'. Records that mix tasks (a sweep over a
+classification and an LM dataset) have no one metric: name it (``metric=``, ``--metric``).
 """
 from __future__ import annotations
 
@@ -156,6 +158,9 @@ def task_of(records: pd.DataFrame, empty: str = "classification") -> str:
     runs = records.groupby("run", sort=False) if "run" in records.columns and len(records) else [(None, records)]
     found = []
     for _, r in runs:
+        if "status" in r.columns and len(r) and r["status"].iloc[-1] == "diverged" \
+                and not _has_values(r, "test_loss") and not _has_values(r, "test_ppl"):
+            continue  # (module docstring: a run that diverged without a loss takes the other runs' task)
         task = ("lm" if _has_values(r, "test_ppl") else "classification" if _has_values(r, "test_acc")
                 else "regression" if _has_values(r, "test_loss") else None)
         if task is not None and task not in found:

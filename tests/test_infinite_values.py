@@ -293,6 +293,20 @@ def test_each_summary_column_names_its_own_interval_and_results_says_where_inf_m
     assert summary.loc["gpipe", ["best_ppl_interval", "final_ppl_interval"]].tolist() == ["t", "t"]
 
 
+def test_an_lm_run_that_diverged_without_a_loss_takes_the_other_runs_task():
+    """Records written before the inf rule (or by a custom train_fn): a diverged LM run whose test loss and
+    perplexity are NaN but whose next-token accuracy has a value read as classification, and every table raised
+    "the records mix tasks" instead of scoring the run the worst perplexity."""
+    records = lm_records()
+    records.loc[records["run"] == "dataflow-8-0", ["test_ppl", "test_loss"]] = math.nan
+    assert records.loc[records["run"] == "dataflow-8-0", "test_acc"].notna().all()
+    assert metrics.task_of(records) == "lm"
+    row = sweep.summarize(records, by=["method", "stages"]).set_index(["method", "stages"]).loc[("dataflow", 8)]
+    assert row["best_ppl"] == INF and row["status"] == "2/3 diverged"
+    classifier = records.assign(test_ppl=math.nan, test_loss=1.0)  # its diverged run keeps a loss: still classified
+    assert metrics.task_of(classifier) == "classification"
+
+
 def test_the_default_target_leaves_out_a_baseline_run_that_diverged_at_1e170():
     records = lm_records()
     run = records["run"] == "gpipe-2-2"
