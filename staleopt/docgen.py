@@ -105,7 +105,7 @@ def ledger_pipemare(path: Path = ROOT / "docs" / "reproductions.csv") -> str:
     ids = list(dict.fromkeys(rows["id"]))
 
     def cell(r) -> str:
-        gaps = [g for _, g in json.loads(r["gaps"])]
+        gaps = [float(g) for _, g in json.loads(r["gaps"])]  # (an infinite gap is the string "inf": rows_csv)
         mean, half, n = t_interval(gaps)
         if not n:
             return r["verdict"]

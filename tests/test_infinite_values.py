@@ -219,6 +219,26 @@ def test_gaps_infinite_in_both_directions_have_no_mean_and_the_ledger_says_so():
         in trend.text, trend.text
 
 
+def test_the_ledgers_rows_file_is_strict_json_where_a_gap_is_infinite(tmp_path):
+    """reproductions.csv held Python's -Infinity in its gaps, which no strict JSON reader takes; the README's ledger
+    table reads the strings back as the same numbers, and the file names the seeds where a run diverged."""
+    import json
+    from staleopt import docgen
+    from staleopt.ledger import run as ledger_run, spec, verdict
+    check = spec.Check("pipemare-x", "a claim", "Paper §1", "1.0", "matches", {"a": {"recipe": "r", "method": "x"},
+                                                                               "b": {"recipe": "r", "method": "y"}})
+    row = verdict.evaluate(check, _ledger_runs("x", [-INF, 0.90, 0.91], {0}) + _ledger_runs("y", [0.9, 0.90, 0.90]),
+                           "pipemare-e", "")
+    ledger_run.rows_csv([row], tmp_path / "rows.csv")
+    written = pd.read_csv(tmp_path / "rows.csv").iloc[0]
+
+    def strict(x):
+        raise ValueError(f"not strict JSON: {x}")
+    assert json.loads(written["gaps"], parse_constant=strict) == [[0, "-inf"], [1, 0.0], [2, pytest.approx(0.01)]]
+    assert json.loads(written["diverged"]) == [0]
+    assert "-inf (not reproduced)" in docgen.ledger_pipemare(tmp_path / "rows.csv")
+
+
 def test_the_ledger_figure_fits_a_perplexitys_axis_to_the_seeds_that_did_not_diverge():
     """A diverged run's finite perplexity of 1e170 makes a gap of 1e170: the panel's axis stays on the other seeds'
     gaps and marks that one at the edge (it spanned 1e170 and squashed every other point onto 0)."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import math
 import os
 import platform
 import resource
@@ -324,12 +325,20 @@ def write_page(path: Path, experiments: Sequence[Experiment], out: Path, extra: 
 
 #: Columns of the rows file written beside the page (:func:`rows_csv`).
 ROW_COLUMNS = ("experiment", "id", "claim", "horizon", "steps", "ratio", "verdict", "estimate", "half_width",
-               "trend", "gaps")
+               "trend", "gaps", "diverged")
+
+
+def _json_number(x: float):
+    """``x``, or ``"inf"`` / ``"-inf"`` / ``"nan"`` where it is not finite: strict JSON has no such numbers
+    (Python's ``Infinity`` is read by Python alone); ``float()`` reads both forms back."""
+    return x if math.isfinite(x) else str(x)
 
 
 def rows_csv(result: Sequence[Row], path: Path) -> None:
-    """The page's rows as CSV, one line per check and horizon (``gaps``: the per-seed gaps as JSON ``[[seed, gap],
-    ...]``; ``trend``: the check's trend label): what the README's ledger summary and the figures are drawn from."""
+    """The page's rows as CSV, one line per check and horizon (``gaps``: the per-seed gaps as strict JSON ``[[seed,
+    gap], ...]``, an infinite gap (a diverged run) as the string ``"inf"`` or ``"-inf"``; ``diverged``: the seeds
+    among them where a compared run diverged, a JSON list; ``trend``: the check's trend label): what the README's
+    ledger summary and the figures are drawn from."""
     from .report import group
     from .verdict import trend
     lines = []
@@ -338,7 +347,9 @@ def rows_csv(result: Sequence[Row], path: Path) -> None:
         for r in g:
             lines.append({"experiment": r.experiment, "id": r.id, "claim": r.claim, "horizon": r.horizon,
                           "steps": r.steps, "ratio": r.ratio, "verdict": r.verdict, "estimate": r.estimate,
-                          "half_width": r.half_width, "trend": label, "gaps": json.dumps([list(x) for x in r.gaps])})
+                          "half_width": r.half_width, "trend": label,
+                          "gaps": json.dumps([[seed, _json_number(g)] for seed, g in r.gaps], allow_nan=False),
+                          "diverged": json.dumps(list(r.diverged))})
     pd.DataFrame(lines, columns=list(ROW_COLUMNS)).to_csv(path, index=False)
 
 
