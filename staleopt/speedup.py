@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import json
 import math
+import numbers
 import warnings
 from pathlib import Path
 from typing import Dict, Optional, Sequence
@@ -202,6 +203,11 @@ def time_to_target(records: pd.DataFrame, target: float, keys: Sequence[str] = (
     ``time_to_target`` (``T(steps_to_target)``; NaN where the run never reached ``target``)."""
     metric = metrics.of(records, metric)
     _check(records, metric)
+    if isinstance(target, bool) or not isinstance(target, numbers.Real) or math.isnan(target):
+        raise ConfigError(f"time to a target needs the target {metric.label} as a number, got {target!r}: pass "
+                          "one, or speedup.default_target(records) (the GPipe runs' mean best made worse by 1%), "
+                          "or shared_target(sweep_dir, records) (the one a report was written with); None means "
+                          "the records set none (no GPipe run with a finite best): no time table then")
     keys = list(dict.fromkeys([*keys, "method", "stages", "microbatches"]))
     table = stats.per_run(records, keys, target=target, metric=metric)
     times = []

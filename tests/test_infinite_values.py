@@ -327,6 +327,14 @@ def test_an_lm_run_that_diverged_without_a_loss_takes_the_other_runs_task():
     assert metrics.task_of(classifier) == "classification"
 
 
+@pytest.mark.parametrize("target", [None, math.nan, "0.9", True])
+def test_time_to_a_target_without_a_number_is_a_config_error(target):
+    """shared_target's None (the records set no target) passed on to the time table: an AttributeError on a
+    pandas row (the accuracy_vs_stages notebook on a sweep without GPipe runs) instead of saying what to pass."""
+    with pytest.raises(ConfigError, match="needs the target test perplexity as a number"):
+        speedup.speedup_table(lm_records(), target)
+
+
 def test_the_default_target_leaves_out_a_baseline_run_that_diverged_at_1e170():
     records = lm_records()
     run = records["run"] == "gpipe-2-2"
