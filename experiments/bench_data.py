@@ -35,7 +35,6 @@ import datetime
 import json
 import os
 import pickle
-import platform
 import statistics
 import sys
 import tempfile
@@ -48,6 +47,7 @@ import pandas as pd
 import torch
 
 from staleopt import data
+from staleopt.machine import cpu_name
 
 __all__ = ["main", "write_copy", "before", "after", "images_per_second"]
 
@@ -144,8 +144,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     table = pd.DataFrame(rows)
     speedup = rows[1]["images_per_s"] / rows[0]["images_per_s"]
     table.to_csv(out / "data.csv", index=False)
-    cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
-               platform.processor()) if os.path.exists("/proc/cpuinfo") else platform.processor()
+    cpu = cpu_name()
     meta = {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
             "command": "python " + " ".join([sys.argv[0], *(argv if argv is not None else sys.argv[1:])]),
             "cpu": cpu, "cpus": os.cpu_count(), "load_average_1min": round(os.getloadavg()[0], 2),

@@ -114,7 +114,8 @@ def goals_table(goals: pd.DataFrame) -> str:
 
 def meta_line(meta: dict) -> str:
     """Date, machine, torch, threads, load before/after, clock and run time of the run."""
-    return (f"{meta['date']}; {meta['machine']}; torch {meta['torch']}, {meta['threads']} thread(s); "
+    cpu = f" ({meta['cpu']})" if meta.get("cpu") else ""  # (runs before 2026-11-25 did not record it)
+    return (f"{meta['date']}; {meta['machine']}{cpu}; torch {meta['torch']}, {meta['threads']} thread(s); "
             f"load average {meta['load_before']:.1f} before, {meta['load_after']:.1f} after; "
             f"{meta['rounds']} rounds{_short_rounds(meta)}; {meta['clock']}; {meta['seconds']:.0f} s")
 

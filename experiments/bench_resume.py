@@ -41,6 +41,7 @@ import torch
 
 from staleopt import checkpoint, sweep
 from staleopt.errors import CheckpointError
+from staleopt.machine import cpu_name
 
 __all__ = ["main", "sweep_file", "launch"]
 
@@ -147,8 +148,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
            "relaunch_train_over_full": round(done["seconds"] / full_train, 3),
            "records_equal": bool(same)}
     pd.DataFrame([row]).to_csv(out / "resume.csv", index=False)
-    cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
-               "") if os.path.exists("/proc/cpuinfo") else ""
+    cpu = cpu_name()
     meta = {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
             "command": "python " + " ".join([sys.argv[0], *(argv if argv is not None else sys.argv[1:])]),
             "cpu": cpu, "cpus": os.cpu_count(), "load_average_1min": round(os.getloadavg()[0], 2),

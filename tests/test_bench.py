@@ -5,6 +5,7 @@ simulation (same weights as the wrapper), and the memory it reports is the memor
 """
 import functools
 import importlib.util
+import json
 from pathlib import Path
 
 import pandas as pd
@@ -248,6 +249,8 @@ def test_quick_run_writes_tables_and_plot(bench, tmp_path):
     for name in ("step.csv", "memory.csv", "handrolled.csv", "recompute.csv", "growth.csv", "growth.png",
                  "budget.csv", "meta.json"):
         assert (tmp_path / name).is_file(), name
+    from staleopt.machine import cpu_name
+    assert json.loads((tmp_path / "meta.json").read_text())["cpu"] == cpu_name() != ""  # (docs/performance.md)
     ladder = pd.read_csv(tmp_path / "budget.csv")
     assert list(ladder.rung) == [label for label, _ in bench.LADDER] + ["the wrapper: pipemare"]
     assert (ladder.ratio > 0).all() and (ladder.ratio_q1 <= ladder.ratio).all() and (ladder.ratio <= ladder.ratio_q3).all()

@@ -6,12 +6,12 @@ import argparse
 import json
 import math
 import os
-import platform
 import time
 from pathlib import Path
 from typing import Optional
 
 from ..errors import ConfigError
+from ..machine import cpu_name
 from ..validate import check_int
 
 __all__ = ["register", "run", "DEFAULT_SWEEP", "QUICK_SWEEP", "LM_SWEEP", "complete", "pivot", "speedup_pivot",
@@ -136,16 +136,6 @@ def speedup_pivot(table):
     return _pivot({(r.method, int(r.stages)): cell(r) for r in table.itertuples()}, table["method"])
 
 
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def provenance(seconds: float, report, run_dirs, workers: int, threads: int, target) -> dict:
     """Where and how a demo run happened: date, CPU, cores, torch version, workers, threads, target, times.
 
@@ -156,7 +146,7 @@ def provenance(seconds: float, report, run_dirs, workers: int, threads: int, tar
 
     from .. import sweep
     run_seconds = sum(sweep.read_done(Path(d) / "done")["seconds"] for d in run_dirs)
-    return {"date": time.strftime("%Y-%m-%d", time.gmtime()), "cpu": _cpu_name(), "cores": os.cpu_count(),
+    return {"date": time.strftime("%Y-%m-%d", time.gmtime()), "cpu": cpu_name(), "cores": os.cpu_count(),
             "torch": torch.__version__.split("+")[0], "workers": workers, "worker_threads": threads,
             "target": target, "runs": report.total, "runs_trained_now": len(report.finished),
             "seconds": round(seconds), "run_seconds": round(run_seconds)}

@@ -11,7 +11,6 @@ import datetime
 import json
 import math
 import os
-import platform
 import resource
 import shlex
 import sys
@@ -23,6 +22,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import pandas as pd
 
 from .. import sweep
+from ..machine import describe as describe_machine
 from ..config import RunConfig
 from ..errors import RunFileError
 from .report import markdown
@@ -171,21 +171,6 @@ def rows(selection: Sequence[Tuple[Experiment, Optional[Check]]], out: Path, tie
     return result
 
 
-def machine() -> str:
-    """``<n>-core <CPU model>, <OS>, Python <v>, torch <v>``: the machine a launch ran on."""
-    import torch
-    model = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return (f"{os.cpu_count()}-core {model}, {platform.system()} {platform.release()}, "
-            f"Python {platform.python_version()}, torch {torch.__version__}")
-
-
 def cpu_seconds() -> float:
     """CPU time of this process and its finished children (the sweep's workers), user + system, in seconds."""
     me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -199,7 +184,7 @@ def record_launch(out: Path, launch: str, started: float, command: str, ended: O
     each launch's last entry."""
     entry = {"launch": launch, "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(started)),
              "ended": None if ended is None else time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(ended)),
-             "seconds": None if ended is None else round(ended - started, 1), "machine": machine(),
+             "seconds": None if ended is None else round(ended - started, 1), "machine": describe_machine(),
              "command": command}
     if ended is not None:
         entry.update(trained=trained, cpu_seconds=None if cpu is None else round(cpu, 1))
