@@ -15,6 +15,8 @@ from typing import List, Optional, Sequence
 
 import pandas as pd
 
+from staleopt.claims import decisive_digits
+
 __all__ = ["main", "step_table", "recompute_table", "growth_table", "budget_table", "goals_table", "meta_line"]
 
 #: Table 1's rows: per model, the variants shown (the CSV has every variant); the same in every dated section.
@@ -108,14 +110,18 @@ def goals_table(goals: pd.DataFrame) -> str:
     """Table 7: each goal, its target and the measured value."""
     lines = ["| goal | target | measured | met |", "|---|---:|---:|---|"]
     for _, r in goals.iterrows():
-        lines.append(f"| {r.goal} | {r.target:g} | {r.measured:.3g} | {'yes' if r.met else '**no**'} |")
+        shown = f"{r.measured:.3g}"
+        if shown == f"{r.target:.3g}" and r.measured != r.target:  # (1.1005 against 1.1: as many digits as differ)
+            shown = f"{r.measured:.{decisive_digits(r.measured, r.target, 2)}f}"
+        lines.append(f"| {r.goal} | {r.target:g} | {shown} | {'yes' if r.met else '**no**'} |")
     return "\n".join(lines)
 
 
 def meta_line(meta: dict) -> str:
     """Date, machine, torch, threads, load before/after, clock and run time of the run."""
     cpu = f" ({meta['cpu']})" if meta.get("cpu") else ""  # (runs before 2026-11-25 did not record it)
-    return (f"{meta['date']}; {meta['machine']}{cpu}; torch {meta['torch']}, {meta['threads']} thread(s); "
+    commit = f"commit {meta['commit']}; " if meta.get("commit") else ""  # (nor, before 2026-11-27, the commit)
+    return (f"{meta['date']}; {commit}{meta['machine']}{cpu}; torch {meta['torch']}, {meta['threads']} thread(s); "
             f"load average {meta['load_before']:.1f} before, {meta['load_after']:.1f} after; "
             f"{meta['rounds']} rounds{_short_rounds(meta)}; {meta['clock']}; {meta['seconds']:.0f} s")
 

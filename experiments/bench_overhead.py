@@ -132,7 +132,7 @@ import staleopt
 from staleopt import methods, models, schedules, segments
 from staleopt._torch_compat import queue_callback
 from staleopt.corrections import DiscrepancyCorrection, WeightPrediction, t1_factor
-from staleopt.machine import cpu_name
+from staleopt.machine import cpu_name, source_commit
 from staleopt.theory import t2_gamma
 
 __all__ = ["main", "HandRolled", "DataMovementFloor", "PipemareFloor", "FLOORS", "HooksFloor", "LADDER", "budget", "EngineClock", "OpCounter", "engine_counts", "SegmentClock", "TorchCheckpoint", "new_storage_bytes", "minimum_bytes",
@@ -1209,7 +1209,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     started = time.perf_counter()
     meta = {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
             "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.processor() or platform.system()}",
-            "cpu": cpu_name(),
+            "cpu": cpu_name(), "commit": source_commit(),
             "torch": torch.__version__, "threads": torch.get_num_threads(), "rounds": rounds,
             "short_step_rounds": short_rounds,
             "budget_rounds": budget_rounds,

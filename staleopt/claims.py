@@ -44,7 +44,7 @@ import pandas as pd
 from . import metrics, speedup, stats
 from .errors import ConfigError
 
-__all__ = ["Claim", "Beats", "Matches", "Diverges", "NeverDiverges", "Degrades", "LessMemory", "Faster", "DEMO_CLAIMS",
+__all__ = ["decisive_digits", "Claim", "Beats", "Matches", "Diverges", "NeverDiverges", "Degrades", "LessMemory", "Faster", "DEMO_CLAIMS",
            "DEMO_TARGET", "LM_DEMO_CLAIMS", "default_claims", "evaluate", "format_table", "CLAIM_COLUMNS", "VERDICTS"]
 
 #: Columns of :func:`evaluate`'s table (and of ``claims.csv``).
@@ -104,7 +104,7 @@ class Claim(abc.ABC):
         """``(evidence, holds)``: the numbers it was decided on and whether it holds."""
 
 
-def _digits(value: float, bound: float, digits: int) -> int:
+def decisive_digits(value: float, bound: float, digits: int) -> int:
     """``digits``, or more where ``value`` and the ``bound`` a claim compares it with would print alike though
     they differ (a speedup of 1.2468 shown as "1.25x" against a factor of 1.25 that it fails)."""
     while value != bound and digits < 15 and f"{abs(value):.{digits}f}" == f"{abs(bound):.{digits}f}":
@@ -126,7 +126,7 @@ class Beats(Claim):
         p = ctx.p(self.stages)
         (ma, ta), (mb, tb) = ctx.score(self.a, p), ctx.score(self.b, p)
         gain = ctx.metric.gain(ma, mb)
-        return f"{ta} vs {tb}: {gain:+.{_digits(gain, self.margin, 3)}f}", gain >= self.margin
+        return f"{ta} vs {tb}: {gain:+.{decisive_digits(gain, self.margin, 3)}f}", gain >= self.margin
 
 
 @dataclass(frozen=True)
@@ -143,7 +143,7 @@ class Matches(Claim):
         p = ctx.p(self.stages)
         (ma, ta), (mb, tb) = ctx.score(self.a, p), ctx.score(self.b, p)
         gain = ctx.metric.gain(ma, mb)
-        return f"{ta} vs {tb}: {gain:+.{_digits(abs(gain), self.tol, 3)}f}", abs(gain) <= self.tol
+        return f"{ta} vs {tb}: {gain:+.{decisive_digits(abs(gain), self.tol, 3)}f}", abs(gain) <= self.tol
 
 
 @dataclass(frozen=True)
@@ -196,7 +196,7 @@ class Degrades(Claim):
         lo, hi = ctx.p(self.low), ctx.p(self.high)
         (ml, tl), (mh, th) = ctx.score(self.method, lo), ctx.score(self.method, hi)
         gain = ctx.metric.gain(mh, ml)   # negative: worse at the larger P
-        return f"P={lo}: {tl}; P={hi}: {th}: {gain:+.{_digits(-gain, self.margin, 3)}f}", -gain >= self.margin
+        return f"P={lo}: {tl}; P={hi}: {th}: {gain:+.{decisive_digits(-gain, self.margin, 3)}f}", -gain >= self.margin
 
 
 @dataclass(frozen=True)
@@ -215,7 +215,7 @@ class LessMemory(Claim):
         p = ctx.p(self.stages)
         if not self.total:
             ma, mb = (float(ctx.group(m, p)["memory_ratio_gpipe"].iloc[0]) for m in (self.a, self.b))
-            d = _digits(ma, mb, 2)
+            d = decisive_digits(ma, mb, 2)
             return f"{self.a} {ma:.{d}f}x GPipe vs {self.b} {mb:.{d}f}x GPipe (analytic)", ma < mb
         for m in (self.a, self.b):
             ctx.group(m, p)
@@ -227,7 +227,7 @@ class LessMemory(Claim):
                               for m in (self.a, self.b))
         if math.isnan(ma) or math.isnan(mb):
             raise ConfigError("the total memory needs the runs' model and data, which this process cannot build")
-        d = _digits(ma, mb, 2)
+        d = decisive_digits(ma, mb, 2)
         return (f"{self.a} {ma:.{d}f}x GPipe ({ba / 2 ** 20:.1f} MiB) vs {self.b} {mb:.{d}f}x GPipe "
                 f"({bb / 2 ** 20:.1f} MiB) (analytic, activations measured)"), ma < mb
 
@@ -260,7 +260,7 @@ class Faster(Claim):
             return f"{int(r.reached)}/{int(r.runs)} reached it" + (
                 f" at pipeline time {r.time_to_target:.1f} (step {r.steps_to_target:.0f})" if r.reached else "")
         evidence = (f"{self.method}: {reached(me)}; {self.baseline}: {reached(base)}; speedup "
-                    + ("-" if math.isnan(me.speedup) else f"{me.speedup:.{_digits(me.speedup, self.factor, 2)}f}x"))
+                    + ("-" if math.isnan(me.speedup) else f"{me.speedup:.{decisive_digits(me.speedup, self.factor, 2)}f}x"))
         ok = me.reached == me.runs and base.reached == base.runs and me.speedup >= self.factor
         return evidence, bool(ok)
 

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Callable, Dict, Iterable, List, NamedTuple, Optional, Sequence
 
 from . import cli, methods, models
+from .claims import decisive_digits
 from .commands import demo
 
 __all__ = ["GENERATORS", "API_MODULES", "markdown_table", "bench_costs", "methods_table", "models_table",
@@ -134,18 +135,26 @@ API_MODULES = ("staleopt", "staleopt.optimizer", "staleopt.partition", "staleopt
                "staleopt.timeline", "staleopt.theory", "staleopt.advisor", "staleopt.plot.sweep", "staleopt.errors")
 
 
-def bench_costs(root: Path = ROOT / "docs" / "bench" / "f34f8cf") -> str:
-    """README's cost paragraph from the two recorded ``make bench`` runs committed in ``root`` (each run's
-    ``step.csv``, table 1; ``budget.csv``, table 6; ``growth.csv``, table 8; ``meta.json``): ranges over the runs."""
+#: The recorded ``make bench`` runs README's cost paragraph is generated from (``docs/bench/COMMIT/run-N``, each
+#: a run's ``step.csv``, ``budget.csv``, ``growth.csv``, ``goals.csv`` and ``meta.json``): the same engine on two
+#: CPUs (commit dc9a20d changed only docs/language-models.md after 25c5cec).
+BENCH_RUNS = ("docs/bench/25c5cec/run-1", "docs/bench/dc9a20d/run-1")
+
+
+def bench_costs(runs: Sequence[str] = BENCH_RUNS) -> str:
+    """README's cost paragraph from recorded ``make bench`` runs (:data:`BENCH_RUNS`; tables 1, 6, 7 and 8 of
+    each): ranges over the runs, each run named by its date, CPU and commit, and the goals of issue 23 (table 7)
+    that some run did not meet, with that run's value."""
     import json
 
     import pandas as pd
 
-    runs = sorted(p for p in root.iterdir() if (p / "meta.json").is_file())
-    metas = [json.loads((p / "meta.json").read_text()) for p in runs]
-    steps = [pd.read_csv(p / "step.csv") for p in runs]
-    budgets = [pd.read_csv(p / "budget.csv") for p in runs]
-    growths = [pd.read_csv(p / "growth.csv") for p in runs]
+    dirs = [ROOT / r for r in runs]
+    metas = [json.loads((p / "meta.json").read_text()) for p in dirs]
+    steps = [pd.read_csv(p / "step.csv") for p in dirs]
+    budgets = [pd.read_csv(p / "budget.csv") for p in dirs]
+    growths = [pd.read_csv(p / "growth.csv") for p in dirs]
+    goals = [pd.read_csv(p / "goals.csv") for p in dirs]
 
     def at(df, variant, column, model="resnet20-tiny"):
         return float(df[(df["model"] == model) & (df["variant"] == variant)][column].iloc[0])
@@ -154,12 +163,24 @@ def bench_costs(root: Path = ROOT / "docs" / "bench" / "f34f8cf") -> str:
         lo, hi = fmt.format(min(values)), fmt.format(max(values))
         return f"{lo}{unit}" if lo == hi else f"{lo}-{hi}{unit}"
 
+    def cpu(meta):
+        return re.sub(r"\(R\)|\(TM\)| Processor", "", meta.get("cpu", "CPU not recorded")).replace("  ", " ")
+
+    named = "; ".join(f"{m['date']}, {cpu(m)}, commit {Path(r).parent.name}" for m, r in zip(metas, runs))
+    def goal(text, target):  # ("pipemare whole step / plain step <=, P=39", 1.1) -> "... <= 1.1 (P=39)"
+        what, op, where = re.match(r"(.*) (<=|>=|==), ?(.*)", text).groups()
+        return f"{what} {op} {target:g} ({where})"
+
+    missed = [f"{goal(g.goal, g.target)}: {g.measured:.{decisive_digits(g.measured, g.target, 2)}f} on the {cpu(m)}"
+              for gs, m in zip(goals, metas) for g in gs.itertuples() if not g.met]
+    goal_text = (f"issue 23's goals (table 7) held in every run except {'; '.join(missed)}" if missed
+                 else "issue 23's goals (table 7) held in every run")
     floor_rung = [float(b[b["rung"].str.contains("pipemare's floor", regex=False)]["ratio"].iloc[0]) for b in budgets]
     gpt = [g[g["model"] == "GPT d_model 768"].iloc[0] for g in growths]
     big = max(at(s, v, "engine_ratio", "resnet20") for s in steps for v in ("dataflow", "pipemare"))
     return (
-        f"`make bench` ({len(runs)} runs: {', '.join(m['date'] for m in metas)}; commit {root.name}; "
-        f"{metas[0]['machine']}; {metas[0]['threads']} thread; records in `docs/bench/{root.name}`): on an "
+        f"`make bench` ({len(runs)} runs: {named}; {metas[0]['machine'].split(',')[1].strip()}, "
+        f"{metas[0]['threads']} thread; records in {', '.join(f'`{r}`' for r in runs)}): on an "
         f"engine-bound ResNet-20 (batch 4, `P = 39`) a step costs {span([at(s, 'dataflow', 'ratio') for s in steps])} "
         f"the plain step for `dataflow` ({span([at(s, 'dataflow', 'engine_ratio') for s in steps])} from its engine "
         f"time, {span([at(s, 'dataflow', 'engine_ms') / at(s, 'floor dataflow', 'engine_ms') for s in steps], '{:.1f}')} "
@@ -169,7 +190,7 @@ def bench_costs(root: Path = ROOT / "docs" / "bench" / "f34f8cf") -> str:
         f"engine is under {math.floor(100 * (big - 1)) + 1} % of the step; at GPT-2 small's size "
         f"({gpt[0]['params'] / 1e6:.0f}M parameters, `P = {int(gpt[0]['stages'])}`) `dataflow` adds "
         f"{span([g['dataflow_engine_ms'] for g in gpt], '{:.0f}', ' ms')} to a "
-        f"{span([g['plain_ms'] / 1000 for g in gpt], '{:.2f}', ' s')} step.\n")
+        f"{span([g['plain_ms'] / 1000 for g in gpt], '{:.2f}', ' s')} step; {goal_text}.\n")
 
 
 def _first_line(obj) -> str:

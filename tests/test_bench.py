@@ -249,8 +249,10 @@ def test_quick_run_writes_tables_and_plot(bench, tmp_path):
     for name in ("step.csv", "memory.csv", "handrolled.csv", "recompute.csv", "growth.csv", "growth.png",
                  "budget.csv", "meta.json"):
         assert (tmp_path / name).is_file(), name
-    from staleopt.machine import cpu_name
-    assert json.loads((tmp_path / "meta.json").read_text())["cpu"] == cpu_name() != ""  # (docs/performance.md)
+    from staleopt.machine import cpu_name, source_commit
+    meta = json.loads((tmp_path / "meta.json").read_text())
+    assert meta["cpu"] == cpu_name() != ""  # (docs/performance.md)
+    assert meta["commit"] == source_commit()  # (the code the run measured)
     ladder = pd.read_csv(tmp_path / "budget.csv")
     assert list(ladder.rung) == [label for label, _ in bench.LADDER] + ["the wrapper: pipemare"]
     assert (ladder.ratio > 0).all() and (ladder.ratio_q1 <= ladder.ratio).all() and (ladder.ratio <= ladder.ratio_q3).all()
@@ -325,3 +327,21 @@ def check_recompute_table(bench, rec: pd.DataFrame) -> None:
         part = staleopt.partition_model(bench.QUICK[key].build(), P)
         ahead = sum(recomp[s.index] * s.nbytes for s in part if recomp[s.index] < fwd[s.index])
         assert c.memory_bytes - a.memory_bytes == ahead > 0
+
+
+def test_source_commit_names_the_checkouts_head():
+    """The commit a benchmark's meta.json records is this checkout's HEAD (``+changes`` where a tracked file was
+    edited); outside a git checkout, nothing."""
+    import shutil
+    import subprocess
+
+    from staleopt import machine
+    root = Path(machine.__file__).resolve().parent.parent
+    if shutil.which("git") is None or not (root / ".git").exists():
+        assert machine.source_commit() is None
+        return
+    head = subprocess.run(["git", "-C", str(root), "rev-parse", "--short=7", "HEAD"], capture_output=True,
+                          text=True, check=True).stdout.strip()
+    changed = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+                             capture_output=True, text=True, check=True).stdout.strip()
+    assert machine.source_commit() == head + ("+changes" if changed else "")
