@@ -71,9 +71,11 @@ from torch import nn
 from .errors import CheckpointError, CorrectionError, LoopError
 
 __all__ = ["StageView", "make_views", "Targets", "History", "SlotHistory", "MoveStrategy", "SwapMoves", "CopyMoves",
-           "STRATEGIES", "SWAP_BLOCK_BYTES", "blocks"]
+           "STRATEGIES", "SWAP_BLOCK_BYTES", "STATISTICS_DTYPE", "blocks"]
 
 Target = Tuple[int, bool]  # (version, rewritten in place)
+#: The dtype of a correction's running statistics (:meth:`StageView.zeros`) for parameters of a low-precision dtype.
+STATISTICS_DTYPE = {torch.float16: torch.float32, torch.bfloat16: torch.float32}
 #: A swap goes through a temporary buffer of at most this many bytes at a time (larger parameters in pieces).
 SWAP_BLOCK_BYTES = 1 << 24
 
@@ -151,10 +153,17 @@ class StageView:
             off += p.numel()
         return views
 
-    def zeros(self) -> Tuple[torch.Tensor, List[torch.Tensor]]:
-        """A new zero flat buffer of this chunk's size and dtype (a correction's state) and its views."""
+    def zeros(self, statistics: bool = False) -> Tuple[torch.Tensor, List[torch.Tensor]]:
+        """A new zero flat buffer of this chunk's size and dtype (a correction's state) and its views.
+
+        ``statistics``: the buffer holds a running statistic of squares or their ratios (a mean square, Adam's
+        moments), kept in float32 where the parameters are float16 or bfloat16 (:data:`STATISTICS_DTYPE`): the
+        square of a 1e-4 gradient and an ``eps`` of 1e-8 are 0 in float16, so ``x / (sqrt(v) + eps)`` would
+        be ``inf`` or ``0/0``, as in a mixed-precision optimizer's float32 state. Arithmetic with it then runs in
+        float32 (torch promotes), and what it writes into a parameter-dtype tensor is rounded once."""
         p0 = self.params[0]
-        flat = torch.zeros(self.numel, dtype=p0.dtype, device=p0.device)
+        dtype = STATISTICS_DTYPE.get(p0.dtype, p0.dtype) if statistics else p0.dtype
+        flat = torch.zeros(self.numel, dtype=dtype, device=p0.device)
         return flat, self.split(flat)
 
     def __repr__(self) -> str:

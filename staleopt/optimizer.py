@@ -359,7 +359,8 @@ class PipelineOptimizer(torch.optim.Optimizer):
         self._ptr_params = [p for v in self._views for p in v.params]
         self._ptrs = [p.data_ptr() for p in self._ptr_params]  # where the parameters' storage was (every one)
         self._device_type = self._views[0].params[0].device.type
-        self._autocast_outside = False  # autocast was on when the latest training forward began
+        self._autocast_outside = False  # autocast that casts weights was on when the latest training forward began
+        self._param_dtypes = frozenset(p.dtype for p in self._ptr_params)  # (autocast copies the others' weights)
         self._stage_of_param = {id(p): s.index for s in self._partition for p in s.params}
         self._per_stage_lr = any(type(c).lr_factors is not Correction.lr_factors for c in self._corrections)
         self._stage_groups = StageGroups(self._stage_of_param)
@@ -874,7 +875,9 @@ class PipelineOptimizer(torch.optim.Optimizer):
                 self._pass, self._passes = self._passes, self._passes + 1
             self._calls = []
             self._load(backward=False)
-            self._autocast_outside = torch.is_autocast_enabled(self._device_type)
+            dev = self._device_type  # (autocast makes no copy of a weight already in its dtype)
+            self._autocast_outside = torch.is_autocast_enabled(dev) and \
+                any(d != torch.get_autocast_dtype(dev) for d in self._param_dtypes)
             self._fresh_casts()
             self._in_forward = True
         else:

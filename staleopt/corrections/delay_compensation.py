@@ -44,7 +44,7 @@ class DelayCompensation(Correction):
 
     Memory: the stale versions (a real stage keeps ``tau_i`` of them; the simulator's history
     already does, :class:`~staleopt.corrections.stale_weights.StaleWeights`), plus ``MeanSquare``
-    (one weight-sized buffer per delayed stage) for DC-ASGD-a.
+    (one weight-sized buffer per delayed stage, float32 for float16 or bfloat16 parameters) for DC-ASGD-a.
     """
 
     name, paper = "DC", "Zheng et al., ICML 2017, §3-4 (DC-ASGD)"
@@ -68,7 +68,7 @@ class DelayCompensation(Correction):
         self._stale = StaleWeights(self)
         self._ms: Dict[int, tuple] = {}
         if self.mean_square_decay is not None:
-            self._ms = {c.index: c.zeros() for c in self._stale.views}
+            self._ms = {c.index: c.zeros(statistics=True) for c in self._stale.views}  # (float32 for half params)
 
     def before_update(self, delays, step):
         """``g += lam g * g * (w_t - w_{t-tau})`` (DC-ASGD-a: ``lam / sqrt(MeanSquare + eps)``, MeanSquare updated

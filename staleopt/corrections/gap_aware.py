@@ -46,8 +46,10 @@ class GapAware(Correction):
     step is the *damped* gradient, so the RMS-of-step ``C`` is smaller and the Gap larger than the
     authors' (docs/corrections.md gives the measurement).
 
-    Memory: one weight-sized buffer ``v`` per delayed stage, plus the stale versions (a real stage
-    keeps ``tau_i`` of them; see :class:`~staleopt.corrections.stale_weights.StaleWeights`).
+    Memory: one weight-sized buffer ``v`` per delayed stage (float32 for float16 or bfloat16 parameters, with
+    ``C`` and ``G`` computed in it: ``eps`` and the squared steps are 0 in float16; ``StageView.zeros``), plus
+    the stale versions (a real stage keeps ``tau_i`` of them; see
+    :class:`~staleopt.corrections.stale_weights.StaleWeights`).
     """
 
     name, paper = "GA", "Barkai et al., ICLR 2020 (Gap-Aware)"
@@ -67,26 +69,31 @@ class GapAware(Correction):
     def bind(self, engine):
         super().bind(engine)
         self._stale = StaleWeights(self)
-        self._v: Dict[int, tuple] = {c.index: c.zeros() for c in self._stale.views}
+        self._v: Dict[int, tuple] = {c.index: c.zeros(statistics=True) for c in self._stale.views}
         self._k = 0
         base = engine.base_optimizer
         #: C from the update direction (the authors' SGD rule), else from the applied step
         self.from_direction = type(base) is torch.optim.SGD
-        self._group_of = {id(p): k for k, g in enumerate(base.param_groups) for p in g["params"]}
         self._max_lr = [float(g["lr"]) for g in base.param_groups]
         self._wd0: Dict[tuple, torch.Tensor] = {}  # (weight decay, device) -> 0-d tensor
 
     def _scale(self, view):
-        """Per parameter: ``C`` of ``view``'s elements, from the running mean square ``v`` (module docstring)."""
+        """Per parameter: ``C`` of ``view``'s elements, from the running mean square ``v`` (module docstring); a
+        parameter the base optimizer does not hold takes the largest ``eta_max``."""
         correction = 1.0 - self.beta ** self._k
         if not self.from_direction:
             return [v.div(correction).sqrt_().add_(self.eps) for v in self._v[view.index][1]]
-        return [v.div(correction).sqrt_().add_(self.eps).mul_(self._max_lr[self._group_of[id(p)]])
+        groups, top = self._groups(), max(self._max_lr)
+        return [v.div(correction).sqrt_().add_(self.eps).mul_(self._max_lr[groups[id(p)]] if id(p) in groups else top)
                 for p, v in zip(view.params, self._v[view.index][1])]
 
-    def _group(self, p) -> dict:
-        """The base's (live) param group of ``p``."""
-        return self.engine.base_optimizer.param_groups[self._group_of[id(p)]]
+    def _groups(self) -> Dict[int, int]:
+        """Parameter id -> the index of its base-optimizer group, read afresh (``add_param_group`` adds groups,
+        whose ``eta_max`` starts at their ``lr``). A parameter of the model that no group holds is absent: the
+        base step does not move it, so its gradient is left as it is."""
+        groups = self.engine.base_optimizer.param_groups
+        self._max_lr += [float(g["lr"]) for g in groups[len(self._max_lr):]]
+        return {id(p): k for k, g in enumerate(groups) for p in g["params"]}
 
     def gap(self, view, step: int, tau: int):
         """Per-parameter Gaps ``G`` of ``view`` for a gradient ``tau`` steps stale, at ``before_update`` of ``step``
@@ -94,18 +101,20 @@ class GapAware(Correction):
         stale = self._stale.version(view, step, tau)
         if self._k == 0:
             return [torch.ones_like(w) for w in view.data]
-        return [(w - s).abs_().div_(c).add_(1.0) for w, s, c in zip(view.data, stale, self._scale(view))]
+        return [(w - s).to(c.dtype).abs_().div_(c).add_(1.0) for w, s, c in zip(view.data, stale, self._scale(view))]
 
     def _measure_direction(self):
         """The authors' SGD statistics, at the start of a step: ``eta_max`` and ``v`` from the direction."""
         base = self.engine.base_optimizer
+        groups = self._groups()
         self._max_lr = [max(m, float(g["lr"])) for m, g in zip(self._max_lr, base.param_groups)]
         vs, moved, ds = [], [], []
         for c in self._stale.views:
             for p, v in zip(c.params, self._v[c.index][1]):
-                if p.grad is None:
+                if p.grad is None or id(p) not in groups:
                     continue
-                d = p.grad if self._group(p)["momentum"] == 0 else base.state[p].get("momentum_buffer")
+                d = p.grad if base.param_groups[groups[id(p)]]["momentum"] == 0 else \
+                    base.state[p].get("momentum_buffer")
                 vs.append(v)
                 if d is not None:                      # no buffer before the first step: d = 0
                     moved.append(v)
@@ -122,6 +131,7 @@ class GapAware(Correction):
         if self.from_direction:
             self._measure_direction()
         tf = delays[0]
+        groups, live = self._groups(), self.engine.base_optimizer.param_groups
         grads, ws, ss, vs, lrs, wds = [], [], [], [], [], []
         for c in self._stale.views:
             tau = tf[c.stage]
@@ -129,15 +139,16 @@ class GapAware(Correction):
                 continue
             stale = self._stale.version(c, step, tau)
             for p, w, s, v in zip(c.params, c.data, stale, self._v[c.index][1]):
-                if p.grad is None:
+                k = groups.get(id(p))
+                if p.grad is None or k is None:
                     continue
-                group = self._group(p)
                 grads.append(p.grad)
                 ws.append(w)
                 ss.append(s)
                 vs.append(v)
-                lrs.append(self._max_lr[self._group_of[id(p)]])
-                wds.append(group["weight_decay"] if self.from_direction else 0)
+                lrs.append(self._max_lr[k])
+                wds.append(live[k]["weight_decay"] if self.from_direction else 0)
+        widen = any(v.dtype != w.dtype for v, w in zip(vs, ws))  # (float32 statistics of half parameters)
         correction = 1.0 - self.beta ** self._k
         for a, b in history.blocks(grads):  # the temporaries are weight-sized: bounded blocks
             g = grads[a:b]
@@ -150,6 +161,8 @@ class GapAware(Correction):
                 if self.from_direction:
                     torch._foreach_mul_(scale, lrs[a:b])
                 G = torch._foreach_sub(ws[a:b], ss[a:b])
+                if widen:  # G in the statistics' dtype: |w - s| / C overflows float16
+                    G = [x.to(v.dtype) for x, v in zip(G, vs[a:b])]
                 torch._foreach_abs_(G)
                 torch._foreach_div_(G, scale)
                 torch._foreach_add_(G, 1.0)

@@ -80,7 +80,8 @@ class WeightPrediction(Correction):
     (:class:`CorrectionError` if absent); ``"own"`` always keeps its own.
 
     Memory: one ``dW`` buffer per delayed stage, plus one (SpecTrain) or two (XPipe)
-    own-moment buffers when it keeps its own state.
+    own-moment buffers when it keeps its own state (XPipe's in float32 for float16 or bfloat16
+    parameters: ``eps`` and the squared gradients are 0 in float16).
     """
 
     name, paper = "prediction", "PipeOptim §III (eqs. 3-6, Table I)"
@@ -131,8 +132,8 @@ class WeightPrediction(Correction):
         self._chunks = [c for c in engine.chunks if c.H]  # the views with a history
         self._split: Dict[str, List[List[torch.Tensor]]] = {key: [] for key in self._buffers}
         for c in self._chunks:
-            for key in self._buffers:
-                flat, views = c.zeros()
+            for key in self._buffers:  # (own Adam moments: float32 for half parameters, StageView.zeros)
+                flat, views = c.zeros(statistics=key != "dW" and self.rule != "sgdm")
                 self._buffers[key].append(flat)
                 self._split[key].append(views)
 
