@@ -189,17 +189,36 @@ def few(run_ids: Sequence[str], n: int = 3) -> str:
 def expand(base: Dict[str, Any], grid: Dict[str, Sequence[Any]]) -> List[RunConfig]:
     """The resolved configs of ``base`` x product(grid) in grid order, duplicates (same run_id) dropped."""
     keys = list(grid)
-    out, seen = [], set()
+    out = []
     for combo in itertools.product(*(grid[k] for k in keys)):
         values = dict(zip(keys, combo))
         try:
-            cfg = RunConfig.from_dict({**base, **values}).resolve()
+            out.append(RunConfig.from_dict({**base, **values}).resolve())
         except ConfigError as e:
             raise ConfigError(f"run {values}: {e}") from None
+    return _distinct(out)
+
+
+def _distinct(configs: Sequence[RunConfig]) -> List[RunConfig]:
+    """``configs`` in order, each run (``run_id``) once."""
+    out, seen = [], set()
+    for cfg in configs:
         if cfg.run_id() not in seen:
             seen.add(cfg.run_id())
             out.append(cfg)
     return out
+
+
+def _resolved(configs) -> List[RunConfig]:
+    """A list of :class:`RunConfig` given to :func:`run_sweep` as a sweep file's are: resolved (``stages="max"``
+    is the model's unit count, so it names the same run as the number) and each run once."""
+    configs = list(configs)
+    wrong = [c for c in configs if not isinstance(c, RunConfig)]
+    if wrong:
+        raise ConfigError(f"run_sweep takes a Sweep, a sweep file's path or a list of RunConfig, but the list holds "
+                          f"a {type(wrong[0]).__name__} ({wrong[0]!r:.80}): build each run with "
+                          "RunConfig(**fields) or RunConfig.from_dict(d)")
+    return _distinct([c.resolve() if c.stages == "max" else c for c in configs])  # (a file's are resolved)
 
 
 def parse_shard(text: str) -> Tuple[int, int]:
@@ -532,7 +551,8 @@ def run_sweep(sweep: Union[Sweep, str, os.PathLike, Sequence[RunConfig]], out: U
               progress: bool = False, threads: Optional[int] = 1, bar: bool = True,
               context: str = "spawn", executor: str = "local", checkpoint_every: Optional[int] = None,
               keep_checkpoints: bool = False, claim_timeout: float = lease.DEFAULT_TIMEOUT) -> SweepReport:
-    """Run every unfinished config of ``sweep`` into ``out/runs/<run_id>/``.
+    """Run every unfinished config of ``sweep`` into ``out/runs/<run_id>/``. A list of configs is resolved and
+    de-duplicated as a sweep file's (``stages="max"`` is the model's unit count).
 
     ``workers > 1`` uses a process pool of that size (``context`` ``"spawn"``
     or ``"forkserver"``; each worker sets ``threads`` torch threads);
@@ -556,7 +576,7 @@ def run_sweep(sweep: Union[Sweep, str, os.PathLike, Sequence[RunConfig]], out: U
 
     if isinstance(sweep, (str, os.PathLike)):
         sweep = load_sweep(sweep)
-    configs = list(sweep.configs if isinstance(sweep, Sweep) else sweep)
+    configs = _resolved(sweep.configs if isinstance(sweep, Sweep) else sweep)
     if shard_spec is not None:
         configs = shard(configs, *shard_spec)
     check_int("workers", workers, 1)

@@ -428,3 +428,19 @@ def test_summary_rejects_bad_groupings_and_levels_and_keeps_none_apart():
         sweep.summarize(records, by=["method", "stage"])
     with pytest.raises(ConfigError, match=r"\(0, 1\)"):
         sweep.summarize(records, level=95)
+
+
+def test_a_list_of_configs_names_each_run_as_a_sweep_file_does(tmp_path, monkeypatch):
+    """run_sweep on a Python list resolves stages="max" as a sweep file does: "max" and the unit count it stands
+    for are one run (it trained twice, under two run ids, and the records said stages "max", which the plots
+    could not read), and a config listed twice runs once; a list of dicts is refused with the fix."""
+    log = tmp_path / "log"
+    monkeypatch.setenv("FAKE_LOG", str(log))
+    base = dict(model="mlp", data="synthetic", epochs=1, method="pipemare")
+    units = RunConfig(**base, stages="max").resolve().stages
+    configs = [RunConfig(**base, stages="max"), RunConfig(**base, stages=units), RunConfig(**base, stages="max")]
+    report = sweep.run_sweep(configs, tmp_path / "out", train_fn=fake_train, bar=False)
+    assert report.total == 1 and log.read_text().split() == [RunConfig(**base, stages=units).run_id()]
+    assert list(sweep.collect(tmp_path / "out")["stages"]) == [units]
+    with pytest.raises(ConfigError, match="list of RunConfig.*RunConfig.from_dict"):
+        sweep.run_sweep([dict(base, stages=2)], tmp_path / "dicts", train_fn=fake_train, bar=False)
