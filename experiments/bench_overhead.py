@@ -2,11 +2,14 @@
 
     python experiments/bench_overhead.py --out runs/bench            # `make bench`: a few minutes
     python experiments/bench_overhead.py --out /tmp/bench --quick    # smoke run: seconds, measures nothing
+    python experiments/bench_overhead.py --out runs/bench-cuda --device cuda   # on a GPU
 
 Everything runs in one process and is reported as ratios. Durations are the
 main thread's CPU time (``time.thread_time``; torch runs on that one thread),
 so other jobs on a shared machine do not count; the load average before and
-after is recorded in ``meta.json``.
+after is recorded in ``meta.json``. With ``--device cuda`` the models, batches
+and history are on the GPU and a duration is the wall time between two
+``torch.cuda.synchronize()`` calls (:func:`_cuda_clock`).
 
 1. **Step time.** A whole training step (``zero_grad``, forward, backward, ``step``)
    with the wrapper against the base optimizer alone, same model, batch and
@@ -143,6 +146,19 @@ METHODS = ("pipemare", "pipedream", "pipeoptim")
 #: for a core would otherwise count other jobs' work (torch runs on this thread with --threads 1;
 #: with more threads main() switches to wall time, which counts the worker threads' work).
 clock = time.thread_time
+
+
+def _cuda_clock() -> float:
+    """Wall seconds once the GPU has finished the work queued so far (``--device cuda``): a duration between two
+    readings covers the kernels launched in it. Each reading is a host-device synchronization: the timers of the
+    base step and of the wrapper's hooks add theirs to the steps they time (a pair per hook, so the wrapper's
+    whole step more than the plain one's; issue 23 item 6 asks for these numbers, not yet recorded)."""
+    torch.cuda.synchronize()
+    return time.perf_counter()
+
+
+#: Where the models, batches and so the wrapper's history live (``--device``).
+DEVICE = torch.device("cpu")
 HAND = {"dataflow": ("dataflow", False), "pipedream": ("1f1b", True)}  # hand-rolled name -> (schedule, stashing)
 
 
@@ -157,7 +173,7 @@ class ModelSpec:
         self.classes = self.kwargs.get("num_classes", 256 if self.lm else 10)
 
     def build(self, seed: int = 0) -> nn.Module:
-        return models.get(self.name, seed=seed, **self.kwargs)
+        return models.get(self.name, seed=seed, **self.kwargs).to(DEVICE)
 
     @property
     def max_stages(self) -> int:
@@ -167,9 +183,11 @@ class ModelSpec:
         g = torch.Generator().manual_seed(seed)
         n = size or self.batch
         if self.lm:
-            return (torch.randint(0, self.classes, (n, *self.input_shape), generator=g),
+            x, y = (torch.randint(0, self.classes, (n, *self.input_shape), generator=g),
                     torch.randint(0, self.classes, (n, *self.input_shape), generator=g))
-        return torch.randn(n, *self.input_shape, generator=g), torch.randint(0, self.classes, (n,), generator=g)
+        else:
+            x, y = torch.randn(n, *self.input_shape, generator=g), torch.randint(0, self.classes, (n,), generator=g)
+        return x.to(DEVICE), y.to(DEVICE)
 
     def loss(self, output: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         if self.lm:
@@ -422,7 +440,8 @@ class PipemareFloor(DataMovementFloor):
         super().__init__(model, base, partition, tau_fwd)
         self._t1 = functools.partial(t1_factor, anneal_steps=anneal_steps)
         self.delta = [torch.zeros_like(p) for p in self.params]
-        table = torch.arange(0, -(max(tau_fwd) + 1), -1, dtype=self.params[0].dtype)  # (exact in float32/64)
+        table = torch.arange(0, -(max(tau_fwd) + 1), -1, dtype=self.params[0].dtype,  # (exact in float32/64)
+                             device=self.params[0].device)
         self.factors = [table[tau] for tau in self.taus]
         self.weights = [1.0 - t2_gamma(decay, tau, 0) for tau in self.taus]
         (user,) = base.param_groups  # one group per stage, lr set at each step (StageGroups' arithmetic)
@@ -1190,11 +1209,26 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                     help="torch threads (default 1: on a small shared machine the steadiest; the engine's "
                          "time does not depend on it, the compute does)")
     ap.add_argument("--no-growth", action="store_true", help="skip the growth section")
+    ap.add_argument("--device", default="cpu",
+                    help="where the models and the history live: cpu (default) or cuda[:N]; on a GPU every "
+                         "duration is wall time between two torch.cuda.synchronize() calls")
     args = ap.parse_args(argv)
-    global clock
+    global clock, DEVICE
+    try:
+        DEVICE = torch.device(args.device)
+    except RuntimeError as e:
+        ap.error(f"--device {args.device!r}: {e}")
+    if DEVICE.type not in ("cpu", "cuda"):
+        ap.error(f"--device takes cpu or cuda[:N], got {args.device!r}")
+    if DEVICE.type == "cuda" and not torch.cuda.is_available():
+        ap.error(f"--device {args.device}: this torch sees no CUDA device (torch.cuda.is_available() is False)")
     if args.threads:
         torch.set_num_threads(args.threads)
-    clock = time.thread_time if torch.get_num_threads() == 1 else time.perf_counter
+    if DEVICE.type == "cuda":
+        torch.cuda.set_device(DEVICE)
+        clock = _cuda_clock
+    else:
+        clock = time.thread_time if torch.get_num_threads() == 1 else time.perf_counter
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     table = QUICK if args.quick else MODELS
@@ -1214,7 +1248,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             "short_step_rounds": short_rounds,
             "budget_rounds": budget_rounds,
             "load_before": os.getloadavg()[0], "quick": args.quick,
-            "clock": "thread CPU time" if clock is time.thread_time else "wall time"}
+            "device": str(DEVICE) if DEVICE.type == "cpu" else f"{DEVICE} ({torch.cuda.get_device_name(DEVICE)})",
+            "clock": {time.thread_time: "thread CPU time", time.perf_counter: "wall time"}.get(
+                clock, "wall time between CUDA synchronizations")}
     torch.manual_seed(0)
     step_rows, mem_rows, hand_rows = [], [], []
     for key in keys:

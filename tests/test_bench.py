@@ -253,6 +253,7 @@ def test_quick_run_writes_tables_and_plot(bench, tmp_path):
     meta = json.loads((tmp_path / "meta.json").read_text())
     assert meta["cpu"] == cpu_name() != ""  # (docs/performance.md)
     assert meta["commit"] == source_commit()  # (the code the run measured)
+    assert meta["device"] == "cpu" and meta["clock"] == "thread CPU time"
     ladder = pd.read_csv(tmp_path / "budget.csv")
     assert list(ladder.rung) == [label for label, _ in bench.LADDER] + ["the wrapper: pipemare"]
     assert (ladder.ratio > 0).all() and (ladder.ratio_q1 <= ladder.ratio).all() and (ladder.ratio <= ladder.ratio_q3).all()
@@ -345,3 +346,23 @@ def test_source_commit_names_the_checkouts_head():
     changed = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
                              capture_output=True, text=True, check=True).stdout.strip()
     assert machine.source_commit() == head + ("+changes" if changed else "")
+
+
+def test_device_option_refuses_what_it_cannot_run_on(bench, tmp_path):
+    """``--device`` takes cpu or cuda[:N]; a device this torch cannot use stops the run with the reason before
+    anything is measured (argparse: exit status 2)."""
+    wrong = ["tpu", "not-a-device"] + ([] if torch.cuda.is_available() else ["cuda"])
+    for device in wrong:
+        with pytest.raises(SystemExit) as e:
+            bench.main(["--quick", "--out", str(tmp_path / device), "--device", device])
+        assert e.value.code == 2 and not (tmp_path / device).exists()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_quick_run_on_cuda(bench, tmp_path):
+    """The benchmark on a GPU: models, batches and history on it, durations between synchronizations."""
+    assert bench.main(["--quick", "--out", str(tmp_path), "--models", "cnn1d", "--rounds", "1", "--device",
+                       "cuda", "--no-growth"]) == 0
+    meta = json.loads((tmp_path / "meta.json").read_text())
+    assert meta["device"].startswith("cuda") and meta["clock"] == "wall time between CUDA synchronizations"
+    assert (pd.read_csv(tmp_path / "step.csv").engine_ms > 0).all()
