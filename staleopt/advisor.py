@@ -235,7 +235,7 @@ def advise(model: nn.Module, loss_fn: Callable, batch, method: Union[str, object
     pipeline = methods.build(method, P, microbatches, **(method_args or {}))
     tf, tb = pipeline.delays                    # the asynchronous phase's, after the method's corrections
     tr, recomputes = pipeline.recompute_delays, bool(pipeline.schedule.segments(P))
-    factors = pipeline.lr_factors(step)
+    factors = pipeline.asynchronous_lr_factors(step)
     from .corrections import NesterovLookahead
     held = [k for k in pipeline.corrections if isinstance(k, NesterovLookahead)]
     if held and momentum:

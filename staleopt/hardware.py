@@ -27,6 +27,8 @@ steps or epochs (phase lengths; only their ratios matter).
 """
 from __future__ import annotations
 
+import math
+import numbers
 from dataclasses import asdict, dataclass, fields
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -79,7 +81,12 @@ def time_to_accuracy(steps_to_target: float, method, stages: int, microbatches: 
     length left to the method's default is cut at it (a default warmup longer than the run covers all of it, as
     :func:`staleopt.speedup.pipeline_time` cuts them).
     """
+    if isinstance(steps_to_target, bool) or not isinstance(steps_to_target, numbers.Real) or \
+            not 0 <= steps_to_target < math.inf:
+        raise ConfigError(f"steps_to_target must be a finite number of optimizer steps >= 0, got {steps_to_target!r}")
     pipeline = methods.build(method, stages, microbatches)
+    if steps_to_target == 0:
+        return 0.0  # (no steps take no time, whatever the phases)
     if "total_steps" not in phase_args:
         phase_args["total_steps"] = steps_to_target
         for c in pipeline.corrections:

@@ -134,6 +134,11 @@ def amortized_utilization(phases: Sequence[Tuple[float, float]]) -> float:
     fully-utilized time (PipeMare §4 "Warmup Epochs":
     ``Util_PipeMareW = (E_PM + E_Sync) / (E_PM / 1 + E_Sync / Util_Sync)``).
     """
+    phases = list(phases)
+    wrong = [(n, u) for n, u in phases if not (0 <= n < math.inf and 0 < u <= 1)]  # (NaN fails both)
+    if wrong:
+        raise ConfigError(f"phases are (length, utilization) with a finite length >= 0 and a utilization in "
+                          f"(0, 1], got {wrong[0]!r}")
     total = sum(n for n, _ in phases)
     if total <= 0:
         raise ConfigError("phases must have a positive total length")
@@ -154,7 +159,7 @@ def hybrid_speedup(total_steps: float, pipelined_steps: float, stages: int) -> f
     ``n_p`` pipelined, and ``K = P - 1`` register pairs between ``P`` stages.
     """
     _check_phases(total_steps, pipelined_steps, "pipelined_steps")
-    k = stages - 1
+    k = check_int("stages", stages, minimum=1) - 1
     return total_steps / (pipelined_steps / (2 * k + 1) + (total_steps - pipelined_steps))
 
 
@@ -199,11 +204,35 @@ class Pipeline:
         return list(self._delays[0]), list(self._delays[1])
 
     def lr_factors(self, step: int) -> List[float]:
-        """Per-stage multipliers of the scheduler's lr at step ``step`` (T1's ``1/tau_i^{p_k}``, PipeMare eq. 4)."""
+        """Per-stage multipliers of the scheduler's lr at training step ``step`` (T1's ``1/tau_i^{p_k}``, PipeMare
+        eq. 4), as the training engine computes them: from the step's delays (the schedule's, then each
+        correction's at ``step``: 0 through a :class:`~staleopt.corrections.Warmup`, refilling after it), T1's
+        ``k`` counted from the end of the synchronous steps (PipeMare §4: ``k = t - W``). A random schedule's
+        are its largest delays."""
+        check_int("step", step, minimum=0)
+        tf, tb = self.schedule.delays(self.stages, self.microbatches)
+        for c in self.corrections:
+            tf, tb = c.delays(list(tf), list(tb), step)
+        return self._factors(list(tf), list(tb), step, max(step - self._synchronous_steps, 0))
+
+    def asynchronous_lr_factors(self, k: int) -> List[float]:
+        """The multipliers ``k`` steps into the asynchronous phase at its steady delays (:attr:`delays`: the
+        pipeline full), what the stability advisor analyses; equal to :meth:`lr_factors` for a method without
+        a warmup once every stage's delay is reached."""
+        check_int("k", k, minimum=0)
         tf, tb = self.delays
+        return self._factors(tf, tb, k + self._synchronous_steps, k)
+
+    @property
+    def _synchronous_steps(self) -> int:
+        return sum(c.synchronous_steps for c in self.corrections)
+
+    def _factors(self, tf: List[int], tb: List[int], step: int, k: int) -> List[float]:
+        """Product of every correction's factors for delays ``(tf, tb)`` at ``step``; T1's at its counter ``k``
+        (an unbound :class:`~staleopt.corrections.LRReschedule` knows no phase offset)."""
         factors = [1.0] * self.stages
         for c in self.corrections:
-            f = c.lr_factors((list(tf), list(tb)), step)
+            f = c.factors(tf, k) if isinstance(c, LRReschedule) else c.lr_factors((list(tf), list(tb)), step)
             if f is not None:
                 factors = [a * float(b) for a, b in zip(factors, f)]
         return factors
@@ -339,6 +368,8 @@ class Pipeline:
         """
         P, N = self.stages, self.microbatches
         steady = self.schedule.utilization(P, N)
+        if total_steps is not None and not 0 < total_steps < math.inf:  # (also where no phase needs it)
+            raise ConfigError(f"total_steps must be positive and finite, got {total_steps!r}")
         for c in self.corrections:
             if isinstance(c, Warmup):
                 n_w = c.steps if warmup_steps is None else warmup_steps
@@ -380,8 +411,10 @@ class Pipeline:
         ``second_version_bytes`` the schedule's stored versions (2BW §3.1),
         ``prediction_bytes`` ``|w_i|`` per stage with a version gap, plus the
         rule's own moments when the base optimizer lacks them (PipeOptim Table I;
-        SpecTrain 1 slot, XPipe 2), and ``t2_bytes`` T2's ``delta``, ``|w_i|`` per
-        stage with ``tau_fwd_i > tau_bkwd_i`` (PipeMare §3.2).
+        SpecTrain 1 slot, XPipe 2), and ``t2_bytes`` T2's accumulators, ``M_i |w_i|`` per
+        stage with ``tau_fwd_i > tau_bkwd_i`` (PipeMare §3.2): ``M_i = 1 + max(tau_bkwd_i, tau_recomp_i)``
+        (``tau_recomp_i`` where it is below ``tau_fwd_i``) for the causal accumulator, which reads
+        ``delta_{t - tau}`` (App. B.4, D.1), 1 for ``accumulator="current"``; 1 for every dataflow method.
         """
         w = list(stage_bytes)
         tf, tb = self.delays
@@ -393,7 +426,12 @@ class Pipeline:
             if isinstance(c, WeightPrediction):
                 own = {"sgdm": 0 if optimizer == "sgd-momentum" else 1, "adam": 0 if optimizer == "adam" else 2}
                 prediction += gapped * (1 + own.get(c.rule, 0))
-        t2 = sum(gapped for c in self.corrections if isinstance(c, DiscrepancyCorrection))
+        t2 = 0
+        for c in self.corrections:  # T2's ring of accumulators: M_i rows per corrected stage (docs/engine.md)
+            if isinstance(c, DiscrepancyCorrection):
+                tr = self.recompute_delays
+                t2 += sum(wi * (1 if c.accumulator == "current" else 1 + max(b, r if r < f else 0))
+                          for wi, f, b, r in zip(w, tf, tb, tr) if f > b)
         return {"stash_bytes": stash, "second_version_bytes": second, "prediction_bytes": prediction,
                 "t2_bytes": t2}
 

@@ -645,8 +645,8 @@ class Hogwild(Schedule):
 
     def __init__(self, tau_max: Optional[int] = None, means: Optional[Sequence[float]] = None):
         check_int("hogwild tau_max", tau_max, minimum=0, optional=True, error=ScheduleError)
-        if means is not None and any(float(m) <= 0 for m in means):
-            raise ScheduleError(f"hogwild means must be > 0, got {list(means)!r}")
+        if means is not None and not all(0 < float(m) < math.inf for m in means):  # (NaN too)
+            raise ScheduleError(f"hogwild means must be finite and > 0, got {list(means)!r}")
         self.tau_max, self.means = tau_max, None if means is None else [float(m) for m in means]
         self._cdf = {}
 
@@ -659,9 +659,9 @@ class Hogwild(Schedule):
         if len(means) != stages:
             raise ScheduleError(f"hogwild got {len(means)} means for {stages} stages: give one per stage")
         tau_max = self.tau_max if self.tau_max is not None else 2 * max(dataflow)
-        if tau_max > 0 and any(m >= tau_max for m in means):
+        if any(m >= tau_max for m in means):  # (tau_max = 0: every delay 0, which no mean > 0 describes)
             raise ScheduleError(f"hogwild means {means} must be below tau_max={tau_max}: a delay law on "
-                                f"0..tau_max cannot have a larger mean")
+                                f"0..tau_max cannot have a larger mean (for no delays use schedule 'sync')")
         return means, tau_max
 
     @staticmethod

@@ -349,3 +349,48 @@ def test_time_to_accuracy_cuts_a_default_phase_at_the_run():
     for method in ("pipemare-w", "pb-hybrid"):
         assert hardware.time_to_accuracy(100, method, 4, 1) == speedup.pipeline_time(100, method, 4, 1)
     assert hardware.time_to_accuracy(100, "pipemare-w", 4, 1) == pytest.approx(100 * 4)  # all synchronous, N = 1
+
+
+@pytest.mark.parametrize("method, accumulator", [("pipemare-recompute", "causal"), ("pipemare-recompute", "current"),
+                                                 ("pipemare", "causal")])
+def test_t2_bytes_are_the_engines_accumulator_rows(method, accumulator):
+    """The hardware model prices T2 as the engine keeps it: ``M_i`` accumulator rows per corrected stage (the
+    causal accumulator reads ``delta_{t - tau_recomp}``; docs/engine.md), not one (3x too low for
+    pipemare-recompute at P = 9)."""
+    import staleopt
+    from staleopt.corrections import DiscrepancyCorrection
+
+    P = 9
+    model = nn.Sequential(*[nn.Linear(8, 8) for _ in range(P)])
+    schedule, corrections = methods.resolve(method)
+    for c in corrections:
+        if isinstance(c, DiscrepancyCorrection):
+            c.accumulator = accumulator
+    pipeline = methods.Pipeline(method, schedule, corrections, P, 1)
+    opt = staleopt.PipelineOptimizer(model, torch.optim.SGD(model.parameters(), lr=0.1), stages=P, schedule=schedule,
+                                     corrections=corrections)
+    t2 = next(c for c in opt.corrections if isinstance(c, DiscrepancyCorrection))
+    ring = sum(r.numel() * r.element_size() for _, r, _ in t2._ring.values())
+    assert hardware.memory_report(model, pipeline, P, 1, optimizer="sgd").t2_bytes == ring
+    if method == "pipemare-recompute" and accumulator == "causal":
+        assert ring == 27 * (8 * 8 + 8) * 4
+
+
+def test_impossible_numbers_are_refused():
+    """Public helpers refuse what no run has instead of returning a number (or a bare ZeroDivisionError)."""
+    from staleopt import schedules
+    with pytest.raises(ConfigError, match="stages"):
+        hardware.hybrid_speedup(100, 50, stages=0)
+    with pytest.raises(ConfigError, match="stages"):
+        hardware.hybrid_speedup(100, 50, stages=-3)
+    with pytest.raises(ConfigError, match="steps_to_target"):
+        hardware.time_to_accuracy(-100, "gpipe", 4, 2)
+    assert hardware.time_to_accuracy(0, "pipemare-w", 4, 1) == 0.0
+    for phases in ([(10, -0.5), (10, 1.0)], [(10, 0.0)], [(-5, 1.0), (10, 1.0)], [(math.nan, 1.0)]):
+        with pytest.raises(ConfigError, match="length, utilization"):
+            hardware.amortized_utilization(phases)
+    with pytest.raises(ConfigError, match="total_steps"):
+        hardware.pipeline_utilization("pipemare-w", 4, 1, total_steps=-10, warmup_steps=0)
+    for bad in (dict(tau_max=0, means=[3.0, 3.0]), dict(means=[math.nan, 1.0]), dict(means=[math.inf, 1.0])):
+        with pytest.raises(ScheduleError, match="hogwild means"):
+            schedules.get("hogwild", **bad).check(2)

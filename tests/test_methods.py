@@ -3,6 +3,7 @@ import math
 
 import pytest
 
+import staleopt
 from staleopt import hardware, methods, schedules
 from staleopt.config import RunConfig
 from staleopt.corrections import DiscrepancyCorrection, LRReschedule, Stashing, t1_factor
@@ -51,6 +52,36 @@ def test_lr_factors_are_t1_at_step_k():
     for k in (0, 3, 8, 20):
         assert p.lr_factors(k) == [t1_factor(t, k, 8) for t in tf]
     assert methods.build("1f1b", 4).lr_factors(5) == [1.0] * 4
+
+
+@pytest.mark.parametrize("method, args", [("pipemare-w", {"warmup_steps": 6, "anneal_steps": 10}),
+                                          ("pipemare", {"anneal_steps": 10}), ("staleness-aware", {})])
+def test_lr_factors_are_the_engines_at_every_step(method, args):
+    """Pipeline.lr_factors(t) is what the training engine multiplies lr by at step t: 1 through PipeMareW's
+    warmup, then T1 of the refilling delays with k = t - W (it applied T1 of the full delays inside the warmup
+    and stopped annealing K steps after step 0). asynchronous_lr_factors(k): the full pipeline's, k steps in."""
+    import torch
+
+    P = 4
+    model = torch.nn.Sequential(*[torch.nn.Linear(3, 3) for _ in range(P)])
+    opt = staleopt.PipelineOptimizer(model, torch.optim.SGD(model.parameters(), lr=0.1), stages=P, schedule=method,
+                                     method_args=args)
+    p = methods.build(method, P, 1, **args)
+    x = torch.randn(4, 3)
+    for t in range(25):
+        opt.zero_grad()
+        model(x).pow(2).mean().backward()
+        opt.step()
+        assert p.lr_factors(t) == [opt.lr_factor(i) for i in range(P)], t
+    W = args.get("warmup_steps", 0)
+    assert p.asynchronous_lr_factors(3) == p.without_phases().lr_factors(3)
+    if "anneal_steps" in args:
+        assert p.asynchronous_lr_factors(3) == [t1_factor(t, 3, 10) for t in [7, 5, 3, 1]]
+    if W:  # three steps after the warmup the pipeline is refilling: min(tau, 3), not the full delays
+        assert p.lr_factors(W + 3) == [t1_factor(min(t, 3), 3, 10) for t in [7, 5, 3, 1]] != \
+            p.asynchronous_lr_factors(3)
+    with pytest.raises(ConfigError, match="step"):
+        p.lr_factors(-1)
 
 
 def test_utilization_of_phased_methods():

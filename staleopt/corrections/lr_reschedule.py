@@ -43,6 +43,12 @@ class LRReschedule(Correction):
         self._offset = engine.phase_offset
 
     def lr_factors(self, delays, step):
-        """:func:`t1_factor` of every stage (its arithmetic, with ``p_k`` computed once per step)."""
-        p = -_power(max(step - self._offset, 0), self.anneal_steps)
-        return [float(t) ** p if t > 0 else 1.0 for t in delays[0]]
+        """:meth:`factors` of the step's forward delays, ``k = step`` minus the synchronous steps before the
+        asynchronous phase (the engine's ``phase_offset``)."""
+        return self.factors(delays[0], max(step - self._offset, 0))
+
+    def factors(self, tau_fwd, k: int):
+        """:func:`t1_factor` of every stage, ``k`` steps into the asynchronous phase (its arithmetic, with ``p_k``
+        computed once)."""
+        p = -_power(k, self.anneal_steps)
+        return [float(t) ** p if t > 0 else 1.0 for t in tau_fwd]
