@@ -178,6 +178,26 @@ def test_degrades_needs_a_growing_drop_and_counts_diverged_runs():
     assert row.verdict == NOT and "no worse at P=39" in row.reason
 
 
+def test_a_rows_estimate_is_the_mean_of_the_gaps_its_figure_draws():
+    """The table's gap column (estimate ± half_width), the trend and the figure read one per-seed quantity: for a
+    degrades check the drop from the reference at the largest P (the table showed the drop from the smallest
+    P while the figure and the trend drew the drop from the reference: docs/reproductions.md's pb-drop-grows
+    read +0.071 beside a trend of +0.214)."""
+    from staleopt.stats import t_interval
+    ref = _runs("gpipe", [0.95, 0.96, 0.95], stages=1)
+    runs = (ref + _runs("df", [0.90, 0.85, 0.94], stages=4) + _runs("df", [0.60, 0.70, 0.40], stages=39)
+            + _runs("sync2", [0.96, 0.95, 0.97], stages=4) + _runs("sync2", [0.90, 0.96, 0.94], stages=39))
+    checks = [_check("degrades", a={"method": "df"}, reference={"method": "gpipe"}),
+              _check("better", a={"method": "gpipe"}, b={"method": "df", "stages": 39}),
+              _check("gap-grows", a={"method": "sync2"}, b={"method": "df"})]
+    for check in checks:
+        row = verdict.evaluate(check, runs, "e", "")
+        mean, half, _ = t_interval([g for _, g in row.gaps])
+        assert (row.estimate, row.half_width) == (mean, half), check.rule
+    row = verdict.evaluate(checks[0], runs, "e", "")
+    assert row.estimate == pytest.approx((0.35 + 0.26 + 0.55) / 3)  # gpipe minus df at P = 39, per seed
+
+
 def test_missing_runs_read_not_yet_run():
     row = verdict.evaluate(_check("better", a={"method": "x"}, b={"method": "y"}), _runs("x", [0.9, 0.9, 0.9]), "e", "")
     assert row.verdict == NOT_RUN and row.ours == "-"

@@ -81,9 +81,10 @@ class Row:
     ours: str
     verdict: str
     reason: str = ""
-    #: The per-seed quantity the verdict rests on (mean and 95% half-width; NaN when not computed): the
-    #: gain of a over b, the growth of the gap (gap-grows), or the score lost from the smallest to the
-    #: largest P (degrades); positive means better for a (module docstring).
+    #: The mean and 95% half-width of :attr:`gaps` (NaN when not computed), so the table's gap column, the
+    #: trend and the figure show one number: the gain of a over b, the growth of the gap (gap-grows), or the
+    #: drop from the synchronous reference at the largest P (degrades, which also needs the score lost from
+    #: the smallest to the largest P: in :attr:`ours`); positive means better for a (module docstring).
     estimate: float = math.nan
     half_width: float = math.nan
     #: ``(seed, g_s)``: the per-seed gap the trend across horizons follows (module docstring).
@@ -323,23 +324,23 @@ def evaluate(check: Check, runs: Sequence[Dict], experiment: str, setting: str) 
                      + [_diff_text(minus(f"P={lo_p}", f"P={hi_p}").replace(" - ", " minus "), growth),
                         _diff_text(f"drop from {check.selectors['reference'].get('method')} at P={hi_p}", drop)])
     if _no_mean(growth) or _no_mean(drop):
-        return row(ours, NOT, _no_mean(growth) or _no_mean(drop), growth, drops)
+        return row(ours, NOT, _no_mean(growth) or _no_mean(drop), drop, drops)
     v_growth = _judge(growth, lambda lo, hi: lo > 0, lambda mu: mu > 0)
     v_drop = _judge(drop, lambda lo, hi: lo > 0, lambda mu: mu > 0)
     if NOT_RUN in (v_growth, v_drop):
         return row(ours, NOT_RUN, "no seed has runs at both ends and the reference")
     if v_growth == REPRODUCED and v_drop == REPRODUCED:
-        return row(ours, REPRODUCED, "", growth, drops)
+        return row(ours, REPRODUCED, "", drop, drops)
     if NOT in (v_growth, v_drop):
         why = []
         if v_growth == NOT:
             why.append(f"no worse at P={hi_p} than at P={lo_p}")
         if v_drop == NOT:
             why.append(f"no drop from the synchronous reference at P={hi_p}")
-        return row(ours, NOT, "; ".join(why), growth, drops)
+        return row(ours, NOT, "; ".join(why), drop, drops)
     div = sum(r["diverged"] for r in a[hi_p])
     return row(ours, PARTLY, f"worse at the largest P on average ({div} of {len(a[hi_p])} runs diverged there), "
-                             "but a 95% interval includes 0", growth, drops)
+                             "but a 95% interval includes 0", drop, drops)
 
 
 def _ratio(check: Check, runs: Sequence[Dict]) -> Tuple[float, int]:
