@@ -315,7 +315,9 @@ def evaluate(records: pd.DataFrame, claims: Sequence[Claim] = None, level: float
     """Table of ``claim``, ``evidence`` and ``verdict`` (:data:`VERDICTS`) per claim (default: the metric's,
     :func:`default_claims`).
 
-    A claim that needs a method or ``P`` the records lack is ``"not evaluated"``, with the reason as evidence.
+    A claim that needs a method or ``P`` the records lack is ``"not evaluated"``, with the reason as evidence;
+    so is every claim where runs of one method and ``P`` differ in another config key
+    (:func:`staleopt.sweep.varying_keys`: a sweep over ``lr``), which a claim would pool.
 
     ``metric``: what the claims compare (a :class:`~staleopt.metrics.Metric` or record column; default the
     records' task's, :func:`staleopt.metrics.of`). ``target``: the value of the time-to-target claims, in
@@ -329,6 +331,8 @@ def evaluate(records: pd.DataFrame, claims: Sequence[Claim] = None, level: float
         raise ConfigError("no finished runs to evaluate the claims on; run the sweep first")
     metric = metrics.of(records, metric)
     claims = default_claims(metric) if claims is None else claims
+    from .sweep import varying_keys
+    split = varying_keys(records)  # (a claim reads one configuration per method and P: not lr = 0.05 with 0.5)
     runs = stats.per_run(records, ["method", "stages"], metric=metric)
     runs["stages"] = runs["stages"].astype(int)
     if target is None and any(isinstance(c, Faster) for c in claims):
@@ -349,6 +353,10 @@ def evaluate(records: pd.DataFrame, claims: Sequence[Claim] = None, level: float
         text = None
         try:
             text = claim.text(ctx)
+            if split:
+                raise ConfigError(f"the runs of one method and P differ in {', '.join(split)}, and a claim compares "
+                                  f"one configuration per method and P: evaluate the claims on the records of one "
+                                  f"{split[0]} (records[records[{split[0]!r}] == value])")
             evidence, holds = claim.check(ctx)
             verdict = VERDICTS[0] if holds else VERDICTS[1]
         except ConfigError as e:  # (the statement itself, unless it names a P the records lack)

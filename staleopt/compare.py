@@ -148,7 +148,10 @@ def write_report(records: pd.DataFrame, out: Union[str, os.PathLike], target: Op
                  write_records: bool = True, metric=None) -> Comparison:
     """Write a sweep's report into ``out`` and return it: ``records.csv``, ``summary.csv`` (mean and CI over
     seeds per method and P), ``speedup.csv`` (time to ``target``, with a ``target`` column), ``claims.csv``,
-    ``memory.csv`` (weights-only and total memory per method and P, :func:`staleopt.hardware.run_memory`),
+    ``memory.csv`` (weights-only and total memory per method and P, :func:`staleopt.hardware.run_memory`);
+    the tables, like the figures' lines, also apart per value of a config key that runs of one method and P
+    differ in (:func:`staleopt.sweep.varying_keys`: ``lr`` in a sweep over it), where the claims are not
+    evaluated;
     ``report.json`` (the target, its ``metric`` when that is not accuracy, and what was written) and the
     figures (the metric against stages; against epochs and, with a target, against pipeline time at the
     largest P; into ``figures``, default ``out``). ``metric``: default the records' task's
@@ -162,8 +165,9 @@ def write_report(records: pd.DataFrame, out: Union[str, os.PathLike], target: Op
     out.mkdir(parents=True, exist_ok=True)
     before = _listed(out / "report.json")
     metric = metrics_module.of(records, metric)
-    summary = sweep.summarize(records, by=["method", "stages"], level=level, metric=metric)
-    fast = speedup.speedup_table(records, target, metric=metric) if target is not None else pd.DataFrame()
+    by = [*plots.line_keys(records), "stages"]  # a configuration per figure line and P (lr in a sweep over it)
+    summary = sweep.summarize(records, by=by, level=level, metric=metric)
+    fast = speedup.speedup_table(records, target, keys=by, metric=metric) if target is not None else pd.DataFrame()
     memory = hardware.run_memory(records)  # weights only and in all, per method and P
     verdicts = claims_module.evaluate(records, claims, level=level,
                                       target=target if target is not None else float("nan"), memory=memory,

@@ -392,7 +392,8 @@ def memory_report(model: nn.Module, method, stages: int, microbatches: int = 1, 
 def run_memory(records) -> "pandas.DataFrame":
     """Per method and ``P`` of a sweep's records: the weights-only and the total memory of its runs.
 
-    Columns ``method``, ``stages``, ``memory_ratio_gpipe`` (weights + optimizer state +
+    Columns ``method``, ``stages``, the memory-relevant config keys (``microbatches``, ``batch_size``, ...) in which
+    runs of one method and ``P`` differ (a row per value: :func:`staleopt.sweep.varying_keys`), ``memory_ratio_gpipe`` (weights + optimizer state +
     correction buffers, x GPipe), ``weight_optimizer_bytes``, ``activation_bytes`` (in
     flight at the run's microbatch size ``batch_size / microbatches``, measured on one
     forward pass of the run's model on its data), ``total_bytes`` and
@@ -418,10 +419,15 @@ def run_memory(records) -> "pandas.DataFrame":
     def loads(v):
         return json.loads(v) if isinstance(v, str) else (v if isinstance(v, dict) else {})
 
-    runs = records.groupby("run", sort=False)[keys].first().drop_duplicates(subset=["method", "stages"])
+    from .sweep import varying_keys
+    split = [k for k in varying_keys(records) if k in keys]  # (memory keys runs of one method and P differ in)
+    runs = records.groupby("run", sort=False)[keys].first()
+    runs = runs[~runs[["method", "stages", *split]].map(lambda v: json.dumps(v, sort_keys=True, default=str))
+                .duplicated()]
     built, rows = {}, []
     for r in runs.itertuples(index=False):
         P, N, optimizer = int(r.stages), int(r.microbatches), str(r.optimizer)
+        config = {"method": r.method, "stages": P, **{k: getattr(r, k) for k in split}}
         what = (r.model, json.dumps(loads(r.model_kwargs), sort_keys=True), r.data,
                 json.dumps(loads(r.data_kwargs), sort_keys=True), P, r.partition, int(r.batch_size) // N)
         if what not in built:
@@ -436,13 +442,13 @@ def run_memory(records) -> "pandas.DataFrame":
                 built[what] = None
         entry = built[what]
         if entry is None:
-            rows.append({"method": r.method, "stages": P, "activation_bytes": math.nan, "total_bytes": math.nan,
+            rows.append({**config, "activation_bytes": math.nan, "total_bytes": math.nan,
                          "total_ratio_gpipe": math.nan})
             continue
         model, partition, sizes = entry
         rep = memory_report(model, r.method, P, N, optimizer=optimizer, partition=partition,
                             microbatch_size=what[-1], sizes=sizes)
-        rows.append({"method": r.method, "stages": P, "memory_ratio_gpipe": rep.ratio_to_gpipe,
+        rows.append({**config, "memory_ratio_gpipe": rep.ratio_to_gpipe,
                      "weight_optimizer_bytes": rep.weight_optimizer_bytes, "activation_bytes": rep.activation_bytes,
                      "total_bytes": rep.total_bytes, "total_ratio_gpipe": rep.total_ratio_to_gpipe})
     return pd.DataFrame(rows)

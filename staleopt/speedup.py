@@ -229,7 +229,7 @@ def speedup_table(records: pd.DataFrame, target: float, baseline: str = "gpipe",
     """
     table = time_to_target(records, target, keys, metric)
     rows = []
-    for key, g in table.groupby(list(keys), sort=False):
+    for key, g in table.groupby(list(keys), sort=False, dropna=False):  # (a key None for some runs: kept)
         key = key if isinstance(key, tuple) else (key,)
         hit = g[g["steps_to_target"].notna()]
         rows.append({**dict(zip(keys, key)), "runs": len(g), "reached": len(hit),
@@ -238,8 +238,11 @@ def speedup_table(records: pd.DataFrame, target: float, baseline: str = "gpipe",
                      "time_to_target": hit["time_to_target"].mean() if len(hit) else math.nan})
     out = pd.DataFrame(rows)
     same = [k for k in keys if k != "method"]  # the baseline is matched on every key but the method
-    base = {tuple(r[same]): r["time_to_target"] for _, r in out[out["method"] == baseline].iterrows()}
-    out["speedup"] = [base.get(tuple(r[same]), math.nan) / r["time_to_target"] if r["time_to_target"] > 0
+
+    def match(r) -> tuple:  # (None and NaN, a key the run does not set, match each other)
+        return tuple(None if pd.isna(v) else v for v in r[same])
+    base = {match(r): r["time_to_target"] for _, r in out[out["method"] == baseline].iterrows()}
+    out["speedup"] = [base.get(match(r), math.nan) / r["time_to_target"] if r["time_to_target"] > 0
                       else math.nan for _, r in out.iterrows()]
     out["target"] = target  # every file that depends on the target says which
     out.attrs["target"] = target

@@ -41,6 +41,7 @@ metric's worst (:attr:`staleopt.metrics.Metric.worst`).
 from __future__ import annotations
 
 import math
+import numbers
 from typing import Iterable, Optional, Sequence, Tuple
 
 import pandas as pd
@@ -144,13 +145,25 @@ def interval_text(mean: float, lo: float, hi: float, digits: int = 3) -> str:
     return f"{mean:.{digits}f} [{lo:.{digits}f}, {hi:.{digits}f}]"
 
 
-def interval_caption(seeds: int, level: float = 0.95, bounds: Optional[Tuple[float, float]] = ACCURACY) -> str:
+def interval_caption(seeds, level: float = 0.95, bounds: Optional[Tuple[float, float]] = ACCURACY) -> str:
     """What :func:`interval` gives for groups of ``seeds`` values (clipped to ``bounds``), in words for a table
-    or axis label."""
-    if seeds < MIN_SEEDS_FOR_T:
-        return f"mean [min, max] over {seeds} seed{'s' if seeds != 1 else ''}"
+    or axis label. ``seeds``: one count, or every cell's (a table whose cells have 3 and 5 runs shows ranges
+    and t-intervals: the caption says which)."""
+    sizes = sorted({int(n) for n in ([seeds] if isinstance(seeds, numbers.Integral) else seeds)})
+    if not sizes:
+        raise ConfigError("interval_caption needs at least one cell's number of seeds")
+
+    def over(ns):
+        lo, hi = ns[0], ns[-1]
+        return f"{lo} seed{'s' if hi != 1 else ''}" if lo == hi else f"{lo}-{hi} seeds"
+    few, many = [n for n in sizes if n < MIN_SEEDS_FOR_T], [n for n in sizes if n >= MIN_SEEDS_FOR_T]
     within = f" within [{bounds[0]:g}, {bounds[1]:g}]" if bounds is not None else ""
-    return f"mean [{level:.0%} t-interval{within}] over {seeds} seeds"
+    t = f"[{level:.0%} t-interval{within}]"
+    if not many:
+        return f"mean [min, max] over {over(few)}"
+    if not few:
+        return f"mean {t} over {over(many)}"
+    return f"mean {t} over {over(many)}, [min, max] where a cell has {over(few)}"
 
 
 def steps_to_target(run_records: pd.DataFrame, target: float, metric=None) -> float:

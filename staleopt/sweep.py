@@ -64,6 +64,7 @@ import itertools
 import json
 import multiprocessing
 import multiprocessing.connection
+import numbers
 import os
 import signal
 import threading
@@ -84,7 +85,8 @@ from .validate import check_int
 from .stats import check_level, divergence_count, interval, per_run, status_text, t_interval
 
 __all__ = ["Sweep", "load_sweep", "expand", "few", "shard", "parse_shard", "run_sweep", "SweepReport",
-           "run_state", "damage", "read_done", "runs", "collect", "summarize", "t_interval", "RECORD_COLUMNS",
+           "run_state", "damage", "read_done", "runs", "collect", "summarize", "varies", "varying_keys", "config_key",
+           "t_interval", "RECORD_COLUMNS",
            "DEFAULT_TRAIN_FN", "MAX_THREADS"]
 
 #: Columns every records DataFrame must have (one row per epoch).
@@ -720,6 +722,33 @@ def collect(sweep_dir: Union[str, os.PathLike], partial: bool = False,
 def varies(column: pd.Series) -> bool:
     """Whether a config column takes more than one value (``None`` and lists count as values)."""
     return column.map(lambda v: json.dumps(v, sort_keys=True, default=str)).nunique() > 1
+
+
+def config_key(values) -> tuple:
+    """Config values as a dictionary key: ``None`` and NaN alike (a key a run leaves unset), numbers by value (a
+    column with a missing value holds 4 as 4.0), dicts by content."""
+    def cell(v):
+        if isinstance(v, numbers.Real) and not isinstance(v, bool):  # (NumPy's numbers too)
+            return "null" if v != v else repr(float(v))  # (NaN: a missing value)
+        if v is None:
+            return "null"
+        return json.dumps(v, sort_keys=True, default=str)
+    return tuple(cell(v) for v in values)
+
+
+def varying_keys(records: pd.DataFrame) -> List[str]:
+    """The config keys besides ``method``, ``stages`` and ``seed`` in which two runs of one method and ``P`` differ
+    (``lr`` in a sweep over learning rates): each value is another configuration, which the figures draw as a
+    line of its own and the report's tables summarize apart (:func:`staleopt.plot.sweep.line_keys`). A key that
+    differs only between methods (T2's ``decay``, set for ``pipemare`` alone; GPipe's microbatches) splits
+    nothing: the method tells those runs apart."""
+    keys = [k for k in field_names() if k in records.columns and k not in ("method", "stages", "seed")
+            and varies(records[k])]
+    if not keys or not {"method", "stages"} <= set(records.columns):
+        return keys
+    runs = records.drop_duplicates("run") if "run" in records.columns else records
+    groups = runs.groupby(["method", "stages"], sort=False)
+    return [k for k in keys if any(varies(g[k]) for _, g in groups)]
 
 
 def summarize(records: pd.DataFrame, by: Optional[Sequence[str]] = None, level: float = 0.95,

@@ -86,10 +86,22 @@ def _cell(mean, lo, hi, diverged, runs, digits=3):
 
 
 def _in_order(methods):
-    """The distinct ``methods`` in :data:`staleopt.plot.sweep.METHOD_ORDER` (others after, alphabetically)."""
+    """The distinct ``methods`` (or row labels ``"pipemare lr=0.05"``) in :data:`staleopt.plot.sweep.METHOD_ORDER`
+    (others after, alphabetically)."""
     from ..plot.sweep import METHOD_ORDER
-    return sorted(dict.fromkeys(methods), key=lambda m: (METHOD_ORDER.index(m) if m in METHOD_ORDER
-                                                         else len(METHOD_ORDER), m))
+
+    def rank(label):
+        m = label.split(" ")[0]
+        return METHOD_ORDER.index(m) if m in METHOD_ORDER else len(METHOD_ORDER), label
+    return sorted(dict.fromkeys(methods), key=rank)
+
+
+def _labels(table):
+    """Per row of a summary or speedup table: its method, and each other config key the table is grouped by
+    (a key the sweep varies within a method and P: ``"pipemare lr=0.05"``, as the figures' legend says)."""
+    from ..config import field_names
+    keys = [k for k in table.columns if k in field_names() and k not in ("method", "stages", "seed")]
+    return [r["method"] + "".join(f" {k}={r[k]}" for k in keys) for _, r in table.iterrows()]
 
 
 def pivot(summary, value: Optional[str] = None):
@@ -106,9 +118,10 @@ def pivot(summary, value: Optional[str] = None):
         value = next((m.best_column for m in metrics.METRICS.values() if m.best_column in summary.columns),
                      metrics.ACCURACY.best_column)
     digits = metrics.per_run_column(value)[0].digits
-    return _pivot({(r.method, int(r.stages)): _cell(getattr(r, value), getattr(r, value + "_lo"),
-                                                    getattr(r, value + "_hi"), r.diverged, r.runs, digits)
-                   for r in summary.itertuples()}, summary["method"])
+    labels = _labels(summary)
+    return _pivot({(label, int(r.stages)): _cell(getattr(r, value), getattr(r, value + "_lo"),
+                                                 getattr(r, value + "_hi"), r.diverged, r.runs, digits)
+                   for label, r in zip(labels, summary.itertuples())}, labels)
 
 
 def _pivot(cells, methods):
@@ -133,7 +146,8 @@ def speedup_pivot(table):
             return f"- (0/{r.runs})"
         text = f"{r.speedup:.2f}x" if math.isfinite(r.speedup) else "-"
         return text + ("" if r.reached == r.runs else f" ({r.reached}/{r.runs})")
-    return _pivot({(r.method, int(r.stages)): cell(r) for r in table.itertuples()}, table["method"])
+    labels = _labels(table)
+    return _pivot({(label, int(r.stages)): cell(r) for label, r in zip(labels, table.itertuples())}, labels)
 
 
 def provenance(seconds: float, report, run_dirs, workers: int, threads: int, target) -> dict:
@@ -155,13 +169,29 @@ def provenance(seconds: float, report, run_dirs, workers: int, threads: int, tar
 def _show(result) -> None:
     """Print a demo's tables and claims (:class:`staleopt.compare.Comparison`)."""
     from ..stats import interval_caption
-    summary, records = result.summary, result.records
-    hw = records.groupby(["method", "stages"], sort=False)[["utilization", "memory_ratio_gpipe"]].first()
-    if result.memory is not None and "total_ratio_gpipe" in result.memory:
-        hw = hw.join(result.memory.set_index(["method", "stages"])[["total_ratio_gpipe"]])
+    import numpy as np
+    import pandas as pd
+    from ..config import field_names
+    from ..sweep import config_key
+    summary, records, memory = result.summary, result.records, result.memory
+    keys = [k for k in summary.columns if k in records.columns and k in field_names() and k not in ("stages", "seed")]
+    mem_keys = [k for k in keys if memory is not None and k in memory.columns]
+    totals = {} if memory is None or "total_ratio_gpipe" not in memory else \
+        {config_key(r[[*mem_keys, "stages"]]): r["total_ratio_gpipe"] for _, r in memory.iterrows()}
+    rows = []
+    for label, (_, r) in zip(_labels(summary), summary.iterrows()):  # one row per summary row: the same configs
+        want = config_key(r[keys])
+        same = [config_key(v) == want for v in records[keys].itertuples(index=False)]
+        mine = records[(records["stages"] == r["stages"]).to_numpy() & np.array(same, dtype=bool)]
+        row = {"method": label, "stages": int(r["stages"]), "utilization": mine["utilization"].iloc[0],
+               "memory_ratio_gpipe": mine["memory_ratio_gpipe"].iloc[0]}
+        if totals:
+            row["total_ratio_gpipe"] = totals.get(config_key([*r[mem_keys], r["stages"]]), float("nan"))
+        rows.append(row)
+    hw = pd.DataFrame(rows).set_index(["method", "stages"])
     largest = int(summary["stages"].max())
     m = result.metric
-    print(f"\nbest {m.label} over epochs ({interval_caption(int(summary['runs'].max()), bounds=m.bounds)}; "
+    print(f"\nbest {m.label} over epochs ({interval_caption(summary['runs'], bounds=m.bounds)}; "
           "'div' = runs that diverged):")
     table = result.table()
     print(table.to_string())
@@ -286,7 +316,7 @@ def markdown(directory) -> str:
     info = json.loads((directory / "run.json").read_text())
     verdicts = pd.read_csv(directory / "claims.csv")
     m = next((x for x in metrics.METRICS.values() if x.best_column in summary.columns), metrics.ACCURACY)
-    seeds = int(summary["runs"].max())
+    seeds = summary["runs"]
     took = (f"{info['seconds'] / 60:.1f} minutes" if info["runs_trained_now"] == info["runs"] else
             f"{info['runs']} runs trained over several launches")
     lines = [f"Best test {m.noun} over epochs ({'higher' if m.higher_is_better else 'lower'} is better), "

@@ -234,7 +234,7 @@ def run_results_command(args) -> int:
                       zip(summary[col], summary[f"{col}_lo"], summary[f"{col}_hi"])]
     shown = shown.drop(columns=[f"{c}_{s}" for c in values for s in ("lo", "hi", "ci", "interval")] + ["diverged"])
     print(shown.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
-    caption = interval_caption(int(summary['runs'].max()), args.level, metric.bounds)
+    caption = interval_caption(summary['runs'], args.level, metric.bounds)
     if any(math.isinf(v) for c in values for v in summary[c]):  # (stats.interval: no t-interval holds an infinite mean)
         caption += "; a mean of inf shows the range [min, inf]"
     what = "accuracies" if metric is metrics.ACCURACY else \

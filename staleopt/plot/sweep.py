@@ -45,6 +45,7 @@ import numpy as np
 import pandas as pd
 
 from .. import metrics, speedup, stats
+from ..sweep import config_key
 from ..errors import ConfigError
 
 __all__ = ["METHOD_ORDER", "CATEGORICAL_BELOW", "per_run", "line_keys", "describe", "carried", "Edge",
@@ -77,11 +78,8 @@ def _at_stages(records: pd.DataFrame, stages: int) -> pd.DataFrame:
 
 def line_keys(records: pd.DataFrame) -> List[str]:
     """Config keys that tell lines apart: ``method`` and every other varying key but ``stages``, ``seed``."""
-    from ..config import field_names
-    from ..sweep import varies
-    varying = [k for k in field_names() if k in records.columns and k not in ("method", "stages", "seed")
-               and varies(records[k])]
-    return ["method"] + varying
+    from ..sweep import varying_keys
+    return ["method"] + varying_keys(records)
 
 
 def describe(source) -> str:
@@ -123,19 +121,26 @@ def _order(labels) -> List:
     return sorted(labels, key=rank)
 
 
-def _lines(table: pd.DataFrame, keys: Sequence[str], methods: Optional[Sequence[str]]):
-    """``[(label, style, rows)]`` in legend order; ``style`` (color, marker, line style) follows that order."""
+def _lines(table: pd.DataFrame, keys: Sequence[str], methods: Optional[Sequence[str]],
+           every: Optional[pd.DataFrame] = None):
+    """``[(label, style, rows)]`` in legend order; ``style`` (color, marker, line style) follows a line's place
+    among the lines of ``every`` (default ``table``): the records' runs at every P before ``methods`` picks some,
+    so a method keeps its look in each figure of one report (the epoch figure draws only the lines at one P)."""
     from matplotlib import colormaps
     if methods is not None:
         missing = sorted(set(methods) - set(table["method"]))
         if missing:
             raise ConfigError(f"methods {missing} are not in the sweep; it has {sorted(set(table['method']))}")
-        table = table[table["method"].isin(methods)]
-    groups = dict(list(table.groupby(list(keys), sort=False, dropna=False)))
-    groups = {k if isinstance(k, tuple) else (k,): v for k, v in groups.items()}
-    cmap = colormaps["tab10"] if len(groups) <= 10 else colormaps["tab20"]
+
+    def grouped(t):
+        return {k if isinstance(k, tuple) else (k,): v for k, v in t.groupby(list(keys), sort=False, dropna=False)}
+    everything = _order(grouped(table if every is None else every))
+    place = {key: i for i, key in enumerate(everything)}
+    groups = grouped(table if methods is None else table[table["method"].isin(methods)])
+    cmap = colormaps["tab10"] if len(everything) <= 10 else colormaps["tab20"]
     out = []
-    for i, key in enumerate(_order(groups)):
+    for key in _order(groups):
+        i = place.get(key, len(place))
         label = key[0] + "".join(f" {k}={v}" for k, v in zip(keys[1:], key[1:]))
         style = {"color": cmap(i % cmap.N), "marker": "osD^v<>ph"[i % 9], "linestyle": ("-", "--", "-.", ":")[i % 4]}
         out.append((label, style, groups[key]))
@@ -285,7 +290,8 @@ def plot_accuracy_vs_stages(source, metric: Optional[str] = None, level: float =
     axes = list(fig.subplots(1, panels))
     if total:  # the total memory panel sits beside the weights-only one
         total_ax = axes.pop(2)
-        totals = memory.set_index(["method", "stages"])["total_ratio_gpipe"]
+        at = [k for k in keys if k in memory.columns]  # a line's config: method and the keys memory rows split
+        totals = {config_key(r[[*at, "stages"]]): r["total_ratio_gpipe"] for _, r in memory.iterrows()}
     diverged, edge = False, Edge(m.bounds)
     edge.keep(table.loc[~table["diverged"], metric])
     lines = _lines(table, keys, methods)
@@ -297,8 +303,9 @@ def plot_accuracy_vs_stages(source, metric: Optional[str] = None, level: float =
         axes[0].plot(xs, [r["utilization"].mean() for _, r in by_p], ms=4, label=label, **look)
         axes[1].plot(xs, [r["memory_ratio_gpipe"].mean() for _, r in by_p], ms=4, label=label, **look)
         if total:
-            method = rows["method"].iloc[0]
-            total_ax.plot(xs, [totals.get((method, p), np.nan) for p, _ in by_p], ms=4, label=label, **look)
+            line = rows[at].iloc[0]
+            total_ax.plot(xs, [totals.get(config_key([*line, p]), np.nan) for p, _ in by_p], ms=4, label=label,
+                          **look)
         dodged = [_dodge(pos[p], j, len(lines), categorical) for p, _ in by_p]
         mean, lo, hi = (np.array(v) for v in zip(*[_summary(r[metric], level, m.bounds) for _, r in by_p]))
         with np.errstate(invalid="ignore"):  # an infinite mean (inf - inf) has no bar: Edge marks it
@@ -330,7 +337,7 @@ def plot_accuracy_vs_stages(source, metric: Optional[str] = None, level: float =
     if total:
         total_ax.set_ylabel("total memory (x GPipe)")
         total_ax.set_title("memory with activations in flight", fontsize=10)
-    seeds = int(table.groupby([*keys, "stages"]).size().max())
+    seeds = table.groupby([*keys, "stages"], dropna=False).size()  # (per cell: a range where it has fewer than 4)
     axes[0].set_ylabel("pipeline utilization")
     axes[0].set_ylim(0, 1.05)
     axes[1].set_ylabel("weight + optimizer memory (x GPipe)")
@@ -361,7 +368,7 @@ def plot_accuracy_vs_epoch(source, stages: int, level: float = 0.95, methods: Op
     fig = Figure(figsize=figsize, layout="constrained")
     ax = fig.add_subplot()
     edge = Edge(m.bounds)
-    diverged = _accuracy_curves(ax, at, line_keys(records), methods, "epoch", m.column, edge)
+    diverged = _accuracy_curves(ax, at, line_keys(records), methods, "epoch", m.column, edge, records)
     ax.set_xlabel("epoch")
     ax.set_ylabel(f"{m.label} (mean over seeds; thin: each seed)")
     ax.set_title(title or f"{describe(records)}, P = {stages}", fontsize=10)
@@ -390,16 +397,17 @@ def carried(at: pd.DataFrame, epochs: Optional[Sequence[int]] = None) -> pd.Data
     return pd.concat(rows, ignore_index=True)
 
 
-def _accuracy_curves(ax, at: pd.DataFrame, keys: List[str], methods, x: str, y: str, edge: Edge) -> bool:
+def _accuracy_curves(ax, at: pd.DataFrame, keys: List[str], methods, x: str, y: str, edge: Edge,
+                     every: pd.DataFrame) -> bool:
     """One line per method: the mean ``y`` (a test metric) of all its runs per epoch (:func:`carried`), at the
     epoch or at the mean ``x`` of the runs that recorded that epoch (``"pipeline_time"``); each run's own
     curve thin; a diverged run's last record marked ``x``; every point told to ``edge``. True if any run
-    diverged."""
+    diverged. ``every``: the records at every P (the lines' styles, :func:`_lines`)."""
     diverged = False
     bad_runs = set(at.loc[at["status"] == "diverged", "run"])
     edge.keep(at.loc[~at["run"].isin(bad_runs), y])
     runs_table = at.groupby("run", sort=False).first().reset_index()
-    for label, style, rows in _lines(runs_table, keys, methods):
+    for label, style, rows in _lines(runs_table, keys, methods, every.groupby("run", sort=False).first()):
         mine = carried(at[at["run"].isin(rows["run"])], at["epoch"].unique())
         epochs = sorted(mine["epoch"].unique())
         if x != "epoch":  # a time axis: only the epochs some run of the line recorded have a time
@@ -442,7 +450,7 @@ def plot_accuracy_vs_time(source, stages: int, target: Optional[float] = None, l
     fig = Figure(figsize=figsize, layout="constrained")
     ax = fig.add_subplot()
     edge = Edge(m.bounds)
-    diverged = _accuracy_curves(ax, at, line_keys(records), methods, "pipeline_time", m.column, edge)
+    diverged = _accuracy_curves(ax, at, line_keys(records), methods, "pipeline_time", m.column, edge, records)
     if target is not None:
         ax.axhline(target, color="0.4", lw=1, ls="--", label=f"target {m.format(target)}")
         edge.keep([target])

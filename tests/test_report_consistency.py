@@ -1,0 +1,132 @@
+"""A report's figures and tables show the same configurations, numbers and intervals (found by a read-only review):
+a sweep that varies a key within a method and P (lr), a key left unset for some runs (max_steps None), cells with
+different numbers of runs, and the colours of one method across the report's figures."""
+import numpy as np
+import pandas as pd
+import pytest
+
+from staleopt import hardware, speedup, stats, sweep
+from staleopt.compare import write_report
+from staleopt.config import RunConfig
+from staleopt.plot import sweep as plots
+
+ACCS = {"gpipe": [0.5, 0.8, 0.9], "pipemare": [0.6, 0.85, 0.92], "pipedream": [0.55, 0.82, 0.9]}
+
+
+def fake_train(config, progress=False):
+    """Records as a function of the config: pipemare at lr >= 0.5 falls apart and diverges at its last epoch."""
+    accs = ACCS.get(config.method, [0.4, 0.6, 0.7])
+    n, p = config.microbatches, int(config.stages)
+    rows = []
+    for e in range(1, config.epochs + 1):
+        a = accs[min(e, len(accs)) - 1] - 0.01 * config.seed
+        if config.method == "pipemare" and config.lr >= 0.5:
+            a = [0.3, 0.2, 0.1][min(e, 3) - 1]
+        rows.append({"epoch": e, "step": 10 * e, "train_loss": 1.0, "test_loss": 1.0, "test_acc": a,
+                     "wall_time": 0.1, "status": "ok", "tau_max": 0,
+                     "utilization": n / (n + p - 1) if config.method == "gpipe" else 1.0, "memory_bytes": 1000,
+                     "memory_ratio_gpipe": 1.0})
+    if config.method == "pipemare" and config.lr >= 0.5:
+        rows[-1]["status"] = "diverged"
+    return pd.DataFrame(rows)
+
+
+def _sweep(tmp_path, configs):
+    sweep.run_sweep(configs, tmp_path / "sweep", train_fn=fake_train, bar=False)
+    return sweep.collect(tmp_path / "sweep")
+
+
+def _quality_means(fig):
+    ax = next(a for a in fig.axes if a.get_title() == "model quality")
+    return sorted(round(float(c.lines[0].get_xydata()[0][1]), 4) for c in ax.containers)
+
+
+BASE = dict(model="mlp", data="synthetic", epochs=3, batch_size=20, microbatches=4, stages=3)
+
+
+def test_a_key_varied_within_a_method_is_a_configuration_of_the_tables_as_of_the_figure(tmp_path):
+    """A sweep over lr: summary.csv pooled lr = 0.05 with lr = 0.5 into one row per method and P (a mean of a run
+    that trained and one that diverged) while the figure beside it drew a line per (method, lr); the claims
+    pooled them too. Now the tables have a row per line, and the claims are not evaluated, saying why."""
+    configs = [RunConfig(**BASE, method=m, lr=lr, seed=s) for m in ("gpipe", "pipemare") for lr in (0.05, 0.5)
+               for s in (0, 1)]
+    records = _sweep(tmp_path, configs)
+    assert sweep.varying_keys(records) == ["lr"]
+    result = write_report(records, tmp_path / "report", target=0.85)
+    assert len(result.summary) == 4 and set(result.summary["lr"]) == {0.05, 0.5}
+    fig = plots.plot_accuracy_vs_stages(records, "best_acc", target=0.85)
+    assert _quality_means(fig) == sorted(round(v, 4) for v in result.summary["best_acc"])
+    assert set(result.claims["verdict"]) == {"not evaluated"}
+    assert result.claims["evidence"].str.contains("differ in lr").all()
+    table = result.table()
+    assert list(table.index) == ["gpipe lr=0.05", "gpipe lr=0.5", "pipemare lr=0.05", "pipemare lr=0.5"]
+
+
+def test_a_key_that_differs_only_between_methods_splits_nothing(tmp_path):
+    """GPipe at N = 4 against pipemare at N = 1 (a key set per method): one configuration per method and P, the
+    speedup in the table is the one the figure draws, and the claims are evaluated."""
+    configs = ([RunConfig(**{**BASE, "microbatches": 4}, method="gpipe", seed=s) for s in (0, 1)]
+               + [RunConfig(**{**BASE, "microbatches": 1}, method="pipemare", seed=s) for s in (0, 1)])
+    records = _sweep(tmp_path, configs)
+    assert sweep.varying_keys(records) == [] and plots.line_keys(records) == ["method"]
+    result = write_report(records, tmp_path / "report", target=0.85)
+    fast = result.speedup.set_index("method")["speedup"]
+    fig = plots.plot_accuracy_vs_stages(records, "best_acc", target=0.85)
+    ax = next(a for a in fig.axes if "speedup" in a.get_ylabel())
+    drawn = sorted(round(float(line.get_xydata()[0][1]), 4) for line in ax.lines if len(line.get_xydata()))
+    assert drawn == sorted(round(v, 4) for v in fast)
+    assert not result.claims["evidence"].str.contains("differ in").any()
+
+
+def test_a_key_unset_for_some_runs_keeps_its_rows_and_its_baseline(tmp_path):
+    """max_steps None for half the runs: the speedup table dropped those configurations (pandas' groupby drops a
+    NaN key) and never matched their GPipe baseline; it has the summary's rows now."""
+    configs = [RunConfig(**BASE, method=m, max_steps=cap, seed=s) for m in ("gpipe", "pipemare")
+               for cap in (None, 30) for s in (0, 1)]
+    records = _sweep(tmp_path, configs)
+    keys = ["method", "stages", "max_steps"]
+    fast = speedup.speedup_table(records, 0.85, keys=keys)
+    assert len(fast) == 4 and fast["speedup"].notna().all()
+    assert fast[fast["method"] == "gpipe"]["speedup"].tolist() == [1.0, 1.0]
+
+
+def test_total_memory_follows_each_lines_configuration(tmp_path):
+    """pipemare at N = 1 and N = 4 at one P: run_memory kept one configuration per method and P, and the figure
+    drew the N = 1 total on the N = 4 line."""
+    configs = [RunConfig(**{**BASE, "microbatches": n}, method=m, seed=0) for m in ("gpipe", "pipemare")
+               for n in (1, 4)]
+    records = _sweep(tmp_path, configs)
+    memory = hardware.run_memory(records)
+    assert len(memory) == 4 and "microbatches" in memory.columns
+    fig = plots.plot_accuracy_vs_stages(records, "best_acc", memory=memory)
+    ax = next(a for a in fig.axes if a.get_ylabel() == "total memory (x GPipe)")
+    drawn = sorted(round(float(line.get_xydata()[0][1]), 6) for line in ax.lines)
+    assert drawn == sorted(round(v, 6) for v in memory["total_ratio_gpipe"])
+
+
+def test_the_interval_caption_names_every_kind_of_cell():
+    """Cells of 4 and 3 runs: t-intervals and ranges; the caption said only the largest cell's kind."""
+    assert stats.interval_caption([4, 3, 4]) == ("mean [95% t-interval within [0, 1]] over 4 seeds, [min, max] "
+                                                 "where a cell has 3 seeds")
+    assert stats.interval_caption([3, 3]) == stats.interval_caption(3) == "mean [min, max] over 3 seeds"
+    assert stats.interval_caption(pd.Series([5, 4])) == "mean [95% t-interval within [0, 1]] over 4-5 seeds"
+
+
+def test_a_method_keeps_its_colour_in_every_figure(tmp_path):
+    """A method with no run at the largest P: the epoch figure coloured the others by their place among the
+    lines it draws, so pipemare took pipedream's colour."""
+    configs = ([RunConfig(**{**BASE, "stages": p}, method=m, seed=0) for m in ("gpipe", "pipemare") for p in (1, 3)]
+               + [RunConfig(**{**BASE, "stages": 1}, method="pipedream", seed=0)])
+    records = _sweep(tmp_path, configs)
+
+    def colours(fig, ax_pick):
+        ax = ax_pick(fig)
+        handles, labels = ax.get_legend_handles_labels() if ax.get_legend_handles_labels()[1] else \
+            (fig.legends[0].legend_handles, [t.get_text() for t in fig.legends[0].texts])
+        return {lab: tuple(np.round(h.get_color(), 4)) for h, lab in zip(handles, labels)
+                if lab in ACCS and hasattr(h, "get_color")}
+    stages_fig = plots.plot_accuracy_vs_stages(records, "best_acc")
+    epoch_fig = plots.plot_accuracy_vs_epoch(records, 3)
+    by_stage = colours(stages_fig, lambda f: next(a for a in f.axes if a.get_title() == "throughput"))
+    by_epoch = colours(epoch_fig, lambda f: f.axes[0])
+    assert by_epoch and all(by_epoch[m] == by_stage[m] for m in by_epoch)
