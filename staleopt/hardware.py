@@ -419,11 +419,11 @@ def run_memory(records) -> "pandas.DataFrame":
     def loads(v):
         return json.loads(v) if isinstance(v, str) else (v if isinstance(v, dict) else {})
 
-    from .sweep import varying_keys
+    from .sweep import config_key, varying_keys
     split = [k for k in varying_keys(records) if k in keys]  # (memory keys runs of one method and P differ in)
     runs = records.groupby("run", sort=False)[keys].first()
-    runs = runs[~runs[["method", "stages", *split]].map(lambda v: json.dumps(v, sort_keys=True, default=str))
-                .duplicated()]
+    seen = pd.Series([config_key(r) for r in runs[["method", "stages", *split]].itertuples(index=False)])
+    runs = runs[~seen.duplicated().to_numpy()]
     built, rows = {}, []
     for r in runs.itertuples(index=False):
         P, N, optimizer = int(r.stages), int(r.microbatches), str(r.optimizer)

@@ -237,13 +237,17 @@ def speedup_table(records: pd.DataFrame, target: float, baseline: str = "gpipe",
                      "steps_to_target": hit["steps_to_target"].mean() if len(hit) else math.nan,
                      "time_to_target": hit["time_to_target"].mean() if len(hit) else math.nan})
     out = pd.DataFrame(rows)
-    same = [k for k in keys if k != "method"]  # the baseline is matched on every key but the method
+    from .sweep import config_key
+    same = [k for k in keys if k != "method"]  # the baseline is matched on every key but the method...
+    bases = [(config_key(b[same]), b["time_to_target"]) for _, b in out[out["method"] == baseline].iterrows()]
 
-    def match(r) -> tuple:  # (None and NaN, a key the run does not set, match each other)
-        return tuple(None if pd.isna(v) else v for v in r[same])
-    base = {match(r): r["time_to_target"] for _, r in out[out["method"] == baseline].iterrows()}
-    out["speedup"] = [base.get(match(r), math.nan) / r["time_to_target"] if r["time_to_target"] > 0
-                      else math.nan for _, r in out.iterrows()]
+    def base_time(r) -> float:  # ...that it sets: GPipe's unset decay (T2's, pipemare's alone) matches any decay
+        mine = config_key(r[same])
+        fits = [(sum(a == b for a, b in zip(key, mine)), t) for key, t in bases
+                if all(a == b or a == "null" for a, b in zip(key, mine))]
+        return max(fits, key=lambda f: f[0])[1] if fits else math.nan
+    out["speedup"] = [base_time(r) / r["time_to_target"] if r["time_to_target"] > 0 else math.nan
+                      for _, r in out.iterrows()]
     out["target"] = target  # every file that depends on the target says which
     out.attrs["target"] = target
     return out

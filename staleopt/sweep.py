@@ -720,8 +720,9 @@ def collect(sweep_dir: Union[str, os.PathLike], partial: bool = False,
 
 
 def varies(column: pd.Series) -> bool:
-    """Whether a config column takes more than one value (``None`` and lists count as values)."""
-    return column.map(lambda v: json.dumps(v, sort_keys=True, default=str)).nunique() > 1
+    """Whether a config column takes more than one value (lists and unset count as values; ``None`` and NaN are
+    both unset, 4 and 4.0 one number: :func:`config_key`)."""
+    return len({config_key([v]) for v in column}) > 1
 
 
 def config_key(values) -> tuple:

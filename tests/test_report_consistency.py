@@ -130,3 +130,45 @@ def test_a_method_keeps_its_colour_in_every_figure(tmp_path):
     by_stage = colours(stages_fig, lambda f: next(a for a in f.axes if a.get_title() == "throughput"))
     by_epoch = colours(epoch_fig, lambda f: f.axes[0])
     assert by_epoch and all(by_epoch[m] == by_stage[m] for m in by_epoch)
+
+
+def test_a_key_only_one_method_sets_keeps_the_gpipe_baseline(tmp_path):
+    """A sweep over pipemare's T2 decay (GPipe leaves it unset): each decay is a configuration, and its speedup is
+    over the GPipe runs, whose unset decay matches any (every pipemare speedup was NaN)."""
+    configs = ([RunConfig(**BASE, method="gpipe", seed=s) for s in (0, 1)]
+               + [RunConfig(**BASE, method="pipemare", decay=d, seed=s) for d in (0.1, 0.5) for s in (0, 1)])
+    records = _sweep(tmp_path, configs)
+    assert sweep.varying_keys(records) == ["decay"]
+    result = write_report(records, tmp_path / "report", target=0.85)
+    fast = result.speedup
+    assert len(fast) == 3 and fast["speedup"].notna().all() and (fast[fast.method == "pipemare"].speedup > 1).all()
+
+
+def test_unset_is_one_value_whether_none_or_nan():
+    """Records concatenated from runs that lack a column (NaN) and runs that set it to None: one value, not a key
+    that splits every method (all claims were 'not evaluated'); 4 and 4.0 are one number."""
+    assert not sweep.varies(pd.Series([None, float("nan"), None]))
+    assert not sweep.varies(pd.Series([4, 4.0]))
+    assert sweep.varies(pd.Series([None, 30]))
+    records = pd.DataFrame({"run": ["a", "b", "c", "d"], "method": ["gpipe", "gpipe", "pipemare", "pipemare"],
+                            "stages": 3, "seed": [0, 1, 0, 1], "max_steps": [None, float("nan"), None, None]})
+    assert sweep.varying_keys(records) == []
+
+
+def test_lines_with_an_unset_key_keep_styles_of_their_own(tmp_path):
+    """Lines whose key is unset (NaN) all took one style: a NaN in a groupby key is never equal to another's."""
+    configs = ([RunConfig(**BASE, method=m, seed=0) for m in ("gpipe", "pipedream")]
+               + [RunConfig(**BASE, method="pipemare", decay=d, seed=0) for d in (0.1, 0.5)]
+               + [RunConfig(**BASE, method="pipemare", seed=0)])
+    records = _sweep(tmp_path, configs)
+    lines = plots._lines(plots.per_run(records), plots.line_keys(records), None)
+    looks = [(tuple(style["color"]), style["marker"]) for _, style, _ in lines]
+    assert len(lines) == 5 and len(set(looks)) == 5
+
+
+def test_run_memory_needs_no_dataframe_map(tmp_path, monkeypatch):
+    """setup.cfg allows pandas 1.5, whose DataFrames have no .map (2.1 added it): every report raised there."""
+    configs = [RunConfig(**{**BASE, "microbatches": n}, method="pipemare", seed=0) for n in (1, 4)]
+    records = _sweep(tmp_path, configs)
+    monkeypatch.delattr(pd.DataFrame, "map", raising=False)
+    assert len(hardware.run_memory(records)) == 2

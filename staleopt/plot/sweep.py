@@ -135,12 +135,12 @@ def _lines(table: pd.DataFrame, keys: Sequence[str], methods: Optional[Sequence[
     def grouped(t):
         return {k if isinstance(k, tuple) else (k,): v for k, v in t.groupby(list(keys), sort=False, dropna=False)}
     everything = _order(grouped(table if every is None else every))
-    place = {key: i for i, key in enumerate(everything)}
+    place = {config_key(key): i for i, key in enumerate(everything)}  # (a NaN in a key is never equal to itself)
     groups = grouped(table if methods is None else table[table["method"].isin(methods)])
     cmap = colormaps["tab10"] if len(everything) <= 10 else colormaps["tab20"]
     out = []
     for key in _order(groups):
-        i = place.get(key, len(place))
+        i = place.get(config_key(key), len(place))
         label = key[0] + "".join(f" {k}={v}" for k, v in zip(keys[1:], key[1:]))
         style = {"color": cmap(i % cmap.N), "marker": "osD^v<>ph"[i % 9], "linestyle": ("-", "--", "-.", ":")[i % 4]}
         out.append((label, style, groups[key]))
