@@ -44,8 +44,9 @@ import pandas as pd
 from . import metrics, speedup, stats
 from .errors import ConfigError
 
-__all__ = ["decisive_digits", "Claim", "Beats", "Matches", "Diverges", "NeverDiverges", "Degrades", "LessMemory", "Faster", "DEMO_CLAIMS",
-           "DEMO_TARGET", "LM_DEMO_CLAIMS", "default_claims", "evaluate", "format_table", "CLAIM_COLUMNS", "VERDICTS"]
+__all__ = ["decisive_digits", "Claim", "Beats", "Matches", "Diverges", "NeverDiverges", "Degrades", "LessMemory",
+           "Faster", "DEMO_CLAIMS", "DEMO_TARGET", "LM_DEMO_CLAIMS", "default_claims", "evaluate", "format_table",
+           "CLAIM_COLUMNS", "VERDICTS"]
 
 #: Columns of :func:`evaluate`'s table (and of ``claims.csv``).
 CLAIM_COLUMNS = ("claim", "evidence", "verdict")
@@ -260,7 +261,8 @@ class Faster(Claim):
             return f"{int(r.reached)}/{int(r.runs)} reached it" + (
                 f" at pipeline time {r.time_to_target:.1f} (step {r.steps_to_target:.0f})" if r.reached else "")
         evidence = (f"{self.method}: {reached(me)}; {self.baseline}: {reached(base)}; speedup "
-                    + ("-" if math.isnan(me.speedup) else f"{me.speedup:.{decisive_digits(me.speedup, self.factor, 2)}f}x"))
+                    + ("-" if math.isnan(me.speedup)
+                       else f"{me.speedup:.{decisive_digits(me.speedup, self.factor, 2)}f}x"))
         ok = me.reached == me.runs and base.reached == base.runs and me.speedup >= self.factor
         return evidence, bool(ok)
 

@@ -392,9 +392,10 @@ def memory_report(model: nn.Module, method, stages: int, microbatches: int = 1, 
 def run_memory(records) -> "pandas.DataFrame":
     """Per method and ``P`` of a sweep's records: the weights-only and the total memory of its runs.
 
-    Columns ``method``, ``stages``, the memory-relevant config keys (``microbatches``, ``batch_size``, ...) in which
-    runs of one method and ``P`` differ (a row per value: :func:`staleopt.sweep.varying_keys`), ``memory_ratio_gpipe`` (weights + optimizer state +
-    correction buffers, x GPipe), ``weight_optimizer_bytes``, ``activation_bytes`` (in
+    Columns ``method``, ``stages``, the memory-relevant config keys (``microbatches``, ``batch_size``, ...) in
+    which runs of one method and ``P`` differ (a row per value: :func:`staleopt.sweep.varying_keys`),
+    ``memory_ratio_gpipe`` (weights + optimizer state + correction buffers, x GPipe),
+    ``weight_optimizer_bytes``, ``activation_bytes`` (in
     flight at the run's microbatch size ``batch_size / microbatches``, measured on one
     forward pass of the run's model on its data), ``total_bytes`` and
     ``total_ratio_gpipe``. A run whose model or data this process cannot build (a model
