@@ -743,11 +743,11 @@ def varying_keys(records: pd.DataFrame) -> List[str]:
     line of its own and the report's tables summarize apart (:func:`staleopt.plot.sweep.line_keys`). A key that
     differs only between methods (T2's ``decay``, set for ``pipemare`` alone; GPipe's microbatches) splits
     nothing: the method tells those runs apart."""
-    keys = [k for k in field_names() if k in records.columns and k not in ("method", "stages", "seed")
-            and varies(records[k])]
-    if not keys or not {"method", "stages"} <= set(records.columns):
+    runs = records.drop_duplicates("run") if "run" in records.columns else records  # (a run's config is constant)
+    keys = [k for k in field_names() if k in runs.columns and k not in ("method", "stages", "seed")
+            and varies(runs[k])]
+    if not keys or not {"method", "stages"} <= set(runs.columns):
         return keys
-    runs = records.drop_duplicates("run") if "run" in records.columns else records
     groups = runs.groupby(["method", "stages"], sort=False)
     return [k for k in keys if any(varies(g[k]) for _, g in groups)]
 

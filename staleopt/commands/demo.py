@@ -169,7 +169,6 @@ def provenance(seconds: float, report, run_dirs, workers: int, threads: int, tar
 def _show(result) -> None:
     """Print a demo's tables and claims (:class:`staleopt.compare.Comparison`)."""
     from ..stats import interval_caption
-    import numpy as np
     import pandas as pd
     from ..config import field_names
     from ..sweep import config_key
@@ -178,13 +177,14 @@ def _show(result) -> None:
     mem_keys = [k for k in keys if memory is not None and k in memory.columns]
     totals = {} if memory is None or "total_ratio_gpipe" not in memory else \
         {config_key(r[[*mem_keys, "stages"]]): r["total_ratio_gpipe"] for _, r in memory.iterrows()}
+    first = {}  # a configuration -> its first run (the hardware columns are a function of the configuration)
+    for _, run in records.groupby("run", sort=False).first().iterrows():
+        first.setdefault(config_key(run[[*keys, "stages"]]), run)
     rows = []
     for label, (_, r) in zip(_labels(summary), summary.iterrows()):  # one row per summary row: the same configs
-        want = config_key(r[keys])
-        same = [config_key(v) == want for v in records[keys].itertuples(index=False)]
-        mine = records[(records["stages"] == r["stages"]).to_numpy() & np.array(same, dtype=bool)]
-        row = {"method": label, "stages": int(r["stages"]), "utilization": mine["utilization"].iloc[0],
-               "memory_ratio_gpipe": mine["memory_ratio_gpipe"].iloc[0]}
+        mine = first[config_key(r[[*keys, "stages"]])]
+        row = {"method": label, "stages": int(r["stages"]), "utilization": mine["utilization"],
+               "memory_ratio_gpipe": mine["memory_ratio_gpipe"]}
         if totals:
             row["total_ratio_gpipe"] = totals.get(config_key([*r[mem_keys], r["stages"]]), float("nan"))
         rows.append(row)

@@ -103,10 +103,10 @@ class GapAware(Correction):
             return [torch.ones_like(w) for w in view.data]
         return [(w - s).to(c.dtype).abs_().div_(c).add_(1.0) for w, s, c in zip(view.data, stale, self._scale(view))]
 
-    def _measure_direction(self):
-        """The authors' SGD statistics, at the start of a step: ``eta_max`` and ``v`` from the direction."""
+    def _measure_direction(self, groups: Dict[int, int]):
+        """The authors' SGD statistics, at the start of a step: ``eta_max`` and ``v`` from the direction
+        (``groups``: :meth:`_groups`)."""
         base = self.engine.base_optimizer
-        groups = self._groups()
         self._max_lr = [max(m, float(g["lr"])) for m, g in zip(self._max_lr, base.param_groups)]
         vs, moved, ds = [], [], []
         for c in self._stale.views:
@@ -128,10 +128,10 @@ class GapAware(Correction):
     def before_update(self, delays, step):
         """``g /= G`` (over SGD with weight decay ``lambda``: ``g += lambda w (1/G - 1)``, the decay undamped) at
         every view with ``tau > 0``: a fixed number of foreach calls over all stages, block by block."""
-        if self.from_direction:
-            self._measure_direction()
-        tf = delays[0]
         groups, live = self._groups(), self.engine.base_optimizer.param_groups
+        if self.from_direction:
+            self._measure_direction(groups)
+        tf = delays[0]
         grads, ws, ss, vs, lrs, wds = [], [], [], [], [], []
         for c in self._stale.views:
             tau = tf[c.stage]
