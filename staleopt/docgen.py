@@ -35,7 +35,7 @@ from .commands import demo
 
 __all__ = ["GENERATORS", "API_MODULES", "markdown_table", "bench_costs", "methods_table", "models_table",
            "hardware_table",
-           "demo_claims", "ledger_pipemare", "api_reference", "fill",
+           "demo_claims", "demo_cpus", "ledger_pipemare", "api_reference", "fill",
            "block_names", "doc_files",
            "CodeBlock", "code_blocks", "links", "anchors", "main"]
 
@@ -84,6 +84,25 @@ def hardware_table() -> str:
 def demo_claims() -> str:
     """The demo's tables and claims from its committed run (docs/demo/, written by ``staleopt demo``)."""
     return demo.markdown(ROOT / "docs" / "demo")
+
+
+def demo_cpus(root: Path = ROOT / "docs") -> str:
+    """The demo's claims on every CPU it was recorded on: the committed run (docs/demo/) and each run in
+    docs/demo-other-cpus/, one column per run (its CPU and date from ``run.json``), the verdict and its evidence
+    from its ``claims.csv`` (``staleopt demo``, or ``--from-records`` after a threshold changed)."""
+    import json
+
+    import pandas as pd
+    runs = [root / "demo"] + sorted(p for p in (root / "demo-other-cpus").iterdir() if p.is_dir())
+    heads, columns = [], []
+    for run in runs:
+        info = json.loads((run / "run.json").read_text())
+        heads.append(f"{info['cpu']}, {info['date']}")
+        columns.append(pd.read_csv(run / "claims.csv").set_index("claim"))
+    claims = list(dict.fromkeys(c for col in columns for c in col.index))
+    rows = [[c] + [f"{col.loc[c, 'verdict']}: {col.loc[c, 'evidence']}" if c in col.index else "not in this run"
+                   for col in columns] for c in claims]
+    return markdown_table(["claim", *heads], rows)
 
 
 def demo_lm_claims() -> str:
@@ -235,6 +254,7 @@ def api_reference() -> str:
 GENERATORS: Dict[str, Callable[[], str]] = {"bench-costs": bench_costs, "methods-table": methods_table,
                                             "models-table": models_table,
                                             "hardware-table": hardware_table, "demo-claims": demo_claims,
+                                            "demo-cpus": demo_cpus,
                                             "demo-lm-claims": demo_lm_claims,
                                             "ledger-pipemare": ledger_pipemare, "api-reference": api_reference}
 
