@@ -187,6 +187,31 @@ def test_prediction_generic_fallback_is_the_last_applied_update_on_rmsprop():
         torch.testing.assert_close(wp.direction(0), (before - after) / lr, atol=1e-12, rtol=0)
 
 
+
+@pytest.mark.parametrize("tensor_lr", [False, True])
+def test_prediction_generic_fallback_after_a_step_at_lr_zero_is_no_prediction(tensor_lr):
+    """A warmup from lr = 0 (LambdaLR(k / W), HF's linear warmup): the step at lr 0 applied no update, so its dW
+    is 0 (not 0 / 0, which wrote NaN into the stored versions and so every later forward); the later steps' dW
+    is the last applied update over the lr again. Same with a Tensor lr (found on the device)."""
+    model = mlp(seed=4)
+    lr = torch.tensor(1e-2, dtype=torch.float64) if tensor_lr else 1e-2
+    base = torch.optim.RMSprop(model.parameters(), lr=lr)
+    opt = staleopt.PipelineOptimizer(model, base, stages=3, schedule="pipeoptim")
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda k: min(1.0, k / 3))
+    wp = opt.corrections[0]
+    for k, (x, y) in enumerate(batches(6, seed=4)):
+        step_lr = float(opt.param_groups[0]["lr"])
+        before = torch.cat([p.detach().flatten() for p in opt.partition[0].params])
+        train(model, opt, [(x, y)])
+        after = torch.cat([p.detach().flatten() for p in opt.partition[0].params])
+        if k == 0:
+            assert step_lr == 0 and torch.equal(before, after)
+            assert torch.equal(wp.direction(0), torch.zeros_like(before))
+        else:
+            torch.testing.assert_close(wp.direction(0), (before - after) / step_lr, atol=1e-10, rtol=1e-6)
+        sched.step()
+    assert all(torch.isfinite(p).all() for p in model.parameters())
+
 def test_prediction_generic_fallback_agrees_with_table_one_for_sgd_momentum():
     """The justification of the fallback: for SGD-momentum (w_{t-1} - w_t)/lr equals the momentum buffer."""
     model = mlp(seed=5)

@@ -60,7 +60,9 @@ class WeightPrediction(Correction):
       ``dW = (w_{t-1} - w_t) / lr``. We pick this over a dry run of the base step on
       cloned state because it is exact (for SGD and Adam it equals Table I's ``dW``
       up to rounding), costs one subtraction instead of an extra optimizer step and a
-      full copy of its state, and needs no knowledge of the optimizer.
+      full copy of its state, and needs no knowledge of the optimizer. A step taken at
+      ``lr = 0`` (the first step of a warmup from 0) applied no update: its ``dW`` is 0,
+      so the next forward views are not extrapolated (``0 / 0`` would write NaN weights).
     * ``"sgdm"`` — SpecTrain (PipeOptim eq. 6): ``dW = m``, the SGD momentum buffer.
     * ``"adam"`` — XPipe (PipeOptim eq. 6 with the moments in their right places):
       ``dW = m_hat / (sqrt(v_hat) + eps)``; the printed formula swaps ``m`` and ``v``.
@@ -232,7 +234,7 @@ class WeightPrediction(Correction):
             self._adam(rest, base.state, decoupled=self.rule == "optimizer" and self._kind == "adamw")
 
     def _last_update(self, rest):
-        """``dW = (w_{t-1} - w_t) / lr``: the update the step applied (``d`` held ``w_{t-1}``)."""
+        """``dW = (w_{t-1} - w_t) / lr``: the update the step applied (``d`` held ``w_{t-1}``); 0 where ``lr = 0``."""
         ds = [d for _, _, d, _, _, _, _ in rest]
         torch._foreach_sub_(ds, [w for _, _, _, w, _, _, _ in rest])
         lrs, where = [], []
@@ -240,9 +242,17 @@ class WeightPrediction(Correction):
             lr, factor = g["lr"], self.engine.lr_factor(stage)
             lrs.append(lr if isinstance(lr, torch.Tensor) else float(lr) * factor)
             where.append((factor, 1))
-        if any(isinstance(lr, torch.Tensor) for lr in lrs):
-            torch._foreach_div_(ds, _step_sizes(lrs, where, ds[0].device, sign=1.0))
-        else:
+        if any(isinstance(lr, torch.Tensor) for lr in lrs):  # (lr = 0 found on the device: no host sync)
+            sizes = torch.stack(_step_sizes(lrs, where, ds[0].device, sign=1.0))
+            applied = sizes != 0
+            torch._foreach_div_(ds, list(torch.where(applied, sizes, 1.0).unbind()))
+            torch._foreach_mul_(ds, list(applied.to(sizes.dtype).unbind()))  # dW = 0 after a step at lr = 0
+            return
+        still = [i for i, lr in enumerate(lrs) if lr == 0]
+        if still:  # a step at lr = 0 applied no update: dW = 0, not 0 / 0
+            torch._foreach_zero_([ds[i] for i in still])
+            ds, lrs = [d for d, lr in zip(ds, lrs) if lr != 0], [lr for lr in lrs if lr != 0]
+        if ds:
             torch._foreach_div_(ds, lrs)
 
     def _sgd(self, rest, state):
