@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import inspect
 import io
 import math
@@ -86,14 +87,15 @@ def demo_claims() -> str:
     return demo.markdown(ROOT / "docs" / "demo")
 
 
-def demo_cpus(root: Path = ROOT / "docs") -> str:
-    """The demo's claims on every CPU it was recorded on: the committed run (docs/demo/) and each run in
-    docs/demo-other-cpus/, one column per run (its CPU and date from ``run.json``), the verdict and its evidence
-    from its ``claims.csv`` (``staleopt demo``, or ``--from-records`` after a threshold changed)."""
+def demo_cpus(committed: str = "demo", root: Path = ROOT / "docs") -> str:
+    """A demo's claims on every CPU it was recorded on: the committed run (``docs/<committed>/``) and each run in
+    ``docs/<committed>-other-cpus/``, one column per run (its CPU and date from ``run.json``), the verdict and its
+    evidence from its ``claims.csv`` (``staleopt demo``, or ``--from-records`` after a threshold changed)."""
     import json
 
     import pandas as pd
-    runs = [root / "demo"] + sorted(p for p in (root / "demo-other-cpus").iterdir() if p.is_dir())
+    others = root / f"{committed}-other-cpus"
+    runs = [root / committed] + sorted(p for p in others.iterdir() if p.is_dir())
     heads, columns = [], []
     for run in runs:
         info = json.loads((run / "run.json").read_text())
@@ -255,6 +257,7 @@ GENERATORS: Dict[str, Callable[[], str]] = {"bench-costs": bench_costs, "methods
                                             "models-table": models_table,
                                             "hardware-table": hardware_table, "demo-claims": demo_claims,
                                             "demo-cpus": demo_cpus,
+                                            "demo-lm-cpus": functools.partial(demo_cpus, "demo-lm"),
                                             "demo-lm-claims": demo_lm_claims,
                                             "ledger-pipemare": ledger_pipemare, "api-reference": api_reference}
 

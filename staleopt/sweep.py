@@ -79,7 +79,7 @@ import pandas as pd
 from . import lease, metrics, registry
 from .checkpoint import (EXACT_FLOATS, Checkpoint, atomic_write_text, check_every, check_writable, read_done,
                          read_records)
-from .config import RunConfig, field_names, validate_field
+from .config import _LATER_FIELDS, RunConfig, field_names, validate_field
 from .errors import ClaimLostError, ConfigError, OutputError, RunFileError, SweepConfigError
 from .validate import check_int
 from .stats import check_level, divergence_count, interval, per_run, status_text, t_interval
@@ -264,7 +264,11 @@ def damage(run_dir: Union[str, os.PathLike]) -> Optional[str]:
 
 
 def read_config(run_dir: Union[str, os.PathLike]) -> Dict[str, Any]:
-    """A run's ``config.json`` as a dict; :class:`~staleopt.errors.RunFileError` naming it when damaged."""
+    """A run's ``config.json`` as a dict; :class:`~staleopt.errors.RunFileError` naming it when damaged.
+
+    A field added after the run was recorded (``config._LATER_FIELDS``) reads as its default, as the run's id
+    (:meth:`~staleopt.config.RunConfig.run_id`) already does: runs recorded before and after it in one sweep are
+    one configuration in every table, figure and claim."""
     path = Path(run_dir) / "config.json"
     try:
         config = json.loads(path.read_text())
@@ -273,6 +277,8 @@ def read_config(run_dir: Union[str, os.PathLike]) -> Dict[str, Any]:
                            "delete the run's folder to run it again") from None
     if not isinstance(config, dict):
         raise RunFileError(f"{path} is not a run config (a JSON object); delete the run's folder to run it again")
+    for key, default in _LATER_FIELDS.items():
+        config.setdefault(key, default)
     return config
 
 
@@ -288,6 +294,13 @@ def run_state(run_dir: Union[str, os.PathLike], timeout: float = lease.DEFAULT_T
     if (run_dir / "error.txt").is_file():
         return "failed"
     return "incomplete" if run_dir.is_dir() else "pending"
+
+
+def train_fn_name(fn: Callable) -> str:
+    """``"module:qualname"`` of a train function: what a finished run's ``done`` records as ``train_fn``, and a
+    launch compares with the runs it finds done (:func:`run_sweep`). A wrapper that gives another function's results
+    (logging, a stall in a test) says so with ``functools.wraps(that_function)``: its runs are that function's."""
+    return f"{getattr(fn, '__module__', '?')}:{getattr(fn, '__qualname__', type(fn).__qualname__)}"
 
 
 def _resolve_fn(train_fn) -> Callable:
@@ -358,7 +371,8 @@ def _execute(train_fn, config: Dict[str, Any], run_dir: str, progress: bool,
                                 f"{list(RECORD_COLUMNS)}; missing {missing}")
             status = str(records["status"].iloc[-1])
             done = {"status": status, "seconds": time.perf_counter() - t0,
-                    "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "by": str(claim.owner)}
+                    "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "by": str(claim.owner),
+                    "train_fn": train_fn_name(fn)}
             if "resumed_at_step" in records.attrs:
                 done["resumed_at_step"] = int(records.attrs["resumed_at_step"])
             checkpoint.complete(records, done)  # records, then done, then the checkpoint goes
@@ -600,10 +614,14 @@ def run_sweep(sweep: Union[Sweep, str, os.PathLike, Sequence[RunConfig]], out: U
         registrations = registry.snapshot({c.model for c in configs}, {c.data for c in configs})
         registry.check_picklable(registrations)
     jobs = []
+    name, other = train_fn_name(resolved), {}
     for cfg in configs:
         state = run_state(root / cfg.run_id(), claim_timeout)
         if state == "done":
             report.skipped.append(cfg.run_id())
+            by = read_done(root / cfg.run_id() / "done").get("train_fn", name)  # (not recorded before 2026-11-28)
+            if by != name:
+                other.setdefault(by, []).append(cfg.run_id())
         elif state == "damaged":
             report.damaged[cfg.run_id()] = damage(root / cfg.run_id())
         elif state == "running":
@@ -613,6 +631,12 @@ def run_sweep(sweep: Union[Sweep, str, os.PathLike, Sequence[RunConfig]], out: U
                        "keep_checkpoint": keep_checkpoints, "retry_failed": state == "failed",
                        "registrations": registrations}
             jobs.append((train_fn, cfg.to_dict(), str(root / cfg.run_id()), progress, options))
+    if other:  # a run's results are its train function's: another one's would be kept as this one's
+        by, ids = next(iter(other.items()))
+        raise ConfigError(f"{sum(map(len, other.values()))} finished run(s) in {root} were trained by the train "
+                          f"function {by!r} (run {ids[0]}, ...), not by this launch's {name!r}: their results would "
+                          "be kept as this function's. Pass --out to a new directory (or delete those runs), or "
+                          "launch with the train function that trained them")
     pbar = tqdm(total=len(jobs), desc="sweep", unit="run", disable=not bar or not jobs)
 
     def record(result):

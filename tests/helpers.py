@@ -1,8 +1,11 @@
 """Small models and reference implementations shared by the tests."""
+import functools
+
 import torch
 from torch import nn
 
 from staleopt import methods
+from staleopt import train as _train
 
 #: Methods PipelineOptimizer trains: all but those recomputing ahead of the backward pass, which it refuses
 #: until the engine has a recompute view (docs/schedules.md).
@@ -92,7 +95,8 @@ def wait_for(condition, what, proc=None, poll=0.01):
 
 def train_then_stall(config, progress=False, checkpoint=None):
     """``staleopt.train.run`` for the first run this process trains; a later run waits until the process is
-    killed (so a launch killed after its first run has exactly one done, however slow the machine)."""
+    killed (so a launch killed after its first run has exactly one done, however slow the machine). Its runs are
+    ``staleopt.train.run``'s (``functools.wraps`` below): a launch with the default train function resumes them."""
     import time
 
     from staleopt import train
@@ -101,6 +105,9 @@ def train_then_stall(config, progress=False, checkpoint=None):
             time.sleep(1)
     train_then_stall.ran = True
     return train.run(config, progress=progress, checkpoint=checkpoint)
+
+
+train_then_stall = functools.wraps(_train.run)(train_then_stall)
 
 
 def sweep_killed_after_first_run(sweep_file, out, extra_args=(), env=None):

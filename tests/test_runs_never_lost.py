@@ -5,6 +5,7 @@ process by an exception raised exactly there, or a real SIGKILL), a damaged or h
 read-only disk (simulated: a full filesystem needs root), and inputs that used to end in a traceback.
 """
 import errno
+import functools
 import json
 import os
 import pickle
@@ -165,6 +166,7 @@ def test_a_sweep_process_killed_while_writing_its_files_loses_no_step(tmp_path, 
 
 # ------------------------------------------------------------------ 3. one dead worker fails only its run
 
+@functools.wraps(fake_train)  # (the runs it finishes are fake_train's: a relaunch with fake_train keeps them)
 def suicidal_train(config, progress=False):
     """fake_train, except that the runs with two stages die as the out-of-memory killer would kill them."""
     if config.stages == 2:

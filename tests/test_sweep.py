@@ -1,4 +1,5 @@
 """Sweeps: config hashing and validation, sweep files, kill -9 and resume, shards, summaries, CLI."""
+import functools
 import json
 import os
 import random
@@ -53,6 +54,7 @@ def fake_train(config, progress=False):
     return pd.DataFrame(rows)
 
 
+@functools.wraps(fake_train)  # (the runs it finishes are fake_train's: a relaunch with fake_train keeps them)
 def broken_train(config, progress=False):
     if config.stages == 2:
         raise RuntimeError("boom")
@@ -444,3 +446,40 @@ def test_a_list_of_configs_names_each_run_as_a_sweep_file_does(tmp_path, monkeyp
     assert list(sweep.collect(tmp_path / "out")["stages"]) == [units]
     with pytest.raises(ConfigError, match="list of RunConfig.*RunConfig.from_dict"):
         sweep.run_sweep([dict(base, stages=2)], tmp_path / "dicts", train_fn=fake_train, bar=False)
+
+
+def test_runs_recorded_before_a_later_field_are_one_configuration_with_the_runs_after(tmp_path):
+    """A config.json written before unit_order / lr_warmup_steps existed reads them at their defaults (as its run
+    id does): a sweep extended after an upgrade is one configuration per method and P, not two."""
+    path = _write(tmp_path)
+    sweep.run_sweep(path, tmp_path / "s", train_fn=fake_train, bar=False)
+    first = sorted((tmp_path / "s" / "runs").iterdir())[0] / "config.json"
+    old = {k: v for k, v in json.loads(first.read_text()).items() if k not in ("unit_order", "lr_warmup_steps")}
+    first.write_text(json.dumps(old))
+    records = sweep.collect(tmp_path / "s")
+    assert set(records["unit_order"]) == {"registration"} and records["lr_warmup_steps"].isna().all()
+    assert "unit_order" not in sweep.varying_keys(records) and "lr_warmup_steps" not in sweep.varying_keys(records)
+    assert set(sweep.runs(tmp_path / "s")["unit_order"]) == {"registration"}
+
+
+def other_train(config, progress=False):
+    """Not fake_train: its records differ."""
+    return fake_train(config, progress).assign(test_acc=0.01)
+
+
+def test_a_relaunch_with_another_train_function_is_refused(tmp_path, capsys):
+    """A finished run's results are its train function's (recorded in done): a launch with another function into
+    the same folder would keep them as its own; it is refused before training anything. The same function (or a
+    wrapper that says it is that function, functools.wraps) resumes as before."""
+    path = _write(tmp_path)
+    sweep.run_sweep(path, tmp_path / "s", train_fn=fake_train, bar=False)
+    done = sorted((tmp_path / "s" / "runs").glob("*/done"))
+    assert {json.loads(d.read_text())["train_fn"] for d in done} == {"test_sweep:fake_train"}
+    before = {d: d.read_bytes() for d in done}
+    with pytest.raises(ConfigError, match="trained by the train function 'test_sweep:fake_train'.*not by this "
+                                          "launch's 'test_sweep:other_train'"):
+        sweep.run_sweep(path, tmp_path / "s", train_fn=other_train, bar=False)
+    assert main(["sweep", str(path), "--out", str(tmp_path / "s"), "--no-bar"]) == 2  # the default train function
+    assert "staleopt.train:run" in capsys.readouterr().err
+    assert {d: d.read_bytes() for d in done} == before
+    assert len(sweep.run_sweep(path, tmp_path / "s", train_fn=broken_train, bar=False).skipped) == len(done)
