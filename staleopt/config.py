@@ -129,6 +129,12 @@ class RunConfig:
             _fail("lr_milestones", self.lr_milestones,
                   f"are the epochs where lr_schedule 'step' multiplies the lr by lr_gamma: give them with it and only "
                   f"then (lr_schedule = {self.lr_schedule!r})")
+        late = [m for m in self.lr_milestones if m >= self.epochs]
+        if self.lr_schedule == "step" and late:
+            _fail("lr_milestones", self.lr_milestones,
+                  f"include {late}, at or after the end of the run (epochs = {self.epochs}): milestone m multiplies "
+                  "the lr from the first step after m epochs, so one >= epochs never applies (milestones are "
+                  "epochs, not steps)")
         if self.lr_gamma != RunConfig.lr_gamma and self.lr_schedule != "step":
             _fail("lr_gamma", self.lr_gamma, f"is lr_schedule 'step''s factor and has no effect with lr_schedule = "
                   f"{self.lr_schedule!r}")

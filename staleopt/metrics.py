@@ -174,7 +174,13 @@ def task_of(records: pd.DataFrame, empty: str = "classification") -> str:
 def of(records: Optional[pd.DataFrame] = None, metric: Union[Metric, str, None] = None) -> Metric:
     """``metric`` (:func:`get`) when given, else the primary metric of the records' task (:func:`task_of`)."""
     if metric is not None:
-        return get(metric)
+        m = get(metric)
+        if records is not None and len(records) and not _has_values(records, m.column):
+            have = [c for c in METRICS if _has_values(records, c)]
+            if have:  # (records with no value at all: runs that diverged at once, any metric is as good)
+                raise ConfigError(f"the records have no {m.label} ({m.column!r}): the metric of another task; "
+                                  f"these records have {', '.join(have)} (metric=, --metric)")
+        return m
     return for_task(task_of(records)) if records is not None else ACCURACY
 
 

@@ -50,7 +50,7 @@ from .hardware import time_to_accuracy
 from .train import method_args
 
 __all__ = ["DEFAULT_MARGIN", "pipeline_time", "with_pipeline_time", "default_target", "shared_target",
-           "time_to_target", "speedup_table"]
+           "check_target", "time_to_target", "speedup_table"]
 
 #: Default target: the baseline's mean best accuracy minus this (PipeMare Table 2: 94.0 against GPipe's 95.0);
 #: for an unbounded metric (perplexity, loss) its mean best times ``1 + DEFAULT_MARGIN``
@@ -197,6 +197,19 @@ def shared_target(sweep_dir=None, records: Optional[pd.DataFrame] = None, metric
     return None
 
 
+def check_target(target: float, metric) -> None:
+    """:class:`~staleopt.errors.ConfigError` for a target ``metric`` cannot take: outside an accuracy's [0, 1] (a
+    percentage, 85 for 0.85, would make no run reach it; -1 every run at its first epoch), below 1 for a
+    perplexity, negative for a loss, or infinite."""
+    low, high = metric.bounds if metric.bounds is not None else (1.0 if metric is metrics.PERPLEXITY else 0.0,
+                                                                 math.inf)
+    if not (low <= target <= high and math.isfinite(target)):
+        hint = f" (a fraction: {target / 100:g} for {target:g}%?)" if metric.bounds == (0.0, 1.0) and 1 < target <= 100 \
+            else ""
+        raise ConfigError(f"a target {metric.label} lies in [{low:g}, {high:g}], got {target!r}{hint}: pass a value "
+                          f"a run can reach (--target)")
+
+
 def time_to_target(records: pd.DataFrame, target: float, keys: Sequence[str] = ("method", "stages"),
                    metric=None) -> pd.DataFrame:
     """Per run: ``keys``, ``seed``, the metric's best (``best_acc``), ``diverged``, ``steps_to_target`` and
@@ -208,6 +221,7 @@ def time_to_target(records: pd.DataFrame, target: float, keys: Sequence[str] = (
                           "one, or speedup.default_target(records) (the GPipe runs' mean best made worse by 1%), "
                           "or shared_target(sweep_dir, records) (the one a report was written with); None means "
                           "the records set none (no GPipe run with a finite best): no time table then")
+    check_target(target, metric)
     keys = list(dict.fromkeys([*keys, "method", "stages", "microbatches"]))
     table = stats.per_run(records, keys, target=target, metric=metric)
     times = []

@@ -805,12 +805,18 @@ def summarize(records: pd.DataFrame, by: Optional[Sequence[str]] = None, level: 
         close = difflib.get_close_matches(unknown[0], field_names(), n=1)
         hint = f" (did you mean {close[0]!r}?)" if close else ""
         raise ConfigError(f"cannot group by {unknown[0]!r}{hint}: not a config key; keys: {', '.join(field_names())}")
+    if by and "seed" in by:
+        raise ConfigError("cannot group by 'seed': the summary is the mean over seeds; each run's values are "
+                          "staleopt.stats.per_run(records) (and every epoch's, records.csv)")
     if records.empty:
         return pd.DataFrame()
     metric = metrics.of(records, metric)
+    given = bool(by)
     by = [c for c in (by or field_names()) if c != "seed" and c in records.columns]
     table = per_run(records, by, metric=metric)
     keep = [c for c in by if c in ("method", "stages") or varies(table[c])]
+    if not keep and given:  # grouped by keys that do not vary: one group, labelled with their value
+        keep = by
     rows = []
     for key, g in table.groupby(keep, sort=False, dropna=False):
         key = key if isinstance(key, tuple) else (key,)

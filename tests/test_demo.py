@@ -105,6 +105,10 @@ def test_plot_command(tiny, tmp_path):
     assert main(["plot", str(clean), "--curves", "--stages", "2", "--out", str(tmp_path / "c.png")]) == 0
     assert (tmp_path / "a.png").stat().st_size > 0 and (tmp_path / "c.png").stat().st_size > 0
     assert main(["plot", str(clean), "--curves", "--stages", "3"]) == 2  # no such P: an error, not a crash
+    assert main(["plot", str(clean), "--dpi", "0", "--out", str(tmp_path / "d.png")]) == 2  # not matplotlib's crash
+    assert main(["plot", str(clean), "--curves", "--stages", "2", "--target", "0.9"]) == 2  # --curves has no target
+    assert main(["plot", str(clean), "--target", "95", "--out", str(tmp_path / "t.png")]) == 2  # a percentage
+    assert not (tmp_path / "d.png").exists() and not (tmp_path / "t.png").exists()
     assert main(["plot", str(tmp_path)]) == 2
 
 

@@ -399,9 +399,16 @@ def test_results_command_prints_and_writes_csv(tmp_path, capsys):
     fast = pd.read_csv(tmp_path / "s" / "results" / "speedup.csv")
     assert "time to accuracy" in out and set(fast.method) == {"gpipe", "pb"} and (fast.runs == 2).all()
     assert (fast[fast.method == "gpipe"].speedup.dropna() == 1.0).all()
-    assert main(["results", str(tmp_path / "s"), "--target", "2.0"]) == 0  # reached by no run
+    assert main(["results", str(tmp_path / "s"), "--target", "1.0"]) == 0  # reached by no run
     assert (pd.read_csv(tmp_path / "s" / "results" / "speedup.csv").reached == 0).all()
-    assert set(pd.read_csv(tmp_path / "s" / "results" / "speedup.csv").target) == {2.0}
+    assert set(pd.read_csv(tmp_path / "s" / "results" / "speedup.csv").target) == {1.0}
+    kept = (tmp_path / "s" / "results" / "summary.csv").read_bytes()
+    for bad in ("85", "-1"):  # an accuracy lies in [0, 1] (85: a percentage): refused, and no file changes
+        assert main(["results", str(tmp_path / "s"), "--target", bad]) == 2
+        assert "a target test accuracy lies in [0, 1]" in capsys.readouterr().err
+    assert (tmp_path / "s" / "results" / "summary.csv").read_bytes() == kept
+    assert main(["results", str(tmp_path / "s"), "--metric", "test_ppl"]) == 2  # the metric of another task
+    assert "the records have no test perplexity" in capsys.readouterr().err
     (tmp_path / "s" / "report.json").write_text('{"target": 0.5}')  # the sweep's own target, as the demo writes it
     assert main(["results", str(tmp_path / "s")]) == 0
     assert set(pd.read_csv(tmp_path / "s" / "results" / "speedup.csv").target) == {0.5}
@@ -483,3 +490,27 @@ def test_a_relaunch_with_another_train_function_is_refused(tmp_path, capsys):
     assert "staleopt.train:run" in capsys.readouterr().err
     assert {d: d.read_bytes() for d in done} == before
     assert len(sweep.run_sweep(path, tmp_path / "s", train_fn=broken_train, bar=False).skipped) == len(done)
+
+
+def test_results_leaves_no_time_table_of_an_earlier_call_and_groups_by_constant_keys(tmp_path, capsys):
+    """A speedup.csv that an earlier --target call wrote is removed when this call has no target (it would not
+    match the new summary); --by a key that does not vary is one group per its value, not a crash; --by seed
+    is refused (the summary is the mean over seeds), not silently dropped."""
+    path = _write(tmp_path)
+    sweep.run_sweep(path, tmp_path / "s", train_fn=fake_train, bar=False)
+    results = tmp_path / "s" / "results"
+    assert main(["results", str(tmp_path / "s"), "--target", "0.5"]) == 0 and (results / "speedup.csv").is_file()
+    records = sweep.collect(tmp_path / "s")
+    only_pb = tmp_path / "pb"
+    import shutil
+    for run in set(records[records["method"] == "1f1b"]["run"]):  # a sweep folder without GPipe: no target
+        shutil.copytree(tmp_path / "s" / "runs" / run, only_pb / "runs" / run)
+    shutil.copytree(results, only_pb / "results")
+    assert main(["results", str(only_pb)]) == 0 and not (only_pb / "results" / "speedup.csv").exists()
+    capsys.readouterr()
+    assert main(["results", str(tmp_path / "s"), "--by", "lr"]) == 0
+    summary = pd.read_csv(results / "summary.csv")
+    assert list(summary["lr"]) == [records["lr"].iloc[0]] and summary["runs"].item() == records["run"].nunique()
+    for by in ("seed", "seed,method"):
+        assert main(["results", str(tmp_path / "s"), "--by", by]) == 2
+        assert "cannot group by 'seed'" in capsys.readouterr().err

@@ -189,9 +189,9 @@ def test_train_flags_override_a_config_file(tmp_path):
     path = tmp_path / "base.json"
     path.write_text(json.dumps({**SMALL, "method": "pipemare", "stages": 3, "divergence_loss": 5.0}))
     args = build_parser().parse_args(["train", "--config", str(path), "--stages", "max", "--seed", "4",
-                                      "--divergence-loss", "none", "--lr-schedule", "step", "--lr-milestones", "2,3"])
+                                      "--divergence-loss", "none", "--lr-schedule", "step", "--lr-milestones", "1,2"])
     c = config_from_args(args)
-    assert (c.method, c.stages, c.seed, c.divergence_loss, c.lr_milestones) == ("pipemare", 4, 4, None, [2, 3])
+    assert (c.method, c.stages, c.seed, c.divergence_loss, c.lr_milestones) == ("pipemare", 4, 4, None, [1, 2])
     assert c.model_kwargs == SMALL["model_kwargs"] and isinstance(args, argparse.Namespace)
     toml = tmp_path / "base.toml"
     toml.write_text('method = "1f1b"\nstages = 2\n')
@@ -233,3 +233,19 @@ def test_settings_that_would_have_no_effect_are_refused():
         RunConfig(optimizer="sgd", momentum=0.5)
     assert RunConfig(lr_schedule="step", lr_milestones=[2], lr_gamma=0.5).lr_gamma == 0.5
     assert RunConfig(optimizer="sgd-momentum", momentum=0.5).momentum == 0.5
+
+
+def test_milestones_at_or_after_the_last_epoch_are_refused_and_decay_invariant_is_a_flag():
+    """A step milestone >= epochs never applies (milestone m acts from the first step after m epochs): refused, like
+    the other settings without effect. --decay takes 'invariant' (App. B.4) as --config and sweep files do."""
+    from staleopt.cli import build_parser
+    from staleopt.commands.train import config_from_args
+    with pytest.raises(ConfigError, match=r"lr_milestones = \[1, 3\] include \[3\], at or after the end of the run "
+                                          r"\(epochs = 3\)"):
+        RunConfig(**SMALL, lr_schedule="step", lr_milestones=[1, 3])
+    assert RunConfig(**SMALL, lr_schedule="step", lr_milestones=[1, 2]).lr_milestones == [1, 2]
+    args = build_parser().parse_args(["train", "--method", "pipemare", "--decay", "invariant"])
+    assert config_from_args(args).decay == "invariant"
+    assert config_from_args(build_parser().parse_args(["train", "--decay", "0.3"])).decay == 0.3
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["train", "--decay", "half"])

@@ -69,12 +69,20 @@ def run(args) -> int:
                           "of `staleopt sweep` or `staleopt demo`")
     from .. import speedup
     from ..sweep import collect
+    from ..validate import check_int
+    check_int("--dpi", args.dpi, 1, 2400, why="dots per inch of the PNG")
+    if args.curves and args.target is not None:
+        raise ConfigError("--target is the target of the default figure's speedup panel and of --time; --curves "
+                          "draws the metric against epochs, which has none: leave --target out")
     methods = args.methods.split(",") if args.methods else None
     records = collect(sweep_dir)
     if records.empty:
         raise ConfigError(f"{sweep_dir} holds no finished runs: run the sweep first")
     from ..metrics import per_run_column
     metric = per_run_column(args.metric)[0] if args.metric else None
+    if args.target is not None:  # (also where no panel would use it: the records lack GPipe)
+        from ..metrics import of
+        speedup.check_target(args.target, of(records, metric))
     target = args.target if args.target is not None else speedup.shared_target(sweep_dir, records, metric)
     title = args.title or plots.describe(records)
     mine = sweep_dir / "plots"

@@ -219,11 +219,22 @@ def run_results_command(args) -> int:
         print(f"skipped a damaged run: {why}", file=sys.stderr)
     by = args.by.split(",") if args.by else None
     metric = metrics.of(records, args.metric)
+    if args.target is not None:
+        speedup.check_target(args.target, metric)
     summary = sweep.summarize(records, by=by, level=args.level, metric=metric)
+    target = args.target if args.target is not None else speedup.shared_target(sweep_dir, records, metric)
+    fast = None
+    if target is not None and not summary.empty:  # (before anything is written: a bad target changes no file)
+        keys = [k for k in summary.columns if k in field_names() and k != "method"]
+        fast = speedup.speedup_table(records, target, keys=["method", *keys], metric=metric)
     mine = sweep_dir / "results"  # never the demo's or compare's own files
     mine.mkdir(exist_ok=True)
     records.to_csv(args.records or mine / "records.csv", index=False)
     summary.to_csv(args.csv or mine / "summary.csv", index=False)
+    if fast is None:  # an earlier call's time table would not match this summary
+        (mine / "speedup.csv").unlink(missing_ok=True)
+    else:
+        fast.to_csv(mine / "speedup.csv", index=False)
     if summary.empty:
         print(f"{sweep_dir}: no {'recorded' if args.partial else 'finished'} runs yet ({states})")
         return 1 if damaged else 0
@@ -250,11 +261,7 @@ def run_results_command(args) -> int:
     if args.partial and set(states) - {"done"}:
         print("--partial: runs not done count with their last recorded epoch as the final one")
     written = [args.csv or mine / "summary.csv", args.records or mine / "records.csv"]
-    target = args.target if args.target is not None else speedup.shared_target(sweep_dir, records, metric)
-    if target is not None:
-        keys = [k for k in summary.columns if k in field_names() and k != "method"]
-        fast = speedup.speedup_table(records, target, keys=["method", *keys], metric=metric)
-        fast.to_csv(mine / "speedup.csv", index=False)
+    if fast is not None:
         written.append(mine / "speedup.csv")
         print(f"\ntime to {metric.noun} {target:.4g} (pipeline time = steps to the target / utilization; speedup over "
               "gpipe at the same configuration; mean over the runs that reached it):")

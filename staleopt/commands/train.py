@@ -76,6 +76,16 @@ def _help(name, default):
     return f"RunConfig.{name} (default {default!r}{extra})"
 
 
+def _decay(text: str):
+    """``--decay``: T2's D, a number, or ``invariant`` (PipeMare App. B.4's gamma = 1 - 2/(k+1))."""
+    if text == "invariant":
+        return text
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a number in (0, 1) or 'invariant', got {text!r}") from None
+
+
 def register(subparsers) -> None:
     p = subparsers.add_parser("train", help="train one configuration and print its per-epoch records",
                               description="Train one configuration (model, data, method, stages, optimizer, "
@@ -91,7 +101,7 @@ def register(subparsers) -> None:
         if f.name in ("anneal_steps", "warmup_steps", "pipelined_steps", "max_steps", "lr_warmup_steps"):
             kind = int
         elif f.name == "decay":
-            kind = float
+            kind = _decay
         p.add_argument("--" + f.name.replace("_", "-"), dest=f.name, type=kind, default=None,
                        help=_help(f.name, default))
     p.add_argument("--out", default=None,
