@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import warnings
 from dataclasses import asdict, dataclass, fields
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -439,7 +440,11 @@ def run_memory(records) -> "pandas.DataFrame":
                 partition = partition_model(model, P, r.partition)
                 example = torch.stack([d.train[i][0] for i in range(2)])
                 built[what] = (model, partition, activation_sizes(model, partition, example, what[-1]))
-            except (StaleoptError, ImportError, OSError):
+            except (StaleoptError, ImportError, OSError) as e:  # (the figure leaves its total-memory panel out)
+                warnings.warn(f"the total memory (activations in flight) of model {r.model!r} on data {r.data!r} is "
+                              f"left out: this process cannot build them ({type(e).__name__}: {e}); run from where "
+                              "the sweep ran (a file.py:function model is a path) or register them first "
+                              "(staleopt.registry)", stacklevel=2)
                 built[what] = None
         entry = built[what]
         if entry is None:

@@ -70,3 +70,16 @@ def test_committed_lm_demo_claims_are_what_its_records_give():
     text = (REPO / "docs" / "language-models.md").read_text()
     begin, end = "<!-- demo-lm-claims:begin -->\n", "<!-- demo-lm-claims:end -->"
     assert text[text.index(begin) + len(begin):text.index(end)] == block
+
+
+@pytest.mark.parametrize("directory", sorted((REPO / "docs" / "demo-lm-other-cpus").iterdir()), ids=lambda d: d.name)
+def test_lm_demo_claims_hold_on_every_cpu_it_was_recorded_on(directory):
+    """The language-model demo's claims hold on each other CPU it was recorded on, at that run's own target
+    (its GPipe runs' best perplexity + 1%), and the committed tables are what its records give."""
+    records = complete(pd.read_csv(directory / "records.csv"), LM_SWEEP)
+    info = json.loads((directory / "run.json").read_text())
+    assert set(records["run"]) == {c.run_id() for c in sweep.load_sweep(LM_SWEEP).configs} and info["cpu"]
+    assert info["target"] == pytest.approx(speedup.default_target(records), rel=1e-15)
+    table = claims.evaluate(records, claims.LM_DEMO_CLAIMS, target=info["target"])
+    assert set(table["verdict"]) == {"holds"}, table[table["verdict"] != "holds"].to_string()
+    pd.testing.assert_frame_equal(table, pd.read_csv(directory / "claims.csv"))

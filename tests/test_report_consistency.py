@@ -172,3 +172,26 @@ def test_run_memory_needs_no_dataframe_map(tmp_path, monkeypatch):
     records = _sweep(tmp_path, configs)
     monkeypatch.delattr(pd.DataFrame, "map", raising=False)
     assert len(hardware.run_memory(records)) == 2
+
+
+def test_records_of_a_train_function_without_hardware_columns_plot_and_say_what_is_left_out(tmp_path):
+    """A --train-fn returns RECORD_COLUMNS only (no utilization, no memory_ratio_gpipe): the stages figure draws
+    the quality (and speedup) panels and warns that the throughput and memory ones are left out, instead of a
+    KeyError; a model or data this process cannot build leaves the total-memory panel out with a warning."""
+    import warnings as w
+    from test_sweep import SWEEP, fake_train
+    path = tmp_path / "sweep.toml"
+    path.write_text(SWEEP)
+    sweep.run_sweep(path, tmp_path / "s", train_fn=fake_train, bar=False)
+    records = sweep.collect(tmp_path / "s")
+    assert "utilization" not in records.columns
+    with pytest.warns(UserWarning, match="the records have no utilization or memory_ratio_gpipe"):
+        fig = plots.plot_accuracy_vs_stages(records, target=0.5)
+    titles = [ax.get_title() for ax in fig.axes]
+    assert "model quality" in titles and "throughput" not in titles
+    with w.catch_warnings():
+        w.simplefilter("error")
+        assert not hardware.run_memory(records)["total_ratio_gpipe"].isna().any()  # mlp on synthetic: built
+    with pytest.warns(UserWarning, match="total memory .* of model 'mlp' on data 'no-such-data' is left out"):
+        memory = hardware.run_memory(records.assign(data="no-such-data"))
+    assert memory["total_ratio_gpipe"].isna().all()

@@ -183,8 +183,8 @@ def _show(result) -> None:
     rows = []
     for label, (_, r) in zip(_labels(summary), summary.iterrows()):  # one row per summary row: the same configs
         mine = first[config_key(r[[*keys, "stages"]])]
-        row = {"method": label, "stages": int(r["stages"]), "utilization": mine["utilization"],
-               "memory_ratio_gpipe": mine["memory_ratio_gpipe"]}
+        row = {"method": label, "stages": int(r["stages"]), "utilization": mine.get("utilization", math.nan),
+               "memory_ratio_gpipe": mine.get("memory_ratio_gpipe", math.nan)}  # (NaN: records without them)
         if totals:
             row["total_ratio_gpipe"] = totals.get(config_key([*r[mem_keys], r["stages"]]), float("nan"))
         rows.append(row)

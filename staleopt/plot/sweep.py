@@ -39,6 +39,7 @@ stage counts are drawn as categories, not joined as a trend.
 from __future__ import annotations
 
 import os
+import warnings
 from typing import List, Optional, Sequence, Tuple, Union
 
 import numpy as np
@@ -284,14 +285,21 @@ def plot_accuracy_vs_stages(source, metric: Optional[str] = None, level: float =
             memory = run_memory(records)
         except ConfigError:  # records without the config columns: weights only
             memory = None
-    total = memory is not None and "total_ratio_gpipe" in memory and memory["total_ratio_gpipe"].notna().any()
-    panels = 3 + int(timed) + int(total)
+    hardware = [c for c in ("utilization", "memory_ratio_gpipe") if c not in table or table[c].isna().all()]
+    if hardware:  # (a train function returns RECORD_COLUMNS; these two come from staleopt.train's)
+        warnings.warn(f"the records have no {' or '.join(hardware)} (their train function did not record them): "
+                      "the throughput and memory panels are left out", stacklevel=2)
+    total = not hardware and memory is not None and "total_ratio_gpipe" in memory \
+        and memory["total_ratio_gpipe"].notna().any()
+    panels = 1 + 2 * int(not hardware) + int(timed) + int(total)
     fig = Figure(figsize=figsize or (4.3 * panels, 3.8), layout="constrained")
-    axes = list(fig.subplots(1, panels))
+    axes = list(fig.subplots(1, panels, squeeze=False)[0])
     if total:  # the total memory panel sits beside the weights-only one
         total_ax = axes.pop(2)
         at = [k for k in keys if k in memory.columns]  # a line's config: method and the keys memory rows split
         totals = {config_key(r[[*at, "stages"]]): r["total_ratio_gpipe"] for _, r in memory.iterrows()}
+    util_ax, memory_ax = (axes.pop(0), axes.pop(0)) if not hardware else (None, None)
+    quality_ax, speed_ax = axes[0], axes[1] if timed else None
     diverged, edge = False, Edge(m.bounds)
     edge.keep(table.loc[~table["diverged"], metric])
     lines = _lines(table, keys, methods)
@@ -300,8 +308,9 @@ def plot_accuracy_vs_stages(source, metric: Optional[str] = None, level: float =
         by_p = [(p, rows[rows["stages"] == p]) for p in stages]
         by_p = [(p, r) for p, r in by_p if len(r)]
         xs = [pos[p] for p, _ in by_p]
-        axes[0].plot(xs, [r["utilization"].mean() for _, r in by_p], ms=4, label=label, **look)
-        axes[1].plot(xs, [r["memory_ratio_gpipe"].mean() for _, r in by_p], ms=4, label=label, **look)
+        if not hardware:
+            util_ax.plot(xs, [r["utilization"].mean() for _, r in by_p], ms=4, label=label, **look)
+            memory_ax.plot(xs, [r["memory_ratio_gpipe"].mean() for _, r in by_p], ms=4, label=label, **look)
         if total:
             line = rows[at].iloc[0]
             total_ax.plot(xs, [totals.get(config_key([*line, p]), np.nan) for p, _ in by_p], ms=4, label=label,
@@ -309,45 +318,47 @@ def plot_accuracy_vs_stages(source, metric: Optional[str] = None, level: float =
         dodged = [_dodge(pos[p], j, len(lines), categorical) for p, _ in by_p]
         mean, lo, hi = (np.array(v) for v in zip(*[_summary(r[metric], level, m.bounds) for _, r in by_p]))
         with np.errstate(invalid="ignore"):  # an infinite mean (inf - inf) has no bar: Edge marks it
-            axes[2].errorbar(dodged, mean, yerr=[mean - lo, hi - mean], ms=4, lw=1.2, capsize=2, label=label,
+            quality_ax.errorbar(dodged, mean, yerr=[mean - lo, hi - mean], ms=4, lw=1.2, capsize=2, label=label,
                              **look)
         edge.drawn(dodged, mean, style["color"])
         edge.keep([v for (_, r), a, b in zip(by_p, lo, hi) if not r["diverged"].any() for v in (a, b)])
         for x, (_, r) in zip(dodged, by_p):
             ok, bad = r[~r["diverged"]], r[r["diverged"]]
-            axes[2].scatter([x] * len(ok), ok[metric], s=9, color=style["color"], alpha=0.45, lw=0, label="_seed")
+            quality_ax.scatter([x] * len(ok), ok[metric], s=9, color=style["color"], alpha=0.45, lw=0, label="_seed")
             edge.drawn([x] * len(r), r[metric], style["color"])
             if len(bad):
-                _mark_diverged(axes[2], [x] * len(bad), bad[metric], style["color"])
+                _mark_diverged(quality_ax, [x] * len(bad), bad[metric], style["color"])
                 diverged = True
         if timed:
             mine = fast.merge(rows[keys].drop_duplicates(), on=keys).sort_values("stages")
             sx = [pos[int(p)] for p in mine["stages"]]
-            axes[3].plot(sx, mine["speedup"], ms=4, label=label, **look)
+            speed_ax.plot(sx, mine["speedup"], ms=4, label=label, **look)
             for x, r in zip(sx, mine.itertuples()):
                 if r.reached < r.runs:  # the mean over the seeds that reached it: say how many
-                    axes[3].annotate(f"{r.reached}/{r.runs}", (x, r.speedup), textcoords="offset points",
+                    speed_ax.annotate(f"{r.reached}/{r.runs}", (x, r.speedup), textcoords="offset points",
                                      xytext=(4, 3), fontsize=7, color=style["color"])
     if timed:
-        axes[3].set_yscale("log", base=2)
-        axes[3].set_ylabel(f"speedup to {m.noun} {m.format(target)} (x GPipe)")
-        axes[3].set_title(f"time to {m.noun} (pipeline time; k/n: seeds that reached it)", fontsize=9)
-    for ax in axes + ([total_ax] if total else []):
+        speed_ax.set_yscale("log", base=2)
+        speed_ax.set_ylabel(f"speedup to {m.noun} {m.format(target)} (x GPipe)")
+        speed_ax.set_title(f"time to {m.noun} (pipeline time; k/n: seeds that reached it)", fontsize=9)
+    drawn = [util_ax, memory_ax, total_ax if total else None, quality_ax, speed_ax]
+    for ax in [a for a in drawn if a is not None]:
         _stage_axis(ax, stages, categorical)
     if total:
         total_ax.set_ylabel("total memory (x GPipe)")
         total_ax.set_title("memory with activations in flight", fontsize=10)
     seeds = table.groupby([*keys, "stages"], dropna=False).size()  # (per cell: a range where it has fewer than 4)
-    axes[0].set_ylabel("pipeline utilization")
-    axes[0].set_ylim(0, 1.05)
-    axes[1].set_ylabel("weight + optimizer memory (x GPipe)")
-    axes[2].set_ylabel(f"{which} {m.label}\n({stats.interval_caption(seeds, level, m.bounds)}; dots: seeds)",
+    if not hardware:
+        util_ax.set_ylabel("pipeline utilization")
+        util_ax.set_ylim(0, 1.05)
+        memory_ax.set_ylabel("weight + optimizer memory (x GPipe)")
+        util_ax.set_title("throughput", fontsize=10)
+        memory_ax.set_title("memory: weights, optimizer, corrections", fontsize=10)
+    quality_ax.set_ylabel(f"{which} {m.label}\n({stats.interval_caption(seeds, level, m.bounds)}; dots: seeds)",
                        fontsize=8)
-    edge.finish(axes[2])
-    axes[0].set_title("throughput", fontsize=10)
-    axes[1].set_title("memory: weights, optimizer, corrections", fontsize=10)
-    axes[2].set_title("model quality", fontsize=10)
-    fig.legend(*_legend(axes[2], diverged, edge.beyond), loc="outside right center", fontsize=8, frameon=False)
+    edge.finish(quality_ax)
+    quality_ax.set_title("model quality", fontsize=10)
+    fig.legend(*_legend(quality_ax, diverged, edge.beyond), loc="outside right center", fontsize=8, frameon=False)
     fig.suptitle(title or describe(records), fontsize=11)
     return fig
 
