@@ -14,8 +14,10 @@ import dataclasses
 import difflib
 import functools
 import hashlib
+import inspect
 import json
 import math
+import numbers
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Union
 
@@ -146,6 +148,9 @@ class RunConfig:
         if not models.info(self.model).takes_any():
             _check_kwargs("model_kwargs", self.model_kwargs, _model_options(self.model))
         _check_kwargs("data_kwargs", self.data_kwargs, data.options(self.data))
+        _check_kwarg_types("model_kwargs", self.model_kwargs, {k: p.default for k, p in inspect.signature(
+            models.info(self.model).factory).parameters.items() if p.default is not p.empty})
+        _check_kwarg_types("data_kwargs", self.data_kwargs, data.option_defaults(self.data))
         task = data.task(self.data, **self.data_kwargs)
         if task is not None:                        # a user's dataset is checked once loaded (train.run)
             models.check_task(self.model, task, f"data {self.data!r}")
@@ -268,6 +273,27 @@ def _check_kwargs(name, given, allowed):
     bad = [k for k in given if k not in allowed]
     if bad:
         _fail(name, given, f"has unknown option {bad[0]!r}; allowed: {', '.join(allowed) or '(none)'}")
+
+
+#: A default's type -> (what a given value must be, the test): an option whose default is an int takes an int
+#: (TOML's ``16.0`` is a float, ``true`` a bool), a float any real number, and so on.
+_KINDS = ((bool, "true or false", lambda v: isinstance(v, bool)),
+          (numbers.Integral, "an int", lambda v: isinstance(v, numbers.Integral) and not isinstance(v, bool)),
+          (numbers.Real, "a number", lambda v: isinstance(v, numbers.Real) and not isinstance(v, bool)),
+          (str, "a string", lambda v: isinstance(v, str)),
+          ((list, tuple), "a list", lambda v: isinstance(v, (list, tuple))))
+
+
+def _check_kwarg_types(name, given, defaults):
+    """Each option of ``given`` whose default (``defaults``, from the factory's signature) has a type above is of
+    that kind: a wrong type fails here, not inside the model or data factory in every run (``None`` passes)."""
+    for key, value in given.items():
+        default = defaults.get(key)
+        if default is None or value is None:
+            continue
+        kind = next(((what, ok) for t, what, ok in _KINDS if isinstance(default, t)), None)
+        if kind is not None and not kind[1](value):
+            _fail(name, given, f"has option {key!r} = {value!r}, which must be {kind[0]} (its default is {default!r})")
 
 
 def _device(name, v):

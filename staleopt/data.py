@@ -800,6 +800,16 @@ def options(name: str) -> Optional[List[str]]:
     return [k for k, p in params.items() if k not in ("root", "download") and p.kind is not p.VAR_POSITIONAL]
 
 
+def option_defaults(name: str) -> Dict[str, Any]:
+    """The dataset's options whose loader declares a default, with it (what a given value's type is checked
+    against: :class:`~staleopt.config.RunConfig`)."""
+    factory = _user(name)
+    if factory is None and name == "mnist1d":
+        return {**_mnist1d_defaults(), "cache": True}
+    params = _parameters(factory if factory is not None else _LOADERS[name])
+    return {k: p.default for k, p in params.items() if p.default is not p.empty and k not in ("root", "download")}
+
+
 def task(name: str, **kwargs) -> Optional[str]:
     """The task of ``load(name, **kwargs)`` without loading it: ``"classification"``, ``"regression"`` or
     ``"lm"`` for a built-in dataset; ``None`` for a user's (known once loaded)."""

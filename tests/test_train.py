@@ -249,3 +249,22 @@ def test_milestones_at_or_after_the_last_epoch_are_refused_and_decay_invariant_i
     assert config_from_args(build_parser().parse_args(["train", "--decay", "0.3"])).decay == 0.3
     with pytest.raises(SystemExit):
         build_parser().parse_args(["train", "--decay", "half"])
+
+
+def test_model_and_data_options_of_the_wrong_type_are_refused_where_the_config_is_built():
+    """An option whose default is an int takes an int (TOML's 16.0 is a float, true a bool): refused when the
+    config is built, not inside the model or data factory in every run of a sweep (which a relaunch could never
+    fix). A float option takes an int; None passes; a factory's own options are checked by its signature."""
+    bad = [({"model_kwargs": {"hidden": 16.0}}, "model_kwargs .* 'hidden' = 16.0, which must be an int"),
+           ({"model_kwargs": {"depth": True}}, "'depth' = True, which must be an int"),
+           ({"data_kwargs": {"num_samples": "200"}}, "data_kwargs .* 'num_samples' = '200', which must be an int"),
+           ({"data_kwargs": {"input_shape": 8}}, "'input_shape' = 8, which must be a list"),
+           ({"data_kwargs": {"separation": "1"}}, "'separation' = '1', which must be a number")]
+    for change, message in bad:
+        with pytest.raises(ConfigError, match=message):
+            RunConfig(**{**SMALL, **change})
+    ok = RunConfig(**{**SMALL, "data_kwargs": {**SMALL["data_kwargs"], "separation": 2, "noise": 0.5}})
+    assert ok.data_kwargs["separation"] == 2
+    assert RunConfig(model="cnn1d", data="mnist1d", data_kwargs={"num_samples": 400}).data == "mnist1d"
+    with pytest.raises(ConfigError, match="'scale_coeff' = 'x', which must be a number"):
+        RunConfig(model="cnn1d", data="mnist1d", data_kwargs={"scale_coeff": "x"})
