@@ -41,7 +41,7 @@ from torch import nn
 from . import methods, theory
 from .errors import ConfigError
 from .partition import Partition, partition_model
-from .validate import check_int
+from .validate import check_fraction, check_int
 
 __all__ = ["Advice", "Curvature", "advise", "hessian_top_eigenvalue", "stage_curvatures"]
 
@@ -99,6 +99,8 @@ def hessian_top_eigenvalue(loss: torch.Tensor, params: Sequence[torch.Tensor], i
     ``converged`` is False and ``value`` is only a lower bound.
     ``loss``'s graph must still be alive (it is retained).
     """
+    check_int("iters", iters, 1, why="Hessian-vector products per power-iteration run")
+    check_fraction("tol", tol)
     params = list(params)
     grads = torch.autograd.grad(loss, params, create_graph=True, allow_unused=True)
     pairs = [(p, g) for p, g in zip(params, grads) if g is not None and g.requires_grad]
@@ -119,7 +121,9 @@ def hessian_top_eigenvalue(loss: torch.Tensor, params: Sequence[torch.Tensor], i
         return Curvature(mu, True, k)
     shift = 1.05 * max(rho, abs(mu))
     nu, converged, _, k2 = _power(lambda vec: [h + shift * x for h, x in zip(hvp(vec), vec)], v, iters, tol)
-    return Curvature(nu - shift, converged, k + k2)
+    # both are Rayleigh quotients of H, lower bounds on lam_max: the larger is the better estimate (an unconverged
+    # shifted run can end below the first run's)
+    return Curvature(max(nu - shift, mu), converged, k + k2)
 
 
 def _check_batch(batch):
@@ -230,6 +234,8 @@ def advise(model: nn.Module, loss_fn: Callable, batch, method: Union[str, object
     if not 0.0 <= float(momentum) <= 1.0:
         raise ConfigError(f"momentum must lie in [0, 1] (heavy-ball beta), got {momentum!r}")
     check_int("step", step, minimum=0, why="T1's step counter k")
+    check_int("iters", iters, 1, why="Hessian-vector products per power-iteration run")
+    check_fraction("tol", tol)
     part = stages if isinstance(stages, Partition) else partition_model(model, stages, partition)
     P = part.num_stages
     pipeline = methods.build(method, P, microbatches, **(method_args or {}))

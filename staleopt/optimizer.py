@@ -1136,6 +1136,8 @@ class PipelineOptimizer(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        if not any(p.grad is not None for g in self._base.param_groups for p in g["params"]):
+            return self._skip_empty_step(loss)
         if self._in_forward or "backward-pending" in self._seen:
             self._drop_failed_pass()
         t = self._step
@@ -1180,6 +1182,25 @@ class PipelineOptimizer(torch.optim.Optimizer):
         self._plans = None
         self._passes, self._pass = 0, 0
         self._learn_passes()
+        return loss
+
+    def _skip_empty_step(self, loss):
+        """``step()`` with no gradient on any parameter (a batch a trainer skipped: Lightning calls ``step`` after a
+        ``training_step`` that returned None) applies no update, so the pipeline saw no minibatch: like a step that
+        ``GradScaler`` skips, it changes nothing (no base step, no history push, no correction's counter; ``w_t``
+        back in the parameters), and a training forward it ran without a backward does not count (the next
+        forward is the step's first pass again). Advancing would shift every later stale read by one version."""
+        if self._in_forward or "backward-pending" in self._seen:
+            self._drop_failed_pass()
+        self._restore()
+        self._seen = set()
+        self._passes, self._pass = 0, 0
+        if self._counts is not None:
+            self._counts = [0, 0]
+        self._warn_once("empty-step", f"PipelineOptimizer.step() found no gradient on any parameter and applied "
+                        f"nothing: the simulated pipeline did not advance (step_count stays {self._step}), as for "
+                        "a step GradScaler skips (a batch the trainer skipped, e.g. a Lightning training_step that "
+                        "returned None); warned once")
         return loss
 
     # ------------------------------------------------------------------ checkpoints

@@ -54,7 +54,7 @@ from typing import Optional, Sequence, Union
 import numpy as np
 
 from .errors import ConfigError
-from .validate import check_int
+from .validate import check_fraction, check_int
 
 __all__ = ["ACCUMULATORS", "check_accumulator", "companion_matrix", "spectral_radius", "max_stable_lr",
            "lemma1_bound", "lemma2_bound", "lemma3_bound", "t2_gamma", "invariant_decay", "simulate_quadratic",
@@ -224,6 +224,7 @@ def max_stable_lr(curvature: float, tau_fwd: int, tau_bkwd: Optional[int] = None
         raise ConfigError(f"curvature must be a finite number > 0, got {curvature!r} "
                           "(a direction with curvature <= 0 puts no bound on the step size)")
     check_int("grid", grid, 2)
+    check_fraction("rtol", rtol)
     args = (curvature, tau_fwd, tau_bkwd, delta, momentum, correction_decay, tau_recomp, phi)
     _system(1.0, *args, t2_accumulator=t2_accumulator, nesterov=nesterov)  # (checks the arguments first)
 

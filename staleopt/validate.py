@@ -36,6 +36,13 @@ def check_int(name: str, value, minimum: Optional[int] = None, maximum: Optional
     return int(value)
 
 
+def check_fraction(name: str, value, error: Type[StaleoptError] = ConfigError) -> float:
+    """``float(value)`` if ``value`` is a real number in (0, 1) (a relative tolerance), else raise ``error``."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0.0 < float(value) < 1.0:
+        raise error(f"{name} = {value!r} must be a number in (0, 1) (a relative tolerance)")
+    return float(value)
+
+
 def output_dir(path: str, flag: str = "--out") -> str:
     """``path`` as a folder to write into (made if missing), or a :class:`ConfigError` naming ``flag``."""
     if os.path.exists(path) and not os.path.isdir(path):

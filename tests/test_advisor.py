@@ -250,3 +250,37 @@ def test_advise_cli(capsys):
     assert main(args + ["--warmup-steps", "3"]) == 0   # trained weights: a different curvature
     warm = capsys.readouterr().out
     assert "largest stable lr" in warm and warm != out
+
+
+def test_curvature_is_the_larger_of_the_two_runs_lower_bounds_and_bad_settings_are_refused():
+    """Both power-iteration runs end on a Rayleigh quotient of H, a lower bound of lam_max: when the first run does
+    not converge, the shifted run's estimate replaces it only where larger (it can end lower, which made the
+    advisor's stable lr too optimistic). iters < 1, tol outside (0, 1) and a NaN rtol are typed errors (before: an
+    'inf' stable lr, a bare TypeError, an endless bisection)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(12, 16), nn.Tanh(), nn.Linear(16, 4))
+    x, y = torch.randn(64, 12), torch.randint(0, 4, (64,))
+    params = list(model.parameters())
+    runs, orig = [], staleopt.advisor._power
+
+    def spy(*args):
+        runs.append(orig(*args))
+        return runs[-1]
+    staleopt.advisor._power = spy
+    try:
+        for iters in (2, 3, 5, 8):
+            runs.clear()
+            got = hessian_top_eigenvalue(nn.functional.cross_entropy(model(x), y), params, iters, 1e-10, seed=1)
+            if len(runs) == 2:
+                assert got.value == max(runs[0][0], runs[1][0] - 1.05 * max(runs[0][2], abs(runs[0][0])))
+            assert got.value >= runs[0][0]
+    finally:
+        staleopt.advisor._power = orig
+    for bad in ({"iters": 0}, {"iters": -3}, {"tol": -1.0}, {"tol": float("nan")}, {"tol": 1.5}):
+        with pytest.raises(ConfigError, match="iters|tol"):
+            hessian_top_eigenvalue(nn.functional.cross_entropy(model(x), y), params, **{"iters": 5, **bad})
+        with pytest.raises(ConfigError, match="iters|tol"):
+            advise(model, nn.functional.cross_entropy, (x, y), "pipemare", 2, **bad)
+    for rtol in (0.0, -1.0, float("nan")):
+        with pytest.raises(ConfigError, match="rtol"):
+            theory.max_stable_lr(1.0, 3, rtol=rtol)

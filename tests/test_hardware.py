@@ -394,3 +394,10 @@ def test_impossible_numbers_are_refused():
     for bad in (dict(tau_max=0, means=[3.0, 3.0]), dict(means=[math.nan, 1.0]), dict(means=[math.inf, 1.0])):
         with pytest.raises(ScheduleError, match="hogwild means"):
             schedules.get("hogwild", **bad).check(2)
+
+
+def test_hardware_command_refuses_a_class_count_below_one(capsys):
+    """--num-classes 0 priced a model with an empty output layer, -1 crashed in torch: a typed error."""
+    for bad in ("0", "-1"):
+        assert main(["hardware", "--model", "mlp", "--method", "pipemare", "--num-classes", bad]) == 2
+        assert "--num-classes = " + bad + " must be an int >= 1" in capsys.readouterr().err

@@ -390,3 +390,45 @@ def test_a_logging_forward_after_the_last_backward_is_named_as_the_cause():
             if t == 3:
                 model(x)  # a metric computed from a fresh forward, no no_grad()
             opt.step()
+
+
+@pytest.mark.parametrize("method,memory,accum", [("pipedream", "minimal", 1), ("pipemare", "minimal", 2),
+                                                 ("dataflow", "fast", 1), ("pipeoptim", "minimal", 1)])
+def test_a_step_with_no_gradient_is_a_skipped_batch(method, memory, accum):
+    """step() with no gradient on any parameter (Lightning calls it after a training_step that returned None;
+    a forward may have run) applies no update, so the simulated pipeline does not advance: the run equals the one
+    that never saw that batch, bit for bit (before, it pushed w_t again and every later stale read was one version
+    off), and it says so once."""
+    import warnings as w
+
+    def run(skip):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 8), torch.nn.Tanh(),
+                                    torch.nn.Linear(8, 2))
+        opt = staleopt.PipelineOptimizer(model, torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
+                                         stages=3, schedule=method, memory=memory)
+        g = torch.Generator().manual_seed(1)
+        with w.catch_warnings(record=True) as caught:
+            w.simplefilter("always")
+            for k in range(7):
+                batches = [(torch.randn(8, 4, generator=g), torch.randn(8, 2, generator=g)) for _ in range(accum)]
+                opt.zero_grad()
+                if k == 3 and skip is not None:
+                    if skip == "forward":
+                        model(batches[0][0])  # a forward whose loss the trainer dropped
+                    opt.step()
+                    assert opt.step_count == 3
+                    continue
+                if k == 3:
+                    continue  # the batch never reached the optimizer
+                for x, y in batches:
+                    ((model(x) - y) ** 2).mean().backward()
+                opt.step()
+        said = [str(c.message) for c in caught if "found no gradient on any parameter" in str(c.message)]
+        return torch.cat([p.detach().flatten() for p in model.parameters()]), opt.step_count, said
+
+    dropped, n, said = run(None)
+    assert n == 6 and not said
+    for skip in ("step", "forward"):
+        weights, n, said = run(skip)
+        assert torch.equal(weights, dropped) and n == 6 and len(said) == 1

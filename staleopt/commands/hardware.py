@@ -159,7 +159,7 @@ def run(args) -> int:
         output_dir(args.out)
     methods = [m.strip() for m in (args.compare or args.method).split(",") if m.strip()]
     stages_list = _stages(args.stages)
-    kwargs = {} if args.num_classes is None else {"num_classes": args.num_classes}
+    kwargs = {} if args.num_classes is None else {"num_classes": check_int("--num-classes", args.num_classes, 1)}
     model = models.get(args.model, **kwargs)
     example = None
     if args.microbatch_size is not None:
