@@ -364,12 +364,23 @@ class Pipeline:
         (its microbatches pipelined as the timeline runs them; at ``N = 1`` one busy, ``1 / (2P - 1)``,
         and the average is :func:`hybrid_speedup` ``/ (2P - 1)``, stale-weights §4). Phase lengths default to
         the correction's; ``total_steps`` (or epochs, in the same unit; positive and finite) is needed for
-        phased methods.
+        phased methods. A phase length a method without that phase cannot honour (``warmup_steps > 0``
+        without a warmup, ``pipelined_steps < total_steps`` without a hybrid phase) is a ConfigError.
         """
         P, N = self.stages, self.microbatches
         steady = self.schedule.utilization(P, N)
         if total_steps is not None and not 0 < total_steps < math.inf:  # (also where no phase needs it)
             raise ConfigError(f"total_steps must be positive and finite, got {total_steps!r}")
+        # a phase length a method without that phase cannot honour is refused (0 warmup steps, or every step
+        # pipelined, is what it does anyway: the steady state of every method, as the tests ask for it)
+        no_warmup, all_pipelined = warmup_steps in (None, 0), pipelined_steps is None or (
+            total_steps is not None and pipelined_steps >= total_steps)
+        for neutral, phase, key, given, what in (
+                (no_warmup, Warmup, "warmup_steps", warmup_steps, "synchronous warmup (pipemare-w)"),
+                (all_pipelined, Hybrid, "pipelined_steps", pipelined_steps, "hybrid phase (pb-hybrid)")):
+            if not neutral and not any(isinstance(c, phase) for c in self.corrections):
+                raise ConfigError(f"{key} = {given!r} would change nothing: {self.name} has no {what.split(' (')[0]}; "
+                                  f"only a method with a {what} takes it: leave it out for {self.name}")
         for c in self.corrections:
             if isinstance(c, Warmup):
                 n_w = c.steps if warmup_steps is None else warmup_steps
@@ -395,19 +406,27 @@ class Pipeline:
         """Microbatches whose activations stage ``i`` holds at once, in steady state (:meth:`Schedule.in_flight`)."""
         return self.schedule.in_flight(self.stages, self.microbatches)
 
+    def _stashed(self) -> List[int]:
+        """Per stage, the versions stashing stores: ``tau_fwd_i`` (PipeMare App. A.1) where the schedule's own
+        backward reads another version than its forward; none where it reads the same one already (2BW's
+        double buffer: stashing changes no read there)."""
+        if not self.stashes:
+            return [0] * self.stages
+        own_f, own_b = self.schedule.delays(self.stages, self.microbatches)
+        return [t if f != b else 0 for t, f, b in zip(self.delays[0], own_f, own_b)]
+
     def extra_versions(self) -> List[int]:
         """Per stage, weight versions stored besides the current one: the schedule's (2BW's second buffer)
-        plus, with stashing, ``tau_fwd_i`` (PipeMare App. A.1)."""
+        plus, with stashing, ``tau_fwd_i`` where it changes a read (PipeMare App. A.1; :meth:`_stashed`)."""
         own = self.schedule.extra_versions(self.stages, self.microbatches)
-        stashed = self.delays[0] if self.stashes else [0] * self.stages
-        return [a + b for a, b in zip(own, stashed)]
+        return [a + b for a, b in zip(own, self._stashed())]
 
     def weight_copies(self, stage_bytes: Sequence[int], optimizer: str) -> Dict[str, int]:
         """Bytes of the weight-sized copies the method keeps besides weights, gradients and optimizer state.
 
         ``stage_bytes``: ``|w_i|`` per stage; ``optimizer``: the base optimizer's
         name (``sgd``, ``sgd-momentum``, ``adam``, ``adamw``). Returns
-        ``stash_bytes`` ``sum_i |w_i| tau_fwd_i`` with stashing (PipeMare App. A.1),
+        ``stash_bytes`` ``sum_i |w_i| tau_fwd_i`` with stashing where it changes a read (PipeMare App. A.1),
         ``second_version_bytes`` the schedule's stored versions (2BW §3.1),
         ``prediction_bytes`` ``|w_i|`` per stage with a version gap, plus the
         rule's own moments when the base optimizer lacks them (PipeOptim Table I;
@@ -418,7 +437,7 @@ class Pipeline:
         """
         w = list(stage_bytes)
         tf, tb = self.delays
-        stash = sum(wi * t for wi, t in zip(w, tf)) if self.stashes else 0
+        stash = sum(wi * t for wi, t in zip(w, self._stashed()))
         second = sum(wi * v for wi, v in zip(w, self.schedule.extra_versions(self.stages, self.microbatches)))
         gapped = sum(wi for wi, f, b in zip(w, tf, tb) if f > b)
         prediction = 0

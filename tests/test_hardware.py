@@ -8,6 +8,7 @@ import torch
 import torchvision
 from torch import nn
 
+import staleopt
 from staleopt import hardware, methods
 from staleopt.cli import main
 from staleopt.errors import ConfigError, ScheduleError
@@ -401,3 +402,40 @@ def test_hardware_command_refuses_a_class_count_below_one(capsys):
     for bad in ("0", "-1"):
         assert main(["hardware", "--model", "mlp", "--method", "pipemare", "--num-classes", bad]) == 2
         assert "--num-classes = " + bad + " must be an int >= 1" in capsys.readouterr().err
+
+
+def test_stashing_on_2bw_stores_nothing_more_and_on_1f1b_its_delays():
+    """2BW's double buffer already gives each backward its forward's version: Stashing() added to it changes no
+    read and stores nothing (it was priced at tau_fwd |w| more, twice what the engine and the timeline keep);
+    on 1F1B (pipedream) stashing stores tau_fwd_i versions (PipeMare App. A.1)."""
+    from staleopt.corrections import Stashing
+    from staleopt.timeline import Timeline
+    P, N = 3, 3
+    model = uniform_model(P)
+    w = sum(p.numel() * p.element_size() for p in model.parameters())
+    schedule, corrections = methods.resolve("pipedream-2bw")
+    both = methods.Pipeline("2bw+stash", schedule, [*corrections, Stashing()], P, N)
+    plain = methods.build("pipedream-2bw", P, N)
+    assert both.extra_versions() == plain.extra_versions() == [v - 1 for v in Timeline(both, 20).peak_versions]
+    rep = hardware.memory_report(model, both, P, N, optimizer="sgd")
+    assert rep.stash_bytes == 0 and rep.second_version_bytes == w
+    opt = staleopt.PipelineOptimizer(model, torch.optim.SGD(model.parameters(), lr=0.1), stages=P, microbatches=N,
+                                     schedule="pipedream-2bw", corrections=[Stashing()])
+    assert opt.memory_bytes() == w
+    pipedream = methods.build("pipedream", P, N)
+    assert pipedream.extra_versions() == pipedream.delays[0] and max(pipedream.delays[0]) > 0
+
+
+def test_a_phase_length_for_a_method_without_that_phase_is_refused():
+    """warmup_steps for a method without a synchronous warmup (pipelined_steps without a hybrid phase) changed
+    nothing, silently (pipemare read 100% with --warmup-steps 30): refused; in a comparison it goes to the
+    methods that have the phase."""
+    with pytest.raises(ConfigError, match="warmup_steps = 30 would change nothing: pipemare has no synchronous "
+                                          "warmup"):
+        methods.build("pipemare", 4, 1).utilization(90, warmup_steps=30)
+    with pytest.raises(ConfigError, match="pipelined_steps = 10 would change nothing: gpipe has no hybrid phase"):
+        hardware.pipeline_utilization("gpipe", 4, 1, 90, pipelined_steps=10)
+    assert main(["hardware", "--model", "mlp", "--stages", "3", "--method", "pipemare", "--total-steps", "90",
+                 "--warmup-steps", "30"]) == 2
+    assert main(["hardware", "--model", "mlp", "--stages", "3", "--compare", "gpipe,pipemare-w", "--total-steps",
+                 "100", "--warmup-steps", "30"]) == 0
