@@ -204,8 +204,8 @@ def check_target(target: float, metric) -> None:
     low, high = metric.bounds if metric.bounds is not None else (1.0 if metric is metrics.PERPLEXITY else 0.0,
                                                                  math.inf)
     if not (low <= target <= high and math.isfinite(target)):
-        hint = f" (a fraction: {target / 100:g} for {target:g}%?)" if metric.bounds == (0.0, 1.0) and 1 < target <= 100 \
-            else ""
+        percent = metric.bounds == (0.0, 1.0) and 1 < target <= 100
+        hint = f" (a fraction: {target / 100:g} for {target:g}%?)" if percent else ""
         raise ConfigError(f"a target {metric.label} lies in [{low:g}, {high:g}], got {target!r}{hint}: pass a value "
                           f"a run can reach (--target)")
 
