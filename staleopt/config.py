@@ -14,7 +14,6 @@ import dataclasses
 import difflib
 import functools
 import hashlib
-import inspect
 import json
 import math
 import numbers
@@ -148,8 +147,7 @@ class RunConfig:
         if not models.info(self.model).takes_any():
             _check_kwargs("model_kwargs", self.model_kwargs, _model_options(self.model))
         _check_kwargs("data_kwargs", self.data_kwargs, data.options(self.data))
-        _check_kwarg_types("model_kwargs", self.model_kwargs, {k: p.default for k, p in inspect.signature(
-            models.info(self.model).factory).parameters.items() if p.default is not p.empty})
+        _check_kwarg_types("model_kwargs", self.model_kwargs, models.info(self.model).defaults())
         _check_kwarg_types("data_kwargs", self.data_kwargs, data.option_defaults(self.data))
         task = data.task(self.data, **self.data_kwargs)
         if task is not None:                        # a user's dataset is checked once loaded (train.run)

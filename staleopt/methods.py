@@ -25,7 +25,7 @@ from .schedules import Delays, Program, Schedule, Sync
 from .validate import check_int
 
 __all__ = ["Method", "Pipeline", "StepDelays", "build", "get", "names", "resolve", "register", "table", "check_retired",
-           "hyperparameters", "amortized_utilization", "hybrid_speedup"]
+           "hyperparameters", "amortized_utilization", "hybrid_speedup", "PHASE_LENGTHS"]
 
 
 @dataclass
@@ -170,6 +170,11 @@ class StepDelays(NamedTuple):
     fwd: list
     bkwd: list
     recomp: list
+
+
+#: :meth:`Pipeline.utilization`'s phase-length arguments: the correction that has the phase, and what it is.
+PHASE_LENGTHS = {"warmup_steps": (Warmup, "synchronous warmup (pipemare-w)"),
+                 "pipelined_steps": (Hybrid, "hybrid phase (pb-hybrid)")}
 
 
 class Pipeline:
@@ -375,10 +380,10 @@ class Pipeline:
         # pipelined, is what it does anyway: the steady state of every method, as the tests ask for it)
         no_warmup, all_pipelined = warmup_steps in (None, 0), pipelined_steps is None or (
             total_steps is not None and pipelined_steps >= total_steps)
-        for neutral, phase, key, given, what in (
-                (no_warmup, Warmup, "warmup_steps", warmup_steps, "synchronous warmup (pipemare-w)"),
-                (all_pipelined, Hybrid, "pipelined_steps", pipelined_steps, "hybrid phase (pb-hybrid)")):
-            if not neutral and not any(isinstance(c, phase) for c in self.corrections):
+        for neutral, key, given in ((no_warmup, "warmup_steps", warmup_steps),
+                                    (all_pipelined, "pipelined_steps", pipelined_steps)):
+            if not neutral and key not in self.phase_lengths:
+                what = PHASE_LENGTHS[key][1]
                 raise ConfigError(f"{key} = {given!r} would change nothing: {self.name} has no {what.split(' (')[0]}; "
                                   f"only a method with a {what} takes it: leave it out for {self.name}")
         for c in self.corrections:
@@ -401,6 +406,11 @@ class Pipeline:
                 _check_phases(total_steps, n_p, "pipelined_steps")
                 return amortized_utilization([(n_p, steady), (total_steps - n_p, N / (N + 2 * P - 2))])
         return steady
+
+    @property
+    def phase_lengths(self) -> Tuple[str, ...]:
+        """The phase-length arguments of :meth:`utilization` this method takes (:data:`PHASE_LENGTHS`)."""
+        return tuple(k for k, (kind, _) in PHASE_LENGTHS.items() if any(isinstance(c, kind) for c in self.corrections))
 
     def in_flight(self) -> List[int]:
         """Microbatches whose activations stage ``i`` holds at once, in steady state (:meth:`Schedule.in_flight`)."""

@@ -43,7 +43,7 @@ import inspect
 import math
 import sys
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -489,6 +489,11 @@ class ModelInfo:
         """Keyword arguments :func:`get` accepts for this model (``**kwargs`` left out)."""
         params = _parameters(self.factory)
         return [p for p, v in params.items() if p not in dict(self.fixed) and v.kind is not v.VAR_KEYWORD]
+
+    def defaults(self) -> Dict[str, Any]:
+        """The factory's keyword arguments that have a default, with it (what a given option's type is checked
+        against: :class:`~staleopt.config.RunConfig`)."""
+        return {k: v.default for k, v in _parameters(self.factory).items() if v.default is not v.empty}
 
     def takes_any(self) -> bool:
         """Whether the factory takes ``**kwargs`` (then any option is passed on to it)."""

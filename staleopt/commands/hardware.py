@@ -10,8 +10,7 @@ import torch
 from .. import models
 from ..errors import ConfigError
 from ..hardware import activation_sizes, memory_report
-from ..corrections import Hybrid, Warmup
-from ..methods import build
+from ..methods import PHASE_LENGTHS, build
 from ..partition import partition_model
 from ..plot import plot_hardware_sweep
 from ..validate import check_int, output_dir
@@ -74,12 +73,10 @@ def rows_for(model, methods, stages_list, args, example_input=None):
     """One dict per (method, P): utilization and every memory field (bytes)."""
     phase = {k: v for k, v in (("total_steps", args.total_steps), ("warmup_steps", args.warmup_steps),
                                ("pipelined_steps", args.pipelined_steps)) if v is not None}
-    lengths = {"warmup_steps": Warmup, "pipelined_steps": Hybrid}  # a phase's length: for the methods with it
-    for key, kind in lengths.items():
-        if phase.get(key) and not any(isinstance(c, kind) for m in methods for c in build(m, 1, 1).corrections):
-            what = "a synchronous warmup: pipemare-w" if kind is Warmup else "a hybrid phase: pb-hybrid"
+    for key, (_, what) in PHASE_LENGTHS.items():  # a phase's length goes to the methods with that phase
+        if phase.get(key) and not any(key in build(m, 1, 1).phase_lengths for m in methods):
             raise ConfigError(f"--{key.replace('_', '-')} would change nothing: none of {', '.join(methods)} has "
-                              f"that phase ({what}); leave it out")
+                              f"that phase, a {what}; leave it out")
     rows = []
     for P in stages_list:
         partition = partition_model(model, P)
@@ -87,8 +84,8 @@ def rows_for(model, methods, stages_list, args, example_input=None):
                                                                     args.microbatch_size)
         for method in methods:
             pipeline = build(method, P, args.microbatches)
-            util = pipeline.utilization(**{k: v for k, v in phase.items() if k not in lengths or any(
-                isinstance(c, lengths[k]) for c in pipeline.corrections)})
+            util = pipeline.utilization(**{k: v for k, v in phase.items()
+                                           if k not in PHASE_LENGTHS or k in pipeline.phase_lengths})
             rep = memory_report(model, pipeline, P, args.microbatches, optimizer=args.optimizer, partition=partition,
                                 microbatch_size=args.microbatch_size if example_input is not None else None,
                                 example_input=example_input, sizes=sizes)
