@@ -571,9 +571,14 @@ class PipelinedBackprop(_DepthSchedule):
         return [2 * (stages - 1 - i) for i in range(stages)]
 
     def in_flight(self, stages, microbatches=1):
-        """``2(P-1-i)``: the paper's degree of staleness (stale-weights §3)."""
+        """``2(P-1-i)``, the paper's degree of staleness (stale-weights §3: stage ``i`` stores its activations for
+        that many cycles), and 1 at the last stage, whose forward and backward run in one cycle: it still holds
+        that microbatch's activations while it runs (with ``P = 1``, plain training's one; §6.6 prices the
+        pipelined copies on top of it). Counted at slot ends, as PipeMare App. A.2 counts the dataflow
+        pipeline's ``2(P-1-i) + 1``, plus a microbatch whose forward and backward share the slot
+        (:attr:`~staleopt.timeline.Timeline.peak_in_flight`)."""
         self.check(stages, microbatches)
-        return [2 * (stages - 1 - i) for i in range(stages)]
+        return [max(2 * (stages - 1 - i), 1) for i in range(stages)]
 
     def program(self, stages, microbatches, minibatches):
         self.check(stages, microbatches)

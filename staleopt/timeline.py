@@ -269,23 +269,29 @@ class Timeline:
         return len(busy) / (len(self.workers) * self.period)
 
     # -- memory-related counts -----------------------------------------------------------
-    def _peak(self, begin: str, end: str, stages) -> List[int]:
+    def _peak(self, begin: str, end: str, stages, within: bool = False) -> List[int]:
         """Per stage in ``stages``, the most microbatches whose ``begin`` pass there finished and whose ``end``
-        pass did not, counted at slot ends (0 for the other stages)."""
+        pass did not, counted at slot ends, and with ``within`` plus in each slot the microbatches whose ``begin``
+        and ``end`` passes both run in it (held while that slot runs) (0 for the other stages)."""
         slots = {}
         for e in self.events:
             slots[(e.kind, e.stage, e.microbatch)] = e.slot
         peak = [0] * self.stages
         for i in stages:
-            changes = {}
+            changes, inside = {}, {}
             for (k, s, m), f in slots.items():
-                if k == begin and s == i and slots[(end, s, m)] > f:
+                if k != begin or s != i:
+                    continue
+                e = slots[(end, s, m)]
+                if e > f:
                     changes[f] = changes.get(f, 0) + 1
-                    changes[slots[(end, s, m)]] = changes.get(slots[(end, s, m)], 0) - 1
+                    changes[e] = changes.get(e, 0) - 1
+                elif within:
+                    inside[f] = inside.get(f, 0) + 1
             level = 0
-            for slot in sorted(changes):
-                level += changes[slot]
-                peak[i] = max(peak[i], level)
+            for slot in sorted(set(changes) | set(inside)):
+                level += changes.get(slot, 0)
+                peak[i] = max(peak[i], level + inside.get(slot, 0))
         return peak
 
     @cached_property
@@ -300,10 +306,11 @@ class Timeline:
 
         Counted at slot ends: the number of activation stashes the stage holds
         (PipeMare App. A.2: ``2(P-1-i) + 1`` for the dataflow pipeline, 0-based ``i``;
-        App. A.3: ``2(b-i) + 1`` recomputed ones with PipeMare Recompute).
+        App. A.3: ``2(b-i) + 1`` recomputed ones with PipeMare Recompute), plus, in a slot that runs a
+        microbatch's forward and its backward, that microbatch (the pipelined backprop's last stage: 1).
         """
-        plain = self._peak("F", "B", [i for i, r in enumerate(self._recomputed) if not r])
-        recomputed = self._peak("R", "B", [i for i, r in enumerate(self._recomputed) if r])
+        plain = self._peak("F", "B", [i for i, r in enumerate(self._recomputed) if not r], within=True)
+        recomputed = self._peak("R", "B", [i for i, r in enumerate(self._recomputed) if r], within=True)
         return [a + b for a, b in zip(plain, recomputed)]
 
     @cached_property

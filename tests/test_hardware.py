@@ -218,6 +218,17 @@ def test_in_flight_counts_match_executed_timelines():
             assert hardware.in_flight_counts(name, P, N) == expected, (name, P, N)
 
 
+def test_pipelined_backprop_last_stage_holds_the_microbatch_it_runs():
+    """pb's last stage runs a microbatch's forward and backward in one cycle (stale-weights §3): it holds that
+    microbatch's activations while it runs (counted 0 at slot ends before); with one stage, plain training's one."""
+    for P in (1, 2, 4):
+        assert simulate(methods.build("pb", P, 1), P, 1, 6 * P).peak_in_flight == \
+            hardware.in_flight_counts("pb", P) == [max(2 * (P - 1 - i), 1) for i in range(P)]
+    model, x = uniform_model(1), torch.zeros(2, 4)
+    pb, gpipe = (hardware.memory_report(model, m, 1, microbatch_size=2, example_input=x) for m in ("pb", "gpipe"))
+    assert pb.activation_bytes == gpipe.activation_bytes > 0
+
+
 def uniform_model(P, d=4):
     return nn.Sequential(*[nn.Linear(d, d) for _ in range(P)])
 

@@ -114,7 +114,8 @@ def test_peak_in_flight_and_versions():
     assert simulate("1f1b", P, N, long).peak_in_flight == [P - i for i in range(P)]
     # PipeMare App. A.2: stage i of the dataflow pipeline caches 2(P-1-i)+1 activations
     assert simulate("dataflow", P, N, long).peak_in_flight == [2 * (P - 1 - i) + 1 for i in range(P)]
-    assert simulate("pb", P, N, long).peak_in_flight == [2 * (P - 1 - i) for i in range(P)]
+    # stale-weights §3: 2(P-1-i) cycles; the last stage holds the microbatch whose F and B share its cycle
+    assert simulate("pb", P, N, long).peak_in_flight == [2 * (P - 1 - i) for i in range(P - 1)] + [1]
     # versions held: PipeDream stashes tau_fwd extra versions (PipeMare App. A.1); 2BW at most 2; others 1
     pd = simulate("pipedream", P, 1, long)
     assert [v - 1 for v in pd.peak_versions] == pd.tau_fwd == [P - 1 - i for i in range(P)]
