@@ -158,8 +158,9 @@ API_MODULES = ("staleopt", "staleopt.optimizer", "staleopt.partition", "staleopt
 
 #: The recorded ``make bench`` runs README's cost paragraph is generated from (``docs/bench/COMMIT/run-N``, each
 #: a run's ``step.csv``, ``budget.csv``, ``growth.csv``, ``goals.csv`` and ``meta.json``): the same engine on two
-#: CPUs (commit dc9a20d changed only docs/language-models.md after 25c5cec).
-BENCH_RUNS = ("docs/bench/25c5cec/run-1", "docs/bench/dc9a20d/run-1")
+#: CPUs (commit dc9a20d changed only docs/language-models.md after 25c5cec; 131c38b only ``step()``'s early return
+#: when no parameter has a gradient), the Intel one twice.
+BENCH_RUNS = ("docs/bench/25c5cec/run-1", "docs/bench/dc9a20d/run-1", "docs/bench/131c38b/run-1")
 
 
 def bench_costs(runs: Sequence[str] = BENCH_RUNS) -> str:
@@ -192,8 +193,9 @@ def bench_costs(runs: Sequence[str] = BENCH_RUNS) -> str:
         what, op, where = re.match(r"(.*) (<=|>=|==), ?(.*)", text).groups()
         return f"{what} {op} {target:g} ({where})"
 
-    missed = [f"{goal(g.goal, g.target)}: {g.measured:.{decisive_digits(g.measured, g.target, 2)}f} on the {cpu(m)}"
-              for gs, m in zip(goals, metas) for g in gs.itertuples() if not g.met]
+    missed = [f"{goal(g.goal, g.target)}: {g.measured:.{decisive_digits(g.measured, g.target, 2)}f} on the {cpu(m)} "
+              f"(commit {Path(r).parent.name})" for gs, m, r in zip(goals, metas, runs) for g in gs.itertuples()
+              if not g.met]
     goal_text = (f"issue 23's goals (table 7) held in every run except {'; '.join(missed)}" if missed
                  else "issue 23's goals (table 7) held in every run")
     floor_rung = [float(b[b["rung"].str.contains("pipemare's floor", regex=False)]["ratio"].iloc[0]) for b in budgets]
