@@ -701,7 +701,7 @@ class SlotHistory(History):
         for i in passing:
             a, m = t - run[i][0], run[i][1]
             if (a, m) != held[i]:  # the backward (or recompute) view, written over the pass row
-                if a == H[i] and gone[i]:
+                if a == H[i] and (gone[i] or (saved[i] and not self._copy[i])):  # (a swap view: w_t is in its row)
                     raise self._dropped(i)
                 if not writable[i]:
                     raise LoopError(f"stage {self.views[i].stage} reads version {t - a} at step {t}, but the graph of "
@@ -872,6 +872,14 @@ class SlotHistory(History):
             self._unpoint()
         if not self._st.rest:  # (the views not pointing elsewhere hold w_t in their own storage: rest)
             self.load(self._at_rest)
+        # at rest the parameters are w_t's authority: a change made now (SAM's perturbation between two passes) is
+        # part of w_t, so a copy view's row copy of w_t (a pass stored it) no longer counts as saved; the next load
+        # saves the parameters again (push always copies)
+        self._st = self._derive("at-rest", self._unsaved)
+
+    def _unsaved(self, state: _State) -> dict:
+        copy = self._copy
+        return {"saved": tuple(s and not copy[i] for i, s in enumerate(state.saved))}
 
     def _moved(self, indices: Sequence[int], home: bool) -> Exception:
         """The error for views ``indices`` one of whose parameters is no longer its own storage (``home``)

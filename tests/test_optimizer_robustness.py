@@ -432,3 +432,66 @@ def test_a_step_with_no_gradient_is_a_skipped_batch(method, memory, accum):
     for skip in ("step", "forward"):
         weights, n, said = run(skip)
         assert torch.equal(weights, dropped) and n == 6 and len(said) == 1
+
+
+def _float64_net():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(4, 5), nn.Tanh(), nn.Linear(5, 5), nn.Tanh(), nn.Linear(5, 3)).double()
+
+
+def _data(n, seed=1):
+    gen = torch.Generator().manual_seed(seed)
+    return [(torch.randn(8, 4, generator=gen, dtype=torch.float64), torch.randn(8, 3, generator=gen,
+                                                                                 dtype=torch.float64))
+            for _ in range(n)]
+
+
+@pytest.mark.parametrize("schedule", ["dataflow", "1f1b", "pipemare"])
+def test_a_change_at_rest_between_two_passes_is_part_of_w_t_in_both_memory_modes(schedule):
+    """SAM: perturb w_t at rest, a second pass, undo, step. memory='fast' kept a row copy of w_t from the first
+    pass as 'saved' and put it back after the second backward, losing the perturbation (the undo then drifted
+    the weights): both modes must train as the reference engine."""
+    from staleopt.reference import ReferencePipelineOptimizer
+
+    def train_sam(cls, memory):
+        m = _float64_net()
+        opt = cls(m, torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9), stages=3, schedule=schedule,
+                  memory=memory)
+        for x, y in _data(6):
+            opt.zero_grad()
+            mse(m(x), y).backward()
+            with torch.no_grad():
+                e = [0.05 * p.grad / (p.grad.norm() + 1e-12) for p in m.parameters()]
+                for p, d in zip(m.parameters(), e):
+                    p.add_(d)
+            opt.zero_grad()
+            mse(m(x), y).backward()
+            with torch.no_grad():
+                for p, d in zip(m.parameters(), e):
+                    p.sub_(d)
+            opt.step()
+        return torch.nn.utils.parameters_to_vector(m.parameters()).detach()
+
+    reference = train_sam(ReferencePipelineOptimizer, "minimal")
+    for memory in ("minimal", "fast"):
+        assert torch.allclose(train_sam(staleopt.PipelineOptimizer, memory), reference, rtol=0, atol=1e-12), memory
+
+
+def test_a_logging_forward_does_not_hide_a_pass_more_than_minimal_memory_keeps():
+    """A train-mode forward without backward before a step with more passes than any earlier one: the step's
+    second pass reads a version minimal memory dropped, so it raises LoopError as without the logging forward
+    (it silently read w_t instead)."""
+    from staleopt.errors import LoopError
+    data = _data(4)
+    for log in (False, True):
+        m = _float64_net()
+        opt = staleopt.PipelineOptimizer(m, torch.optim.SGD(m.parameters(), lr=0.1), stages=3, schedule="dataflow")
+        opt.zero_grad()
+        mse(m(data[0][0]), data[0][1]).backward()
+        opt.step()
+        opt.zero_grad()
+        if log:
+            m(data[1][0]).mean().item()
+        mse(m(data[2][0]), data[2][1]).backward()
+        with pytest.raises(LoopError, match="dropped that version"):
+            mse(m(data[3][0]), data[3][1]).backward()
