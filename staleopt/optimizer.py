@@ -378,6 +378,9 @@ class PipelineOptimizer(torch.optim.Optimizer):
         self._initialized = True
         for c in self._corrections:
             c.bind(self)
+        self._minimizing = tuple(type(c).__name__ for c in self._corrections if c.assumes_minimize)
+        self._dense = tuple(type(c).__name__ for c in self._corrections if c.dense_gradients)  # (checked at step())
+        self._check_maximize()
         _take_over([p for s in self._partition for p in s.params] + self._outside, self)
         self._hooks = [model.register_forward_pre_hook(_Callback(self._on_forward_start)),
                        model.register_forward_hook(_Callback(self._on_forward_end))]
@@ -1085,6 +1088,28 @@ class PipelineOptimizer(torch.optim.Optimizer):
                             "PipelineOptimizer was built now have gradients: they train without delay; build "
                             "the PipelineOptimizer after setting requires_grad")
 
+    def _check_maximize(self) -> None:
+        """A correction that reads ``p.grad`` as a minimized objective's gradient (``assumes_minimize``) would
+        silently extrapolate or compensate the wrong way in a group with ``maximize=True`` (checked at every step:
+        groups may be added or changed)."""
+        if self._minimizing and any(g.get("maximize", False) for g in self._base.param_groups):
+            raise CorrectionError(f"{', '.join(self._minimizing)} read(s) the gradient as that of a minimized "
+                                  "objective, but a parameter group of the base optimizer has maximize=True (torch "
+                                  "negates the gradient inside its step, where the correction does not see it): "
+                                  "minimize the negated objective instead (loss = -objective, maximize=False)")
+
+    def _check_dense(self) -> None:
+        """Sparse gradients where a correction needs dense ones: refused with the fix (checked until a step finds
+        none; a model's sparse embeddings give sparse gradients at every step)."""
+        sparse = [p for g in self._base.param_groups for p in g["params"] if p.grad is not None and p.grad.is_sparse]
+        if sparse:
+            raise CorrectionError(f"{', '.join(self._dense)} combine(s) the gradients with dense running state, but "
+                                  f"{len(sparse)} parameter(s) have sparse gradients (of shape "
+                                  f"{tuple(sparse[0].shape)}: nn.Embedding(sparse=True) or EmbeddingBag(sparse=True)): "
+                                  "build the model with sparse=False, or use a method whose corrections take sparse "
+                                  "gradients (dataflow, pipedream, pipemare, dc-asgd)")
+        self._dense = ()
+
     def _check_recomputed(self) -> None:
         """A step of a schedule that recomputes ahead of the backward pass (``tau_bkwd < tau_recomp < tau_fwd``
         at some stage) needs ``opt.checkpoint`` (else the segments the schedule recomputes silently kept
@@ -1151,6 +1176,9 @@ class PipelineOptimizer(torch.optim.Optimizer):
             self._replicas.follow()
         delays = self._step_plans()[0].delays  # microbatch 0's: the step's nominal delays
         self._check_recomputed()
+        self._check_maximize()
+        if self._dense:
+            self._check_dense()
         self._warn_if_unseen(delays)
         if self._microbatch_passes and 0 < self._passes < self._microbatches:
             self._warn_once("short", f"step() after {self._passes} of N={self._microbatches} microbatch passes "

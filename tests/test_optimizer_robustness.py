@@ -495,3 +495,64 @@ def test_a_logging_forward_does_not_hide_a_pass_more_than_minimal_memory_keeps()
         mse(m(data[2][0]), data[2][1]).backward()
         with pytest.raises(LoopError, match="dropped that version"):
             mse(m(data[3][0]), data[3][1]).backward()
+
+
+@pytest.mark.parametrize("method", ["dc-asgd", "dc-asgd-a", "gap-aware", "xpipe", "spectrain", "pipeoptim"])
+def test_corrections_that_read_the_gradient_as_a_descent_direction_refuse_maximize(method):
+    """maximize=True: torch negates the gradient inside its step; these corrections read p.grad before it (DC's
+    g*g*(w - s), Gap-Aware's decay term, a prediction's own moments) and trained silently wrong: refused, at
+    construction and for a group that turns it on later."""
+    from staleopt.errors import CorrectionError
+    model = mlp(seed=1)
+    with pytest.raises(CorrectionError, match="maximize=True"):
+        staleopt.PipelineOptimizer(model, torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, maximize=True),
+                                   stages=3, schedule=method)
+    opt = _opt(model, method)
+    train(model, opt, batches(2, seed=1))
+    opt.param_groups[0]["maximize"] = True
+    x, y = batches(1, seed=2)[0]
+    opt.zero_grad()
+    mse(model(x), y).backward()
+    with pytest.raises(CorrectionError, match="maximize=True"):
+        opt.step()
+
+
+def test_maximize_trains_as_minimizing_the_negated_objective_where_no_correction_reads_the_gradient():
+    def run(maximize):
+        model = mlp(seed=1).double()
+        opt = staleopt.PipelineOptimizer(model, torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9,
+                                                                maximize=maximize), stages=3, schedule="pipemare")
+        for x, y in batches(4, seed=1):
+            opt.zero_grad()
+            loss = mse(model(x.double()), y.double())
+            (-loss if maximize else loss).backward()
+            opt.step()
+        return torch.nn.utils.parameters_to_vector(model.parameters()).detach()
+    assert torch.equal(run(True), run(False))
+
+
+@pytest.mark.parametrize("method", ["dc-asgd-a", "gap-aware", "xpipe", "pipeoptim", "pipemare-stash-nesterov"])
+def test_sparse_gradients_are_refused_by_corrections_that_need_dense_ones(method):
+    """nn.Embedding(sparse=True): these corrections' foreach kernels have no sparse version (a raw torch error
+    from inside step() before); dataflow and pipemare train."""
+    from staleopt.errors import CorrectionError
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb, self.l1, self.head = nn.Embedding(11, 6, sparse=True), nn.Linear(6, 6), nn.Linear(6, 3)
+
+        def forward(self, x):
+            return self.head(torch.tanh(self.l1(self.emb(x)))).mean(1)
+
+    for name in (method, "pipemare"):
+        torch.manual_seed(0)
+        model = Net()
+        opt = staleopt.PipelineOptimizer(model, torch.optim.SGD(model.parameters(), lr=0.1), stages=3, schedule=name)
+        opt.zero_grad()
+        model(torch.randint(0, 11, (4, 5))).pow(2).mean().backward()
+        if name == method:
+            with pytest.raises(CorrectionError, match="sparse=False"):
+                opt.step()
+        else:
+            opt.step()

@@ -60,6 +60,13 @@ class Correction:
     #: changes the gradients per stage view in place (``p.grad``): a tied parameter's replica
     #: (:mod:`staleopt.replicas`) shares its tied parameter's gradient, which it would change twice.
     rewrites_gradients: bool = False
+    #: reads ``p.grad`` as the gradient of a minimized objective where its sign matters (a prediction of the update,
+    #: a product of gradients, an added decay term): the engine refuses ``maximize=True`` in any parameter group
+    #: (torch's optimizers negate the gradient inside their step, which this correction does not see)
+    assumes_minimize: bool = False
+    #: combines ``p.grad`` with dense running state in ``torch._foreach_*`` kernels that have no sparse version: the
+    #: engine refuses sparse gradients (``nn.Embedding(sparse=True)``) at the first step
+    dense_gradients: bool = False
 
     def bind(self, engine) -> None:
         """Called once by the engine after it is built; allocate per-stage state here."""

@@ -48,6 +48,7 @@ class DelayCompensation(Correction):
     """
 
     name, paper = "DC", "Zheng et al., ICML 2017, §3-4 (DC-ASGD)"
+    assumes_minimize = True
     needs_raw_history = True
 
     rewrites_gradients = True
@@ -60,6 +61,7 @@ class DelayCompensation(Correction):
             raise CorrectionError(f"DelayCompensation(mean_square_decay) must be None (DC-ASGD-c, constant lambda) or "
                                   f"a float in [0, 1) (DC-ASGD-a's m; the paper uses 0.95), got {mean_square_decay!r}")
         self.mean_square_decay = None if mean_square_decay is None else float(mean_square_decay)
+        self.dense_gradients = self.mean_square_decay is not None  # (MeanSquare is dense; g * g * (w - s) is not)
         self.eps = _check_positive("DelayCompensation(eps)", eps,
                                    "the paper's epsilon, added to MeanSquare under the square root to avoid 0/0")
 

@@ -53,6 +53,8 @@ class GapAware(Correction):
     """
 
     name, paper = "GA", "Barkai et al., ICLR 2020 (Gap-Aware)"
+    assumes_minimize = True
+    dense_gradients = True
     needs_raw_history = True
 
     rewrites_gradients = True

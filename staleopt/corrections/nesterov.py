@@ -56,6 +56,7 @@ class NesterovLookahead(Correction):
     """
 
     name, paper = "NAG", "Ajanthan et al., ICML 2025 (Nesterov for asynchronous PP)"
+    dense_gradients = True
 
     rewrites_gradients = True
 

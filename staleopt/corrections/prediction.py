@@ -87,6 +87,8 @@ class WeightPrediction(Correction):
     """
 
     name, paper = "prediction", "PipeOptim §III (eqs. 3-6, Table I)"
+    assumes_minimize = True
+    dense_gradients = True
     rewrites_history = True
     RULES = ("optimizer", "sgdm", "adam")
 
@@ -122,11 +124,6 @@ class WeightPrediction(Correction):
                                   f"{need}, but the base optimizer is {type(base).__name__}: use state='auto' "
                                   "or 'own' to keep the moments in the correction")
         self._own = self.rule != "optimizer" and (self.state == "own" or not has)
-        if self.rule == "optimizer" and self._kind in ("sgd", "adam", "adamw"):
-            for g in base.param_groups:
-                if g.get("maximize", False):
-                    raise CorrectionError("WeightPrediction does not support maximize=True: minimize the "
-                                          "negated objective instead")
         self._buffers: Dict[str, List[torch.Tensor]] = {"dW": []}
         if self._own:
             self._buffers.update({"m": []} if self.rule == "sgdm" else {"m": [], "v": []})
