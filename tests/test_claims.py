@@ -191,3 +191,20 @@ def test_evidence_shows_the_digits_that_decide_a_verdict():
     assert shown < above and f"{shown}" != f"{above:.2f}"
     assert "+0.006667" in table["evidence"][1]       # gain 0.00666... against a margin of 0.00667
     assert "+0.007" in claims.evaluate(records, [Beats("gpipe", "pipemare", "max", 0.01)])["evidence"][0]
+
+
+def test_the_demo_times_a_users_sweep_against_gpipes_best_not_the_demos_accuracy(tmp_path):
+    """``staleopt demo --sweep MY.toml`` timed every user sweep to accuracy 0.80 (the demo's), also a regression
+    sweep's test loss, and saved it as the sweep's target: the demo's 0.80 is for the demo's own sweep files."""
+    import argparse
+    from staleopt import speedup
+    from staleopt.commands import demo
+    records = hand_records()
+    args = argparse.Namespace(task="classification", sweep=None, quick=False)
+    assert demo._default_target(args, records) == claims.DEMO_TARGET
+    args.sweep = str(demo.DEFAULT_SWEEP)
+    assert demo._default_target(args, records) == claims.DEMO_TARGET
+    args.sweep = str(tmp_path / "mine.toml")
+    assert demo._default_target(args, records) == speedup.default_target(records) != claims.DEMO_TARGET
+    loss = records.drop(columns="test_acc").assign(test_loss=1 - records["test_acc"])
+    assert demo._default_target(args, loss) == speedup.default_target(loss, metric="test_loss")
