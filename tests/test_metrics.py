@@ -308,3 +308,29 @@ def test_staleopt_train_prints_perplexity_for_a_language_model(capsys):
           "lr_base": 0.1, "wall_time": 1.0, "status": "ok"})
     header = capsys.readouterr().out.splitlines()[0]
     assert "test_acc" in header and "test_ppl" not in header
+
+
+def cls_train(config, progress=False):
+    """A stand-in for staleopt.train.run on a classifier: accuracy rises with the epochs, pipemare's more slowly."""
+    slow = 2.0 if config.method == "pipemare" else 1.0
+    rows = [{"epoch": e, "step": 5 * e, "train_loss": 1.0 / e, "test_loss": 1.0 / e,
+             "test_acc": 1.0 - 0.5 * slow / e, "lr_base": 0.1, "wall_time": 0.0, "utilization": 1.0,
+             "memory_ratio_gpipe": 1.0, "status": "ok"} for e in range(1, config.epochs + 1)]
+    return pd.DataFrame(rows)
+
+
+def test_results_times_each_method_against_gpipe_with_its_own_microbatches(tmp_path):
+    """GPipe with N = 4 beside pipemare with N = 1 (a key set per method splits nothing, docs/experiments.md): the
+    figures and compare time pipemare against that GPipe; ``results`` keyed its table by every summary column
+    (microbatches too), found no GPipe with N = 1 and wrote NaN for the same cell."""
+    from staleopt.config import RunConfig
+    from staleopt.plot import sweep as plots
+    configs = [RunConfig(model="mlp", data="synthetic", method=m, stages=2, microbatches=4 if m == "gpipe" else 1,
+                         epochs=4, seed=s) for m in ("gpipe", "pipemare") for s in (0, 1)]
+    sweep.run_sweep(configs, tmp_path / "s", train_fn=cls_train, bar=False)
+    assert main(["results", str(tmp_path / "s"), "--target", "0.7"]) == 0
+    got = pd.read_csv(tmp_path / "s" / "results" / "speedup.csv").set_index(["method", "stages"])["speedup"]
+    records = sweep.collect(tmp_path / "s")
+    figure = speedup.speedup_table(records, 0.7, keys=[*plots.line_keys(records), "stages"])
+    assert got.loc[("pipemare", 2)] == figure.set_index(["method", "stages"]).loc[("pipemare", 2), "speedup"]
+    assert math.isfinite(got.loc[("pipemare", 2)])

@@ -225,8 +225,11 @@ def run_results_command(args) -> int:
     target = args.target if args.target is not None else speedup.shared_target(sweep_dir, records, metric)
     fast = None
     if target is not None and not summary.empty:  # (before anything is written: a bad target changes no file)
-        keys = [k for k in summary.columns if k in field_names() and k != "method"]
-        fast = speedup.speedup_table(records, target, keys=["method", *keys], metric=metric)
+        # the figures' configurations (method, the keys that split lines, P: a key set per method such as GPipe's
+        # microbatches splits nothing, docs/experiments.md), or the --by groups
+        keys = ([*sweep.varying_keys(records), "stages"] if by is None else
+                [k for k in summary.columns if k in field_names() and k != "method"])
+        fast = speedup.speedup_table(records, target, keys=["method", *dict.fromkeys(keys)], metric=metric)
     mine = sweep_dir / "results"  # never the demo's or compare's own files
     mine.mkdir(exist_ok=True)
     records.to_csv(args.records or mine / "records.csv", index=False)
