@@ -422,6 +422,8 @@ def run_memory(records) -> "pandas.DataFrame":
         return json.loads(v) if isinstance(v, str) else (v if isinstance(v, dict) else {})
 
     from .sweep import config_key, varying_keys
+    if "unit_order" in records.columns:  # (records of runs before unit_order existed: registration order)
+        keys.append("unit_order")
     split = [k for k in varying_keys(records) if k in keys]  # (memory keys runs of one method and P differ in)
     runs = records.groupby("run", sort=False)[keys].first()
     seen = pd.Series([config_key(r) for r in runs[["method", "stages", *split]].itertuples(index=False)])
@@ -430,14 +432,19 @@ def run_memory(records) -> "pandas.DataFrame":
     for r in runs.itertuples(index=False):
         P, N, optimizer = int(r.stages), int(r.microbatches), str(r.optimizer)
         config = {"method": r.method, "stages": P, **{k: getattr(r, k) for k in split}}
+        execution = getattr(r, "unit_order", "registration") == "execution"
         what = (r.model, json.dumps(loads(r.model_kwargs), sort_keys=True), r.data,
-                json.dumps(loads(r.data_kwargs), sort_keys=True), P, r.partition, int(r.batch_size) // N)
+                json.dumps(loads(r.data_kwargs), sort_keys=True), P, r.partition, execution, int(r.batch_size) // N)
         if what not in built:
             try:
                 d = datasets.load(r.data, **loads(r.data_kwargs))
                 model = models.get(r.model, seed=0, num_classes=d.num_classes, input_shape=d.input_shape,
                                    **loads(r.model_kwargs))
-                partition = partition_model(model, P, r.partition)
+                first = None  # the run's split: units in the order its first training microbatch uses them
+                if execution:  # (staleopt.train's _example_input)
+                    size = min(what[-1], len(d.train))
+                    first = next(datasets.batches(d.train, size, generator=torch.Generator().manual_seed(0)))[0]
+                partition = partition_model(model, P, r.partition, example_input=first)
                 example = torch.stack([d.train[i][0] for i in range(2)])
                 built[what] = (model, partition, activation_sizes(model, partition, example, what[-1]))
             except (StaleoptError, ImportError, OSError) as e:  # (the figure leaves its total-memory panel out)

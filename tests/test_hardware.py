@@ -450,3 +450,36 @@ def test_a_phase_length_for_a_method_without_that_phase_is_refused():
                  "--warmup-steps", "30"]) == 2
     assert main(["hardware", "--model", "mlp", "--stages", "3", "--compare", "gpipe,pipemare-w", "--total-steps",
                  "100", "--warmup-steps", "30"]) == 0
+
+
+class HeadFirst(nn.Module):
+    """Registers its classifier before the body it runs after (the tutorial's case for unit_order="execution")."""
+
+    def __init__(self, num_classes, input_shape, width=32):
+        super().__init__()
+        self.head = nn.Linear(width, num_classes)
+        self.body = nn.Linear(math.prod(input_shape), width)
+
+    def forward(self, x):
+        return self.head(torch.relu(self.body(x.flatten(1))))
+
+
+def test_run_memory_splits_the_stages_as_the_run_did():
+    """run_memory rebuilt every run's stages in registration order, so with unit_order="execution" the report's
+    memory (figures, LessMemory(total=True), compare's memory.csv) priced a split the run did not use."""
+    import pandas as pd
+    from staleopt import data as datasets
+    staleopt.register_model("head_first_memory", HeadFirst)
+    d = datasets.load("synthetic")
+    rows = [{"run": f"{m}-{order}", "method": m, "stages": 2, "microbatches": 1, "batch_size": 8, "optimizer": "sgd",
+             "partition": "ops", "model": "head_first_memory", "model_kwargs": "{}", "data": "synthetic",
+             "data_kwargs": "{}", "unit_order": order, "seed": 0, "epoch": 1, "test_acc": 0.5}
+            for m in ("gpipe", "pipedream") for order in ("registration", "execution")]
+    got = hardware.run_memory(pd.DataFrame(rows)).set_index(["method", "unit_order"])["memory_ratio_gpipe"]
+    model = HeadFirst(d.num_classes, d.input_shape)
+    x = torch.stack([d.train[i][0] for i in range(2)])
+    for order, example in (("registration", None), ("execution", x)):
+        split = staleopt.partition_model(model, 2, example_input=example)
+        assert got.loc[("pipedream", order)] == hardware.memory_report(model, "pipedream", 2, optimizer="sgd",
+                                                                        partition=split).ratio_to_gpipe
+    assert got.loc[("pipedream", "execution")] != got.loc[("pipedream", "registration")]
