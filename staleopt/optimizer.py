@@ -1006,8 +1006,13 @@ class PipelineOptimizer(torch.optim.Optimizer):
         """At the end of every backward pass the parameters hold ``w_t`` again (at rest, docs/design.md §1)."""
         self._seen.discard("backward-pending")
         self._unwatch()
-        if self._last_pass():
-            self._expire()
+        if torch.is_grad_enabled() and any(self._max_delays[0]):  # (grad mode is on in a create_graph backward)
+            self._warn_once("create-graph", "a backward pass with create_graph=True (a gradient penalty, double "
+                            "backprop) built a graph that a later backward differentiates after the parameters "
+                            "hold w_t again: layers that save a view of their weight (nn.Linear) then read the "
+                            "version this pass read, layers that save the parameter itself (convolutions, "
+                            "non-contiguous weights) read w_t, so the second-order terms of delayed stages are "
+                            "not those of a pipeline (outside the simulated semantics, docs/wrapper.md); warned once")
         self._restore()
 
     def _last_forward(self) -> bool:

@@ -556,3 +556,22 @@ def test_sparse_gradients_are_refused_by_corrections_that_need_dense_ones(method
                 opt.step()
         else:
             opt.step()
+
+
+def test_a_create_graph_backward_of_a_delayed_pipeline_is_warned_about():
+    """A gradient penalty (autograd.grad(create_graph=True)): the later backward of its graph reads w_t in layers
+    that save the parameter itself (convolutions), outside the simulated semantics: warned once (it was silent);
+    a synchronous schedule has nothing to warn about."""
+    for schedule, expected in (("pipedream", 1), ("sync", 0)):
+        model = mlp(seed=1)
+        opt = _opt(model, schedule)
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            for x, y in batches(3, seed=1):
+                x = x.clone().requires_grad_(True)
+                opt.zero_grad()
+                out = model(x)
+                (gx,) = torch.autograd.grad(out.sum(), x, create_graph=True)
+                (mse(out, y) + gx.pow(2).mean()).backward()
+                opt.step()
+        assert sum("create_graph=True" in str(w.message) for w in seen) == expected, schedule
