@@ -83,7 +83,8 @@ class RunConfig:
       (stale-weights paper §4 hybrid). The weight-prediction rule is part of
       the method (``pipeoptim``, ``spectrain``, ``xpipe``).
     * ``divergence_loss``: a training loss above it (or non-finite) ends the
-      run with status ``"diverged"``; ``None``: only non-finite losses do.
+      run with status ``"diverged"``; ``None``: only non-finite losses do. A first loss above it, before
+      any update, is a :class:`~staleopt.errors.ConfigError` (the bound does not fit the loss's scale).
     * ``device``: ``"cpu"`` (bit-for-bit deterministic) or a torch device string.
     """
 

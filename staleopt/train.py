@@ -434,6 +434,12 @@ def _train(config: RunConfig, device: torch.device, progress: bool, checkpoint, 
                 value = loss.item()
                 losses.append(value)
                 if not math.isfinite(value) or (bound is not None and value > bound):
+                    if opt.step_count == 0 and math.isfinite(value):  # no update ran: the scale, not the method
+                        raise ConfigError(f"the first training loss, {value:.4g}, is already above divergence_loss ="
+                                          f" {bound:g} before any update, so every run would be recorded as "
+                                          "diverged: set divergence_loss above your loss's scale (a regression's "
+                                          "mean squared error grows with its targets' scale), or None to stop only "
+                                          "at a non-finite loss")
                     status = "diverged"
                     break
                 loss.backward()
