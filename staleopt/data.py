@@ -870,6 +870,11 @@ def from_datasets(train: Dataset, test: Dataset, name: str = "custom", task: Opt
                             "__getitem__ returns (d[i]['x'], d[i]['y']), or a TensorDataset of exactly two tensors")
     x, y = train[0]
     y = torch.as_tensor(y)
+    inputs = torch.as_tensor(x)
+    if inputs.is_floating_point() and inputs.dtype != torch.get_default_dtype():
+        raise DataError(f"dataset {name!r}: the inputs are {inputs.dtype} (numpy's default float64 for a numpy "
+                        f"array) but the models are built in torch's default dtype, {torch.get_default_dtype()}: "
+                        "return x.astype(numpy.float32) or x.float() (or set torch.set_default_dtype to match)")
     integer = not (y.is_floating_point() or y.is_complex())
     if task is None and integer and tuple(y.shape) == (1,) and torch.as_tensor(x).is_floating_point():
         raise DataError(f"dataset {name!r}: the first target is an integer tensor of shape (1,), which reads as a "
@@ -888,11 +893,21 @@ def from_datasets(train: Dataset, test: Dataset, name: str = "custom", task: Opt
         else:
             tokens = task == "lm" and not torch.as_tensor(x).is_floating_point()  # the vocabulary includes x's
 
-            def largest(ds):
+            def span(ds):  # (smallest label but the ignored -100, largest label or token)
                 pairs = [ds.tensors[:2]] if isinstance(ds, TensorDataset) else (ds[i] for i in range(len(ds)))
-                return max(max(int(torch.as_tensor(b).max()), int(torch.as_tensor(a).max()) if tokens else 0)
-                           for a, b in pairs)
-            num_classes = max(largest(train), largest(test)) + 1
+                lo, hi = 0, 0
+                for a, b in pairs:
+                    b = torch.as_tensor(b)
+                    kept = b[b != -100]
+                    lo = min(lo, int(kept.min())) if kept.numel() else lo
+                    hi = max(hi, int(b.max()), int(torch.as_tensor(a).max()) if tokens else 0)
+                return lo, hi
+            (lo_train, hi_train), (lo_test, hi_test) = span(train), span(test)
+            if min(lo_train, lo_test) < 0:
+                raise DataError(f"dataset {name!r}: a label is {min(lo_train, lo_test)}, but class labels are 0.."
+                                "C-1 (the loss's targets; -100 only marks a position left out): map them, e.g. "
+                                "-1/+1 to 0/1 with (y + 1) // 2")
+            num_classes = max(hi_train, hi_test) + 1
     return Data(name, train, test, num_classes=int(num_classes), input_shape=tuple(torch.as_tensor(x).shape),
                 task=task)
 

@@ -404,3 +404,19 @@ def test_samples_that_are_not_an_input_target_pair_are_refused_naming_the_fix():
         data.from_datasets(column, column)
     assert data.from_datasets(column, column, task="lm").task == "lm"
     assert data.from_datasets(pairs, pairs).task == "classification"
+
+
+def test_float64_inputs_and_negative_labels_are_named_when_the_data_loads():
+    """numpy samples are float64 unless made otherwise: torch's bare dtype mismatch came from the first matmul;
+    labels -1/+1 gave num_classes = 2 and a DataError about a num_classes the user never declared."""
+    x = np.random.default_rng(0).normal(size=(8, 3))
+    ok = [(x[i].astype(np.float32), i % 2) for i in range(8)]
+    assert data.from_datasets(ok, ok).num_classes == 2
+    wide = [(x[i], i % 2) for i in range(8)]
+    with pytest.raises(DataError, match="float64.*astype"):
+        data.from_datasets(wide, wide)
+    signs = [(x[i].astype(np.float32), 1 if i % 2 else -1) for i in range(8)]
+    with pytest.raises(DataError, match="a label is -1.*0..C-1"):
+        data.from_datasets(signs, signs)
+    padded = [(torch.arange(4), torch.tensor([1, 2, -100, 3])) for _ in range(3)]  # -100: left out, not a label
+    assert data.from_datasets(padded, padded).num_classes == 4
