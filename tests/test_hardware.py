@@ -483,3 +483,23 @@ def test_run_memory_splits_the_stages_as_the_run_did():
         assert got.loc[("pipedream", order)] == hardware.memory_report(model, "pipedream", 2, optimizer="sgd",
                                                                         partition=split).ratio_to_gpipe
     assert got.loc[("pipedream", "execution")] != got.loc[("pipedream", "registration")]
+
+
+def test_hardware_builds_a_users_model_from_data_and_says_so_without(tmp_path, capsys):
+    """A model of the user's (file.py:function) needs num_classes and input_shape, which the command had no way
+    to give: a bare TypeError (or, with defaults and --microbatch-size, an IndexError on a (1,)-shaped input)."""
+    path = tmp_path / "mine.py"
+    path.write_text("from torch import nn\nimport math\n\n"
+                    "def net(num_classes, input_shape):\n"
+                    "    return nn.Sequential(nn.Flatten(), nn.Linear(math.prod(input_shape), 8), nn.ReLU(),\n"
+                    "                         nn.Linear(8, num_classes))\n\n"
+                    "def net_defaults(num_classes=3, input_shape=(5,)):\n"
+                    "    return net(num_classes, input_shape)\n")
+    common = ["hardware", "--compare", "gpipe,pipemare", "--stages", "2", "--microbatch-size", "4"]
+    for model in (f"{path}:net", f"{path}:net_defaults"):
+        assert main([*common, "--model", model]) == 2
+        assert "pass --data NAME" in capsys.readouterr().err
+        assert main([*common, "--model", model, "--data", "synthetic"]) == 0
+        assert "pipemare" in capsys.readouterr().out
+    assert main(["hardware", "--compare", "gpipe,pipemare", "--stages", "2", "--model", "mlp", "--data",
+                 "synthetic", "--microbatch-size", "4"]) == 0

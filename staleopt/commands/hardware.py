@@ -49,6 +49,9 @@ def register(subparsers) -> None:
     p.add_argument("--microbatch-size", type=int, default=None,
                    help="samples per microbatch; adds activation memory (measured on one example input)")
     p.add_argument("--num-classes", type=int, default=None, help="model output classes (default: the model's)")
+    p.add_argument("--data", default=None, metavar="NAME",
+                   help="a dataset (staleopt.data, or file.py:function) whose classes and input shape build the "
+                        "model and its example input: needed for a model of your own (file.py:function)")
     p.add_argument("--total-steps", type=float, default=None,
                    help="run length for phased methods (pipemare-w, pb-hybrid), in steps or epochs")
     p.add_argument("--warmup-steps", type=float, default=None, help="pipemare-w's synchronous warmup length")
@@ -165,11 +168,26 @@ def run(args) -> int:
     methods = [m.strip() for m in (args.compare or args.method).split(",") if m.strip()]
     stages_list = _stages(args.stages)
     kwargs = {} if args.num_classes is None else {"num_classes": check_int("--num-classes", args.num_classes, 1)}
-    model = models.get(args.model, **kwargs)
+    data = None
+    if args.data is not None:
+        from .. import data as datasets
+        data = datasets.load(args.data)
+        kwargs = {"num_classes": data.num_classes, **kwargs, "input_shape": tuple(data.input_shape)}
+    try:
+        model = models.get(args.model, **kwargs)
+    except TypeError as e:  # (a factory of the user's that needs num_classes and input_shape)
+        raise ConfigError(f"model {args.model!r} could not be built from the options given ({e}): pass --data NAME "
+                          "(a dataset of staleopt.data or file.py:function), whose classes and input shape build it")
     example = None
     if args.microbatch_size is not None:
-        info = models.info(args.model)  # a language model reads int64 tokens
-        example = torch.zeros(1, *info.input_shape, dtype=torch.long if info.lm else torch.float32)
+        if data is not None:  # (one sample: activation_sizes scales it to the microbatch size)
+            example = torch.as_tensor(data.train[0][0]).unsqueeze(0)
+        else:
+            info = models.info(args.model)  # a language model reads int64 tokens
+            if not info.input_shape:
+                raise ConfigError(f"--microbatch-size needs the input shape of model {args.model!r}, which does not "
+                                  "declare one: pass --data NAME (a dataset of staleopt.data or file.py:function)")
+            example = torch.zeros(1, *info.input_shape, dtype=torch.long if info.lm else torch.float32)
     rows = rows_for(model, methods, stages_list, args, example)
     print(format_table(rows, args.model) if len(stages_list) == 1 else format_sweep(rows, args.model))
     if example is None:
