@@ -976,7 +976,13 @@ class PipelineOptimizer(torch.optim.Optimizer):
         stage_of_unit = self._partition._unit_stages()
         read = {stage_of_unit[u] for u in flow.first_use} | {r.stage for r in self._replicas.items}
         idle = [s for s in self._partition if s.index not in read]
-        if idle:
+        if idle and len(idle) == self._partition.num_stages and self._partition.num_stages > 1:
+            warnings.warn("the first training forward read none of the model's parameters, so no stage reads a "
+                          "stale version and the run trains without the simulated delays: the forward computed "
+                          "with other tensors (torch.func.functional_call or vmap(grad(...)) over detached copies, "
+                          "per-sample gradients); compute the loss through the module's own parameters (call the "
+                          "model itself), then step", stacklevel=2)
+        elif idle:
             P = self._partition.num_stages
             warnings.warn(f"the first training forward read no weight of stage(s) "
                           f"{', '.join(f'{s.index} ({s.modules})' for s in idle)}: the simulated pipeline still "
@@ -1081,7 +1087,9 @@ class PipelineOptimizer(torch.optim.Optimizer):
         if any(tf) and "forward" not in self._seen:
             warnings.warn("PipelineOptimizer.step() saw no training forward pass of the model it wraps since the "
                           "last step, so this step's gradient was computed without the simulated delays; call "
-                          "the model you passed to PipelineOptimizer (in train mode, with grad enabled)",
+                          "the model you passed to PipelineOptimizer (in train mode, with grad enabled). If you do: "
+                          "a torch.compile'd module that ran before the PipelineOptimizer was built keeps a graph "
+                          "without its hooks (build the optimizer first, or call torch._dynamo.reset())",
                           stacklevel=3)
         elif tf != tb and "forward" in self._seen and "backward" not in self._seen:
             warnings.warn("PipelineOptimizer.step() saw no gradient reach the model's output since the last "

@@ -575,3 +575,21 @@ def test_a_create_graph_backward_of_a_delayed_pipeline_is_warned_about():
                 (mse(out, y) + gx.pow(2).mean()).backward()
                 opt.step()
         assert sum("create_graph=True" in str(w.message) for w in seen) == expected, schedule
+
+
+def test_a_forward_that_reads_none_of_the_parameters_is_named_as_training_without_delays():
+    """torch.func per-sample gradients (functional_call over detached copies): the hooks fire but no stage reads a
+    stale version. The warning advised freezing every stage (which would stop training): it now says why."""
+    from torch.func import functional_call, grad, vmap
+    model = mlp(seed=1)
+    opt = _opt(model, "dataflow")
+    params = {k: v.detach() for k, v in model.named_parameters()}
+
+    def loss(p, x, y):
+        return mse(functional_call(model, p, (x.unsqueeze(0),)), y.unsqueeze(0))
+    x, y = batches(1, seed=1)[0]
+    with pytest.warns(UserWarning, match="read none of the model's parameters.*without the simulated delays"):
+        per_sample = vmap(grad(loss), in_dims=(None, 0, 0))(params, x, y)
+    for n, p in model.named_parameters():
+        p.grad = per_sample[n].mean(0)
+    opt.step()
