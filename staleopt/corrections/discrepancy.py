@@ -63,7 +63,9 @@ class DiscrepancyCorrection(Correction):
     Both agree, bit for bit, where ``tau_bkwd_i = tau_recomp_i = 0`` (every dataflow method).
     ``delta`` starts at 0 (``delta_v = 0`` for ``v < 0``). ``gamma_i`` uses the schedule's
     asynchronous delays (so ``delta`` keeps tracking the weights through a synchronous warmup); the
-    correction is applied on the steps whose delays differ.
+    correction is applied on the steps whose delays differ. ``w_{t+1} - w_t`` is taken right after the base
+    step: a change made at rest after ``step()`` (weight clipping) is in ``w_{t+1}`` but not in ``delta``
+    (docs/design.md, T2).
     """
 
     name, paper = "T2", "PipeMare §3.2, App. B.4, App. D.1"
