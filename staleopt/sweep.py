@@ -386,7 +386,7 @@ def _execute(train_fn, config: Dict[str, Any], run_dir: str, progress: bool,
     return cfg.run_id(), status, done["seconds"]
 
 
-def _worker_died(job, why) -> Tuple[str, str, float]:
+def _worker_died(job, why, message: Optional[str] = None) -> Tuple[str, str, float]:
     """The result of a job whose worker process died (killed, out of memory): the run is failed, with an
     ``error.txt`` saying so, and keeps its checkpoint for the next launch. The dead worker's claim is taken over
     for the write (at once on this host; on another, once its heartbeat is older than the claim timeout)."""
@@ -398,9 +398,9 @@ def _worker_died(job, why) -> Tuple[str, str, float]:
     try:
         if (run_dir / "done").is_file():  # it died after finishing the run
             return run_id, read_done(run_dir / "done")["status"], 0.0
-        _write_error(run_dir, f"The worker process training this run died: {why}.\nA process killed from outside "
-                              "(kill -9, the out-of-memory killer: see `dmesg`) stops without a traceback. The "
-                              "run's last checkpoint is kept: launch the sweep again to resume it.\n")
+        _write_error(run_dir, message or f"The worker process training this run died: {why}.\nA process killed "
+                              "from outside (kill -9, the out-of-memory killer: see `dmesg`) stops without a "
+                              "traceback. The run's last checkpoint is kept: launch the sweep again to resume it.\n")
     except RunFileError:
         pass
     finally:
@@ -465,9 +465,16 @@ def _worker(conn, threads: Optional[int], parent: int) -> None:
             job = conn.recv()
         except EOFError:
             return
+        except Exception:  # the job does not unpickle here: a function of a __main__ without a file (a notebook)
+            conn.send((_UNREADABLE, traceback.format_exc()))
+            continue
         if job is None:
             return
         conn.send(_execute(*job))
+
+
+#: The first field of a worker's answer to a job it could not read (:func:`_worker`).
+_UNREADABLE = "staleopt: unreadable job"
 
 
 def _sigterm_as_exit(signum, frame):
@@ -519,7 +526,16 @@ def _run_pool(jobs: List[tuple], workers: int, context: str, threads: Optional[i
                     result = conn.recv() if conn.poll() else None
                 except (EOFError, OSError):
                     result = None
-                if result is not None:
+                if result is not None and result[0] == _UNREADABLE:
+                    del busy[proc]
+                    idle.append((proc, conn))
+                    record(_worker_died(job, "unreadable job", message=(
+                        "The worker process could not read this run's job (its train function, model or data "
+                        "factory does not unpickle in a new process):\n" + result[1] + "\nA function defined in a "
+                        "notebook or in `python -c` lives in a __main__ that a worker process cannot import: put it "
+                        "in a module file (file.py:function, or import it from a .py file), or launch with "
+                        "workers=1, which trains in this process. Launching again fails the same way until then.\n")))
+                elif result is not None:
                     del busy[proc]
                     idle.append((proc, conn))
                     record(result)

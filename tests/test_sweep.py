@@ -514,3 +514,30 @@ def test_results_leaves_no_time_table_of_an_earlier_call_and_groups_by_constant_
     for by in ("seed", "seed,method"):
         assert main(["results", str(tmp_path / "s"), "--by", by]) == 2
         assert "cannot group by 'seed'" in capsys.readouterr().err
+
+
+def _refuse_to_load():
+    raise AttributeError("Can't get attribute 'nb_train' on <module '__main__' (<class '_frozen_importlib.BuiltinImporter'>)>")
+
+
+class _DefinedInANotebook:
+    """A train function that pickles in the launch but not in a worker (a notebook's __main__ has no file)."""
+
+    def __call__(self, config, progress=False):
+        return fake_train(config, progress)
+
+    def __reduce__(self):
+        return _refuse_to_load, ()
+
+
+def test_a_job_a_worker_cannot_read_fails_with_its_traceback_not_as_a_killed_worker(tmp_path):
+    """A factory or train function from a notebook pickles by reference to __main__, which a spawned worker cannot
+    resolve: the worker died in recv(), every error.txt blamed kill -9 or the out-of-memory killer and promised a
+    resume that fails the same way."""
+    path = _write(tmp_path)
+    report = sweep.run_sweep(path, tmp_path / "pool", workers=2, train_fn=_DefinedInANotebook(), bar=False)
+    assert len(report.failed) == 4 and not report.finished
+    for error in (tmp_path / "pool" / "runs").glob("*/error.txt"):
+        text = error.read_text()
+        assert "could not read this run's job" in text and "Can't get attribute 'nb_train'" in text
+        assert "out-of-memory" not in text and "workers=1" in text
