@@ -83,3 +83,19 @@ def test_lm_demo_claims_hold_on_every_cpu_it_was_recorded_on(directory):
     table = claims.evaluate(records, claims.LM_DEMO_CLAIMS, target=info["target"])
     assert set(table["verdict"]) == {"holds"}, table[table["verdict"] != "holds"].to_string()
     pd.testing.assert_frame_equal(table, pd.read_csv(directory / "claims.csv"))
+
+
+def test_from_records_refuses_a_task_that_is_not_the_records_and_a_bad_target_before_training(tmp_path, capsys):
+    """``--from-records`` filled the slimmed records' missing columns from the other task's sweep file (the LM
+    demo's memory claim measured on resnet1d, PipeMareW's warmup from the cosine rule) and rewrote the report
+    silently; ``--task lm --target 0.85`` trained the whole sweep before refusing the target."""
+    import shutil
+    root = Path(__file__).resolve().parents[1]
+    for src, wrong in (("demo-lm", []), ("demo", ["--task", "lm"])):
+        out = tmp_path / src
+        shutil.copytree(root / "docs" / src, out)
+        before = (out / "claims.csv").read_text()
+        assert main(["demo", "--from-records", "--out", str(out), *wrong]) == 2
+        assert "pass --task" in capsys.readouterr().err and (out / "claims.csv").read_text() == before
+    assert main(["demo", "--task", "lm", "--target", "0.85", "--out", str(tmp_path / "lm"), "--no-bar"]) == 2
+    assert "perplexity" in capsys.readouterr().err and not (tmp_path / "lm" / "runs").exists()

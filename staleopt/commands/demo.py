@@ -222,14 +222,20 @@ def complete(records, sweep_file=DEFAULT_SWEEP):
 def _from_records(args) -> int:
     """``--from-records``: the report of OUT/records.csv, trained by an earlier demo."""
     import pandas as pd
-    from .. import claims
+    from .. import claims, metrics
     from ..compare import write_report
     from ..sweep import _EXACT_FLOATS
     out = Path(args.out)
     if not (out / "records.csv").is_file():
         raise ConfigError(f"--from-records reads {out / 'records.csv'}, which does not exist: run the demo first")
     info = json.loads((out / "run.json").read_text()) if (out / "run.json").is_file() else {}
-    records = complete(pd.read_csv(out / "records.csv", **_EXACT_FLOATS), _sweep_file(args))
+    raw = pd.read_csv(out / "records.csv", **_EXACT_FLOATS)
+    lm = metrics.task_of(raw) == "lm"
+    if lm != (args.task == "lm") and not args.sweep:  # (the sweep file fills the columns the records leave out)
+        raise ConfigError(f"{out / 'records.csv'} holds a {'language model' if lm else 'classifier'}'s runs, but "
+                          f"--task {args.task} rebuilds them with {_sweep_file(args).name}'s settings and claims: "
+                          f"pass --task {'lm' if lm else 'classification'} (or --sweep FILE, the file they ran)")
+    records = complete(raw, _sweep_file(args))
     default = _default_target(args, records)
     target = args.target if args.target is not None else info.get("target", default)
     result = write_report(records, out, target=target, figures=args.figures, write_records=False,
@@ -285,6 +291,10 @@ def run(args) -> int:
     check_int("--workers", args.workers, 1)
     check_int("--worker-threads", args.worker_threads, 1)
     spec = sweep.load_sweep(path)
+    if args.target is not None and (args.task == "lm" or not args.sweep):  # (before training: the metric is known)
+        from .. import metrics
+        from ..speedup import check_target
+        check_target(args.target, metrics.PERPLEXITY if args.task == "lm" else metrics.ACCURACY)
     out = Path(args.out)
     t0 = time.perf_counter()
     report = sweep.run_sweep(spec, out, workers=args.workers, threads=args.worker_threads, bar=not args.no_bar)
