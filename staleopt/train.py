@@ -93,6 +93,7 @@ from __future__ import annotations
 import functools
 import math
 import time
+import warnings
 from typing import Any, Callable, Dict, Mapping, Optional, Union
 
 import pandas as pd
@@ -365,6 +366,11 @@ def run(config: Union[RunConfig, Mapping[str, Any]], progress: bool = False,
         return _train(config, device, progress, checkpoint, on_epoch)
 
 
+def _warn_padding_batch() -> None:
+    warnings.warn("a training minibatch whose every target is -100 (padding) was skipped: its loss is 0/0 and it "
+                  "has nothing to learn from (no step, no record); pad less or drop such samples", stacklevel=3)
+
+
 def _example_input(data: datasets.Data, config: RunConfig, device: torch.device) -> torch.Tensor:
     """The first training microbatch in dataset order, the forward pass ``unit_order="execution"`` orders the units
     by (an augmenting dataset draws from a generator of its own: the run's random streams are untouched)."""
@@ -429,6 +435,12 @@ def _train(config: RunConfig, device: torch.device, progress: bool, checkpoint, 
                 if opt.step_count >= total:
                     break
                 x, y = x.to(device), y.to(device)
+                if data.task != "regression" and not bool((y != -100).any()):
+                    # every target is padding (-100): the loss is 0/0, nothing to learn and no divergence; the
+                    # pipeline sees no minibatch (as for a batch a trainer skips)
+                    done_batches += 1
+                    _warn_padding_batch()
+                    continue
                 opt.zero_grad()
                 _, loss = _forward_loss(model, x, y, data, config.model, criterion)
                 value = loss.item()

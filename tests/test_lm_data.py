@@ -328,3 +328,27 @@ def test_a_vocabulary_smaller_than_the_tokens_is_a_data_error(split):
     with pytest.raises(RuntimeError, match="mat1 and mat2"):
         train._forward_loss(model, x[:2].float(), y[:2], datasets.Data("d", tr, te, 4, (8,), "lm"), "m",
                             train._criterion("lm"))
+
+
+def test_a_minibatch_of_padding_only_is_skipped_not_recorded_as_divergence():
+    """Its mean loss is 0/0 (no target kept): the run stopped there, recorded as diverged, though padding is
+    documented as left out."""
+    import warnings
+    from torch.utils.data import TensorDataset
+    from staleopt import train
+    from staleopt.config import RunConfig
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randint(0, 12, (40, 8), generator=g), torch.randint(0, 12, (40, 8), generator=g)
+    y[::5] = -100  # every fifth sample: all of its targets padding
+
+    def factory():
+        return TensorDataset(x[:32], y[:32]), TensorDataset(x[32:], y[32:])
+    data.register("padded-lm-test", factory, replace=True)
+    cfg = RunConfig(model="gpt", model_kwargs={"d_model": 16, "layers": 1}, data="padded-lm-test", method="gpipe",
+                    stages=2, optimizer="adam", lr=1e-3, batch_size=1, epochs=2)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        rec = train.run(cfg)
+    assert (rec["status"] == "ok").all() and rec["train_loss"].notna().all()
+    assert rec["step"].tolist() == [32 - 7, 2 * (32 - 7)]  # 7 of the 32 training samples are padding only
+    assert any("-100 (padding) was skipped" in str(w.message) for w in seen)
