@@ -387,6 +387,12 @@ def _train(config: RunConfig, device: torch.device, progress: bool, checkpoint, 
     spe = steps_per_epoch(config, len(data.train))
     total = total_steps(config, len(data.train))
     args = method_args(config, len(data.train))
+    if args.get("warmup_steps") is not None and args["warmup_steps"] >= total:
+        warnings.warn(f"{config.method}'s synchronous warmup ({args['warmup_steps']} steps"
+                      + (f", 5 x lr_warmup_steps = {config.lr_warmup_steps}" if config.lr_schedule in
+                         LR_WARMUP_SCHEDULES and "warmup_steps" not in config.method_overrides() else "")
+                      + f") covers the whole run of {total} steps: it trains as GPipe, no step is pipelined; set "
+                      "warmup_steps below the run's length or train longer", stacklevel=2)
     pipeline = config.pipeline(**args)
     if config.unit_order == "execution":
         stages, strategy = partition_model(model, config.stages, config.partition,

@@ -268,3 +268,15 @@ def test_model_and_data_options_of_the_wrong_type_are_refused_where_the_config_i
     assert RunConfig(model="cnn1d", data="mnist1d", data_kwargs={"num_samples": 400}).data == "mnist1d"
     with pytest.raises(ConfigError, match="'scale_coeff' = 'x', which must be a number"):
         RunConfig(model="cnn1d", data="mnist1d", data_kwargs={"scale_coeff": "x"})
+
+
+def test_a_synchronous_warmup_as_long_as_the_run_is_warned_about():
+    """pipemare-w's warmup (5 x lr_warmup_steps under a linear warmup) longer than the run trained plain GPipe
+    while the records named pipemare-w, silently."""
+    import warnings
+    base = dict(method="pipemare-w", stages=3, epochs=1, max_steps=6, batch_size=16)
+    for extra, warned in (({"lr_schedule": "linear-warmup", "lr_warmup_steps": 4}, True), ({"warmup_steps": 2}, False)):
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            train.run(cfg(**base, **extra))
+        assert any("covers the whole run" in str(w.message) for w in seen) == warned, extra
