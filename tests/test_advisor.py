@@ -284,3 +284,14 @@ def test_curvature_is_the_larger_of_the_two_runs_lower_bounds_and_bad_settings_a
     for rtol in (0.0, -1.0, float("nan")):
         with pytest.raises(ConfigError, match="rtol"):
             theory.max_stable_lr(1.0, 3, rtol=rtol)
+
+
+def test_advise_on_a_language_model_takes_the_trainers_cross_entropy(capsys):
+    """advise used the mean squared error on anything but classification: a language model's logits against token
+    ids crashed with torch's size mismatch (or broadcast silently); and a model for another task was not refused."""
+    from staleopt.cli import main
+    common = ["--method", "pipemare", "--stages", "3", "--lr", "0.01", "--batch-size", "8", "--iters", "3"]
+    assert main(["advise", "--model", "gpt", "--data", "text-markov", *common]) == 0
+    assert "largest stable lr" in capsys.readouterr().out
+    assert main(["advise", "--model", "mlp", "--data", "text-markov", *common]) == 2
+    assert "text-markov" in capsys.readouterr().err

@@ -4,12 +4,12 @@ from __future__ import annotations
 import argparse
 
 import torch
-import torch.nn.functional as F
 
 from .. import data as datasets
 from .. import models
 from ..advisor import advise
 from ..errors import ConfigError
+from ..train import _criterion
 from ..validate import check_int
 
 __all__ = ["register", "run"]
@@ -59,10 +59,11 @@ def register(subparsers) -> None:
 def run(args) -> int:
     check_int("--warmup-steps", args.warmup_steps, minimum=0)
     d = datasets.load(args.data)
+    models.check_task(args.model, d.task, f"dataset {args.data!r}")
     model = models.get(args.model, num_classes=d.num_classes, input_shape=d.input_shape, seed=args.seed)
     gen = torch.Generator().manual_seed(args.seed)
     batch = next(datasets.batches(d.train, args.batch_size, shuffle=True, generator=gen))
-    loss_fn = F.cross_entropy if d.task == "classification" else F.mse_loss
+    loss_fn = _criterion(d.task)  # the trainer's loss: a language model's cross-entropy over every position
     _warmup(model, loss_fn, d.train, args)
     advice = advise(model, loss_fn, batch, args.method, args.stages, args.microbatches, lr=args.lr,
                     momentum=args.momentum, step=args.step, iters=args.iters, seed=args.seed)
