@@ -89,7 +89,7 @@ class _Context:
         div)"``."""
         g, m = self.group(method, p), self.metric
         nd, n = stats.divergence_count(g["diverged"])
-        mean, lo, hi, _, _ = stats.interval(g[m.best_column], self.level, m.bounds)
+        mean, lo, hi, _, _ = stats.interval(g[m.best_column], self.level, m.limits)
         return mean, f"{method} {stats.interval_text(mean, lo, hi, m.digits)}" + (f" ({nd}/{n} div)" if nd else "")
 
 

@@ -65,6 +65,14 @@ class Metric:
     bounds: Optional[Tuple[float, float]]
     digits: int
     unit: str = ""
+    #: the values the metric can take where it has no :attr:`bounds` (a perplexity >= 1, a loss >= 0): the
+    #: intervals of tables and figures stay inside them (:attr:`limits`), nothing else reads them
+    domain: Optional[Tuple[float, float]] = None
+
+    @property
+    def limits(self) -> Optional[Tuple[float, float]]:
+        """What an interval over seeds is clipped to: :attr:`bounds`, else :attr:`domain`."""
+        return self.bounds if self.bounds is not None else self.domain
 
     @property
     def best_column(self) -> str:
@@ -123,9 +131,10 @@ class Metric:
 #: Test accuracy (classification): higher is better, a fraction in [0, 1].
 ACCURACY = Metric("test_acc", "acc", "test accuracy", "accuracy", True, (0.0, 1.0), 3)
 #: Test perplexity ``exp(test_loss)`` (language models): lower is better, unbounded above.
-PERPLEXITY = Metric("test_ppl", "ppl", "test perplexity", "perplexity", False, None, 2, "perplexity")
+PERPLEXITY = Metric("test_ppl", "ppl", "test perplexity", "perplexity", False, None, 2, "perplexity",
+                    (1.0, math.inf))
 #: Test loss (regression's metric; the LM's loss in nats per token): lower is better.
-TEST_LOSS = Metric("test_loss", "test_loss", "test loss", "test loss", False, None, 3, "nats")
+TEST_LOSS = Metric("test_loss", "test_loss", "test loss", "test loss", False, None, 3, "nats", (0.0, math.inf))
 #: Every metric by its record column.
 METRICS: Dict[str, Metric] = {m.column: m for m in (ACCURACY, PERPLEXITY, TEST_LOSS)}
 #: The primary metric of each task (:attr:`staleopt.data.Data.task`).

@@ -840,7 +840,7 @@ def summarize(records: pd.DataFrame, by: Optional[Sequence[str]] = None, level: 
         row = {**dict(zip(keep, key)), "runs": n}
         kinds = {}
         for col in (metric.best_column, metric.final_column):
-            mean, lo, hi, _, kinds[f"{col}_interval"] = interval(g[col], level, metric.bounds)
+            mean, lo, hi, _, kinds[f"{col}_interval"] = interval(g[col], level, metric.limits)
             row.update({col: mean, f"{col}_lo": lo, f"{col}_hi": hi, f"{col}_ci": t_interval(g[col], level)[1]})
         row.update({**kinds, "final_loss": t_interval(g["final_loss"], level)[0]})
         if "excess_loss" in g.columns:

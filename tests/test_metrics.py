@@ -334,3 +334,19 @@ def test_results_times_each_method_against_gpipe_with_its_own_microbatches(tmp_p
     figure = speedup.speedup_table(records, 0.7, keys=[*plots.line_keys(records), "stages"])
     assert got.loc[("pipemare", 2)] == figure.set_index(["method", "stages"]).loc[("pipemare", 2), "speedup"]
     assert math.isfinite(got.loc[("pipemare", 2)])
+
+
+def test_a_perplexity_or_loss_interval_stays_in_the_values_range():
+    """A t-interval over seeds [2.79, 2.80, 2.79, 9.0] reached below 0 for a perplexity (>= 1) and a loss (>= 0):
+    tables, claims and figures printed 4.34 [-0.59, 9.28]; clipped to the metric's domain (only the interval)."""
+    from staleopt import metrics, stats
+    values = [2.79, 2.80, 2.79, 9.0]
+    _, lo, hi, _, kind = stats.interval(values, 0.95, metrics.PERPLEXITY.limits)
+    assert kind == "t" and lo == 1.0 and hi > 9.0
+    assert stats.interval(values, 0.95, metrics.TEST_LOSS.limits)[1] == 0.0
+    assert metrics.PERPLEXITY.bounds is None and metrics.PERPLEXITY.worse_by(2.0, 0.01) == 2.0 * 1.01
+    rows = [{"run": f"r{s}", "method": "gpipe", "stages": 2, "seed": s, "epoch": 1, "test_ppl": v,
+             "test_loss": math.log(v), "test_acc": math.nan, "train_loss": 1.0, "status": "ok"}
+            for s, v in enumerate(values)]
+    summary = sweep.summarize(pd.DataFrame(rows), by=["method", "stages"])
+    assert summary["best_ppl_lo"].iloc[0] == 1.0

@@ -316,7 +316,7 @@ def plot_accuracy_vs_stages(source, metric: Optional[str] = None, level: float =
             total_ax.plot(xs, [totals.get(config_key([*line, p]), np.nan) for p, _ in by_p], ms=4, label=label,
                           **look)
         dodged = [_dodge(pos[p], j, len(lines), categorical) for p, _ in by_p]
-        mean, lo, hi = (np.array(v) for v in zip(*[_summary(r[metric], level, m.bounds) for _, r in by_p]))
+        mean, lo, hi = (np.array(v) for v in zip(*[_summary(r[metric], level, m.limits) for _, r in by_p]))
         with np.errstate(invalid="ignore"):  # an infinite mean (inf - inf) has no bar: Edge marks it
             quality_ax.errorbar(dodged, mean, yerr=[mean - lo, hi - mean], ms=4, lw=1.2, capsize=2, label=label,
                              **look)
