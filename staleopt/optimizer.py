@@ -1019,6 +1019,8 @@ class PipelineOptimizer(torch.optim.Optimizer):
                             "version this pass read, layers that save the parameter itself (convolutions, "
                             "non-contiguous weights) read w_t, so the second-order terms of delayed stages are "
                             "not those of a pipeline (outside the simulated semantics, docs/wrapper.md); warned once")
+        if self._last_pass():
+            self._expire()
         self._restore()
 
     def _last_forward(self) -> bool:
