@@ -59,7 +59,7 @@ from .errors import ConfigError, DataError
 from .validate import check_int
 
 __all__ = ["Data", "ImageTensors", "TokenWindows", "TEXT_CORPORA", "load", "task", "names", "options", "batches", "cache_dir", "data_dir", "CIFAR_FOLDERS",
-           "read_cifar_batch", "register", "registered", "from_datasets", "shape"]
+           "read_cifar_batch", "register", "registered", "from_datasets", "shape", "first_batch"]
 
 #: torchvision's folder name for each CIFAR dataset, under ``root``.
 CIFAR_FOLDERS = {"cifar10": "cifar-10-batches-py", "cifar100": "cifar-100-python"}
@@ -917,6 +917,14 @@ def shape(name: str, kwargs_json: str = "{}") -> Tuple[int, Tuple[int, ...]]:
     """``(num_classes, input_shape)`` of ``load(name, **json.loads(kwargs_json))`` (loaded once per process)."""
     d = load(name, **json.loads(kwargs_json))
     return d.num_classes, tuple(d.input_shape)
+
+
+def first_batch(dataset: Dataset, size: int) -> torch.Tensor:
+    """The inputs of the first ``size`` samples (at most all) in dataset order: the forward pass that
+    ``unit_order="execution"`` orders a run's units by (the trainer's and the memory report's; an augmenting dataset
+    draws from a generator of its own, so no random stream of the caller moves)."""
+    x, _ = next(batches(dataset, min(size, len(dataset)), generator=torch.Generator().manual_seed(0)))
+    return x
 
 
 def batches(dataset: Dataset, batch_size: int, *, shuffle: bool = False,

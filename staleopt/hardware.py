@@ -440,10 +440,7 @@ def run_memory(records) -> "pandas.DataFrame":
                 d = datasets.load(r.data, **loads(r.data_kwargs))
                 model = models.get(r.model, seed=0, num_classes=d.num_classes, input_shape=d.input_shape,
                                    **loads(r.model_kwargs))
-                first = None  # the run's split: units in the order its first training microbatch uses them
-                if execution:  # (staleopt.train's _example_input)
-                    size = min(what[-1], len(d.train))
-                    first = next(datasets.batches(d.train, size, generator=torch.Generator().manual_seed(0)))[0]
+                first = datasets.first_batch(d.train, what[-1]) if execution else None  # (the run's split)
                 partition = partition_model(model, P, r.partition, example_input=first)
                 example = torch.stack([d.train[i][0] for i in range(2)])
                 built[what] = (model, partition, activation_sizes(model, partition, example, what[-1]))

@@ -371,14 +371,6 @@ def _warn_padding_batch() -> None:
                   "has nothing to learn from (no step, no record); pad less or drop such samples", stacklevel=3)
 
 
-def _example_input(data: datasets.Data, config: RunConfig, device: torch.device) -> torch.Tensor:
-    """The first training microbatch in dataset order, the forward pass ``unit_order="execution"`` orders the units
-    by (an augmenting dataset draws from a generator of its own: the run's random streams are untouched)."""
-    size = min(config.batch_size // config.microbatches, len(data.train))
-    x, _ = next(datasets.batches(data.train, size, generator=torch.Generator().manual_seed(0)))
-    return x.to(device)
-
-
 def _train(config: RunConfig, device: torch.device, progress: bool, checkpoint, on_epoch=None) -> pd.DataFrame:
     data = datasets.load(config.data, **config.data_kwargs).to(device)
     models.check_task(config.model, data.task, f"dataset {config.data!r}")
@@ -394,9 +386,9 @@ def _train(config: RunConfig, device: torch.device, progress: bool, checkpoint, 
                       + f") covers the whole run of {total} steps: it trains as GPipe, no step is pipelined; set "
                       "warmup_steps below the run's length or train longer", stacklevel=2)
     pipeline = config.pipeline(**args)
-    if config.unit_order == "execution":
-        stages, strategy = partition_model(model, config.stages, config.partition,
-                                           example_input=_example_input(data, config, device)), None
+    if config.unit_order == "execution":  # (the first training microbatch orders the units)
+        first = datasets.first_batch(data.train, config.batch_size // config.microbatches).to(device)
+        stages, strategy = partition_model(model, config.stages, config.partition, example_input=first), None
     else:
         stages, strategy = config.stages, config.partition
     opt = PipelineOptimizer(model, build_optimizer(config, model.parameters()), stages=stages,
