@@ -339,6 +339,7 @@ class PipelineOptimizer(torch.optim.Optimizer):
                                         None)
         self._max_delays = (tf, tb)
         self._max_recompute = tr
+        self._check_renormalizing([max(f, b) for f, b in zip(tf, tb)])
         self._schedule_delays = None  # per pass, before corrections (deterministic schedules: fixed)
         if not self._schedule.random:
             if self._microbatch_passes:
@@ -429,6 +430,21 @@ class PipelineOptimizer(torch.optim.Optimizer):
         if raw and rewriting:
             raise CorrectionError(f"{type(raw[0]).__name__} needs the raw weight history, which "
                                   f"{type(rewriting[0]).__name__} replaces by predicted weights: use one of the two")
+
+    def _check_renormalizing(self, depths: List[int]) -> None:
+        """An ``nn.Embedding(max_norm=...)`` (or ``EmbeddingBag``) renormalizes the rows it looks up in place in its
+        forward pass. Under a delay that forward reads a stored ``w_(t-tau)``, so the renormalization would rewrite
+        that stored version and never reach ``w_t`` (design §1: the weights change only at rest): refused."""
+        delayed = {id(p) for s in self._partition for p in s.params if depths[s.index]}
+        found = [name for name, m in self._model.named_modules()
+                 if isinstance(m, (nn.Embedding, nn.EmbeddingBag)) and m.max_norm is not None
+                 and id(m.weight) in delayed]
+        if found:
+            raise ConfigError(f"the embedding(s) {found[:3]} renormalize their weight in the forward pass "
+                              "(max_norm): under delays that would rewrite a stored stale version, never the "
+                              "current weights w_t. Build them with max_norm=None and renormalize w_t at rest after "
+                              "each opt.step(), e.g. with torch.no_grad(): torch.embedding_renorm_(emb.weight, "
+                              "ids, max_norm, 2.0) for the ids of the batch (a constraint at rest is part of w_t)")
 
     # ------------------------------------------------------------------ torch.optim plumbing
     @property

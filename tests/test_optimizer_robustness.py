@@ -593,3 +593,42 @@ def test_a_forward_that_reads_none_of_the_parameters_is_named_as_training_withou
     for n, p in model.named_parameters():
         p.grad = per_sample[n].mean(0)
     opt.step()
+
+
+def test_an_embedding_that_renormalizes_in_its_forward_is_refused_under_delays():
+    """nn.Embedding(max_norm=...) renormalizes its looked-up rows in place in the forward: under delays that forward
+    reads a stored w_(t-tau), so w_t was never renormalized (norm 3.4 against 0.5 undelayed, before). Refused with
+    the fix; without delays it trains as in plain torch, and the fix (renormalize w_t at rest after step) keeps w_t's rows bounded."""
+
+    class Net(nn.Module):
+        def __init__(self, max_norm):
+            super().__init__()
+            self.emb, self.l1, self.head = nn.Embedding(11, 6, max_norm=max_norm), nn.Linear(6, 6), nn.Linear(6, 3)
+
+        def forward(self, x):
+            return self.head(torch.tanh(self.l1(self.emb(x)))).mean(1)
+
+    torch.manual_seed(0)
+    model = Net(0.5)
+    with pytest.raises(ConfigError, match=r"\['emb'\].*max_norm=None.*embedding_renorm_"):
+        staleopt.PipelineOptimizer(model, torch.optim.SGD(model.parameters(), lr=0.1), stages=3, schedule="pipemare")
+    plain = copy.deepcopy(model)
+    opt = staleopt.PipelineOptimizer(model, torch.optim.SGD(model.parameters(), lr=0.1), stages=3, schedule="gpipe")
+    base = torch.optim.SGD(plain.parameters(), lr=0.1)
+    x = torch.randint(0, 11, (4, 5))
+    for m, o in ((model, opt), (plain, base)):
+        for _ in range(2):
+            o.zero_grad()
+            m(x).pow(2).mean().backward()
+            o.step()
+    assert torch.equal(model.emb.weight, plain.emb.weight)  # without delays, as plain torch
+    opt.remove_hooks()
+    model = Net(None)
+    opt = staleopt.PipelineOptimizer(model, torch.optim.SGD(model.parameters(), lr=5.0), stages=3, schedule="pipemare")
+    for _ in range(3):
+        opt.zero_grad()
+        model(x).pow(2).mean().backward()
+        opt.step()
+        with torch.no_grad():
+            torch.embedding_renorm_(model.emb.weight, x.unique(), 0.5, 2.0)
+    assert model.emb.weight[x.unique()].norm(dim=1).max() <= 0.5 + 1e-6
