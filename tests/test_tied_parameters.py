@@ -534,3 +534,20 @@ def test_a_tied_owner_that_runs_last_trains_as_the_registered_in_order_model_wit
         runs.append([p.detach().clone() for p in (model.tok.weight, model.l1.weight, model.l1.bias, model.l2.weight,
                                                  model.l2.bias, opt.replicas[0].tensor)])
     assert all(torch.equal(a, b) for a, b in zip(*runs))
+
+
+def test_a_per_stage_learning_rate_steps_a_tied_matrix_at_its_owners_factor():
+    """PipeMare's T1 gives every stage its own lr factor; the tied matrix takes one update, at its owner's (stage 0)
+    factor, not the replica stage's (docs/wrapper.md, Partitioning). Plain SGD: the update is -lr f_0 grad."""
+    model = TiedNet()
+    lr = 0.05
+    opt = staleopt.PipelineOptimizer(model, torch.optim.SGD(model.parameters(), lr=lr), stages=3, schedule="pipemare")
+    (r,) = opt.replicas
+    assert (r.owner_stage, r.stage) == (0, 2)
+    for x, y in _data(4):
+        opt.zero_grad()
+        _mse(model(x), y).backward()
+        before, grad = model.tok.weight.detach().clone(), model.tok.weight.grad.clone()
+        opt.step()
+        assert opt.lr_factor(0) != opt.lr_factor(2)
+        torch.testing.assert_close(model.tok.weight.detach(), before - lr * opt.lr_factor(0) * grad, rtol=0, atol=1e-15)
