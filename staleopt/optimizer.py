@@ -430,6 +430,13 @@ class PipelineOptimizer(torch.optim.Optimizer):
         if raw and rewriting:
             raise CorrectionError(f"{type(raw[0]).__name__} needs the raw weight history, which "
                                   f"{type(rewriting[0]).__name__} replaces by predicted weights: use one of the two")
+        refilling = [c for c in self._corrections if c.refills_pipeline]
+        if refilling and rewriting:
+            raise CorrectionError(f"{type(rewriting[0]).__name__} stores each version predicted for the version gap "
+                                  "of the step that stores it (PipeOptim eq. 5), but after "
+                                  f"{type(refilling[0]).__name__}'s synchronous steps the pipeline refills: the "
+                                  "version of the switch is read at gaps 0, 1, ..., tau, and every one of those "
+                                  "reads would get the prediction for the wrong gap. Use one of the two")
 
     def _check_renormalizing(self, depths: List[int]) -> None:
         """An ``nn.Embedding(max_norm=...)`` (or ``EmbeddingBag``) renormalizes the rows it looks up in place in its

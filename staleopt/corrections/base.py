@@ -52,6 +52,10 @@ class Correction:
     needs_raw_history: bool = False
     #: :meth:`transform_stored` replaces the stored copy of ``w_t`` (weight prediction).
     rewrites_history: bool = False
+    #: after its synchronous steps the pipeline refills (``tau := min(tau, t - W)``, growing one step at a time), so
+    #: one stored version is read at several version gaps ``tau_fwd - tau_bkwd``: cannot be combined with a
+    #: correction that ``rewrites_history`` for the one gap of the step that stores the version.
+    refills_pipeline: bool = False
     #: makes every backward view the forward view, ``tau_bkwd := tau_fwd`` (weight stashing).
     backward_reads_forward_view: bool = False
     #: the first steps are synchronous; ``engine.phase_offset`` sums these, and corrections that

@@ -41,6 +41,7 @@ class Warmup(Correction):
     """
 
     name, paper = "W", "PipeMare §4 (Warmup Epochs)"
+    refills_pipeline = True
 
     def __init__(self, steps: int):
         self.steps = _check_steps("Warmup(steps)", steps)
