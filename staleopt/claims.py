@@ -113,6 +113,14 @@ def decisive_digits(value: float, bound: float, digits: int) -> int:
     return digits
 
 
+def _comparable(ma: float, mb: float, ta: str, tb: str) -> None:
+    """Two means a claim compares: refused (the claim is not evaluated) where both are the same infinity (runs
+    diverged on both sides: :meth:`Metric.gain` reads that as no gap, which would let "within 0.25" hold)."""
+    if math.isinf(ma) and ma == mb:
+        raise ConfigError(f"{ta} vs {tb}: both means are {ma} (runs diverged on both sides), so neither is better: "
+                          "nothing to compare")
+
+
 @dataclass(frozen=True)
 class Beats(Claim):
     a: str
@@ -126,6 +134,7 @@ class Beats(Claim):
     def check(self, ctx):
         p = ctx.p(self.stages)
         (ma, ta), (mb, tb) = ctx.score(self.a, p), ctx.score(self.b, p)
+        _comparable(ma, mb, ta, tb)
         gain = ctx.metric.gain(ma, mb)
         return f"{ta} vs {tb}: {gain:+.{decisive_digits(gain, self.margin, 3)}f}", gain >= self.margin
 
@@ -143,6 +152,7 @@ class Matches(Claim):
     def check(self, ctx):
         p = ctx.p(self.stages)
         (ma, ta), (mb, tb) = ctx.score(self.a, p), ctx.score(self.b, p)
+        _comparable(ma, mb, ta, tb)
         gain = ctx.metric.gain(ma, mb)
         return f"{ta} vs {tb}: {gain:+.{decisive_digits(abs(gain), self.tol, 3)}f}", abs(gain) <= self.tol
 
@@ -196,6 +206,7 @@ class Degrades(Claim):
     def check(self, ctx):
         lo, hi = ctx.p(self.low), ctx.p(self.high)
         (ml, tl), (mh, th) = ctx.score(self.method, lo), ctx.score(self.method, hi)
+        _comparable(mh, ml, f"P={hi}: {th}", f"P={lo}: {tl}")
         gain = ctx.metric.gain(mh, ml)   # negative: worse at the larger P
         return f"P={lo}: {tl}; P={hi}: {th}: {gain:+.{decisive_digits(-gain, self.margin, 3)}f}", -gain >= self.margin
 

@@ -219,6 +219,61 @@ def test_gaps_infinite_in_both_directions_have_no_mean_and_the_ledger_says_so():
         in trend.text, trend.text
 
 
+
+def test_a_gap_infinite_on_the_claims_side_is_judged_and_no_missing_interval_is_described():
+    """A diverged b in one seed (gains +inf, +0.5, +0.5: every seed favours a) read "partly: ... the 95% interval
+    of the difference includes 0", and one seed read "the 95% interval reaches below": judged on the finite gaps,
+    with the infinite ones in the claim's favour; the text counts the paired seeds (it said "1 paired seed")."""
+    from staleopt.ledger import spec, verdict
+    ab = {"a": {"recipe": "r", "method": "x"}, "b": {"recipe": "r", "method": "y"}}
+    better = spec.Check("c", "a claim", "Paper §1", "1.0", "better", ab)
+    row = verdict.evaluate(better, _ledger_runs("x", [0.9, 0.9, 0.91]) + _ledger_runs("y", [-INF, 0.4, 0.4], {0}),
+                           "e", "")
+    assert row.verdict == verdict.REPRODUCED, row.reason
+    assert "1 of 3 paired seeds have an infinite gap in the claim's favour" in row.reason
+    assert "(3 paired seeds, 1 infinite, no interval)" in row.ours and "1 paired seed" not in row.ours
+    against = verdict.evaluate(better, _ledger_runs("x", [-INF, 0.9, 0.9], {0}) + _ledger_runs("y", [0.4] * 3), "e", "")
+    assert against.verdict == verdict.NOT
+    one = verdict.evaluate(spec.Check("c", "a claim", "Paper §1", "1.0", "not-worse", ab),
+                           _ledger_runs("x", [0.9]) + _ledger_runs("y", [0.5]), "e", "")
+    assert one.verdict == verdict.PARTLY and one.reason == "one paired seed: no interval", one.reason
+    degrades = spec.Check("d", "a claim", "Paper §1", "1.0", "degrades",
+                          {"a": {"recipe": "r", "method": "x"}, "reference": {"recipe": "r", "method": "y"}})
+    runs = _ledger_runs("x", [0.9, 0.9, 0.91]) + [{**r, "stages": 8} for r in _ledger_runs("x", [-INF, 0.5, 0.51], {0})]
+    row = verdict.evaluate(degrades, runs + _ledger_runs("y", [0.95, 0.95, 0.96]), "e", "")
+    assert row.verdict == verdict.REPRODUCED and "drop: 1 of 3 paired seeds" in row.reason, row.reason
+
+
+def test_a_gap_that_changes_sign_between_horizons_is_reversed_not_persisting():
+    """lm-warmup-matches-sync went from -0.067 [-0.103, -0.032] at 1x to +0.057 [+0.011, +0.102] at 4x: the size
+    barely changed, so the trend read "persisting"; both ends clear 0 on opposite sides: "reversed"."""
+    from staleopt.ledger import verdict
+    gaps = {1: [-0.05, -0.08, -0.07], 4: [0.06, 0.04, 0.07]}
+    rows = [verdict.Row("e", "c", "claim", "s", "n", "set", "ours", verdict.NOT, gaps=tuple(enumerate(g)), horizon=h,
+                        ratio=0.01 / h, steps=100 * h) for h, g in gaps.items()]
+    assert verdict.trend(rows).label == verdict.REVERSED
+    same_side = [dataclasses.replace(r, gaps=tuple((s, abs(g)) for s, g in r.gaps)) for r in rows]
+    assert verdict.trend(same_side).label == verdict.PERSISTING
+
+
+def test_a_claim_on_two_infinite_means_is_not_evaluated():
+    """pipedream's and gpipe's mean perplexity both inf (one run of each diverged): gain(inf, inf) = 0 made "within
+    0.25 perplexity" hold for runs at 60 against 3; the claim is not evaluated, with the reason."""
+    def records(p=4):
+        rows = []
+        for method, ppls in (("gpipe", [3.0, 3.0]), ("pipedream", [60.0, 60.0])):
+            for seed, v in enumerate([INF] + ppls):
+                div = math.isinf(v)
+                rows.append(dict(run=f"{method}-{seed}", method=method, stages=p, microbatches=4, seed=seed, epochs=1,
+                                 epoch=1, step=10, test_acc=0.3, test_loss=INF if div else math.log(v), test_ppl=v,
+                                 train_loss=1.0, memory_ratio_gpipe=1.0, status="diverged" if div else "ok"))
+        return pd.DataFrame(rows)
+    table = claims.evaluate(records(), [claims.Matches("pipedream", "gpipe", "max", 0.25),
+                                        claims.Beats("gpipe", "pipedream", "max", 0.0)])
+    assert list(table.verdict) == ["not evaluated"] * 2
+    assert all("both means are inf" in e for e in table.evidence), list(table.evidence)
+
+
 def test_the_ledgers_rows_file_is_strict_json_where_a_gap_is_infinite(tmp_path):
     """reproductions.csv held Python's -Infinity in its gaps, which no strict JSON reader takes; the README's ledger
     table reads the strings back as the same numbers, and the file names the seeds where a run diverged."""

@@ -522,3 +522,20 @@ def test_report_only_without_runs_and_a_damaged_launch_log_refuse_before_writing
     with pytest.raises(RunFileError, match=r"launches.jsonl, line 2"):
         ledger.write_page(page, exps, out, tier="ladder")
     assert not page.exists() and not (page.parent / "img").exists()
+
+
+def test_a_selector_that_matches_two_runs_of_a_seed_is_refused(tmp_path):
+    """b = {method = "gpipe"} over gpipe at P = 1 and 3: the verdict kept one run per seed, whichever sorted last by
+    run id (P = 3 for seed 0, P = 1 for the others), while the text averaged all six. Refused at load, naming the
+    key; a rule that compares stage counts selects several per seed, one per P; hand-built rows are refused too."""
+    two = _EXPERIMENT.replace('method = ["gpipe"]\nstages = [1]', 'method = ["gpipe"]\nstages = [1, 3]')
+    with pytest.raises(SweepConfigError, match=r"b = .*gpipe.* matches 2 configurations of seed 0 \(stages = "
+                                               r"\['1', '3'\]\).*add the key"):
+        spec.load_experiment(_ladder_dir(tmp_path, two) / "tiny.toml")
+    spec.load_experiment(_ladder_dir(tmp_path, two.replace('method = "gpipe"}', 'method = "gpipe", stages = 1}'))
+                         / "tiny.toml")
+    grows = two.replace('rule = "better"', 'rule = "gap-grows"').replace('stages = [3]', 'stages = [1, 3]')
+    spec.load_experiment(_ladder_dir(tmp_path, grows) / "tiny.toml")
+    rows = _runs("x", [0.9, 0.9]) + _runs("y", [0.8, 0.8]) + _runs("y", [0.7], stages=39)
+    with pytest.raises(ConfigError, match="two runs of seed 0 in one compared group"):
+        verdict.evaluate(_check("better", a={"method": "x"}, b={"method": "y"}), rows, "e", "")

@@ -53,8 +53,9 @@ gets a verdict at each. Its *gap* (the per-seed difference the rule reads) is
 drawn against `tau_max / steps` on a log axis, with the paper's own ratio
 marked, and the trend is computed from the runs: "closing" when, paired by
 seed, the gap at the longest horizon is nearer 0 than at the shortest with a
-95% interval that excludes no change, "widening" when farther, "absent" when
-the gap's interval includes 0 at both ends, "persisting" otherwise. A claim that holds only at the longer horizons says so in its row.
+95% interval that excludes no change, "widening" when farther, "reversed"
+when the gap's interval clears 0 at both ends on opposite sides, "absent" when
+it includes 0 at both ends, "persisting" otherwise. A claim that holds only at the longer horizons says so in its row.
 `make reproduce` runs the quick tier (1x only, 207 runs; each launch prints its
 estimated cost first, and the provenance below gives the measured time of the
 runs this page is built from);

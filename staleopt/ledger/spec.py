@@ -349,9 +349,29 @@ def load_experiment(path: Path, scale: str = "cpu", recipes: Optional[Dict[str, 
     rows = [exp.row(c) for c in exp.configs if exp.horizon_of[c.run_id()] == 1]
     for c in exp.checks:
         for key, sel in c.selectors.items():
-            if not selects(rows, sel):
+            hit = selects(rows, sel)
+            if not hit:
                 raise SweepConfigError(f"{path}: check {c.id!r}: {key} = {sel} selects none of the experiment's runs")
+            _one_run_per_seed(f"{path}: check {c.id!r}: {key} = {sel}", hit,
+                              by_stages=key == "a" and c.rule in ("gap-grows", "degrades") or
+                              key == "b" and c.rule == "gap-grows")
     return exp
+
+
+def _one_run_per_seed(where: str, hit: Sequence[Dict[str, Any]], by_stages: bool) -> None:
+    """A rule pairs runs by seed (per stage count where it compares stage counts): a selector that matches two
+    configurations of one seed would leave the verdict to whichever sorts last. Refused, naming what differs."""
+    groups: Dict[tuple, List[Dict[str, Any]]] = {}
+    for r in hit:
+        groups.setdefault((r["seed"], r["stages"]) if by_stages else (r["seed"],), []).append(r)
+    for rs in groups.values():
+        if len(rs) > 1:
+            keys = sorted(k for k in rs[0] if k not in ("run",) and len({repr(r.get(k)) for r in rs}) > 1)
+            values = "; ".join(f"{k} = {sorted({repr(r.get(k)) for r in rs})}" for k in keys)
+            raise SweepConfigError(f"{where} matches {len(rs)} configurations of seed {rs[0]['seed']}"
+                                   f"{' at P = ' + str(rs[0]['stages']) if by_stages else ''} ({values}): the rule "
+                                   "pairs one run per seed" + (" and stage count" if by_stages else "") +
+                                   "; add the key that tells them apart to the selector")
 
 
 def load_all(scale: str = "cpu", directory: Path = LEDGER_DIR) -> List[Experiment]:

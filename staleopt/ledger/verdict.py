@@ -5,7 +5,9 @@ scores the value recorded when it stopped, ``inf`` where that was none or
 overflowed, :mod:`staleopt.stats`; two runs of one seed that both scored it
 differ by 0, counted, and a check whose every pair is such is not reproduced,
 with that reason; so is one whose gaps are infinite in both directions, which
-have no mean): the check's ``metric`` when it
+have no mean; gaps infinite on one side only fail a rule they are against and,
+in its favour, count as seeds past any bound, the rest judged on the finite
+gaps, :func:`_judge`): the check's ``metric`` when it
 names one, else the runs' task's (:mod:`staleopt.metrics`: test accuracy for
 classification, test perplexity for a language model). Every difference below
 is a gain (:meth:`staleopt.metrics.Metric.gain`): ``a_s - b_s`` for an accuracy,
@@ -41,9 +43,10 @@ the gap (gap-grows) or the drop from the reference at the largest P
 seed: the change of the gap's size ``c_s = |g_s(longest)| - |g_s(shortest)|``;
 "closing" when the 95% interval of ``c`` lies below 0 (the gap is nearer 0,
 on either side of it), "widening" when it lies above 0 (a gap that moved past
-0 to a larger size on the other side widened); otherwise "absent" when the 95% intervals
-of the mean gap at both horizons include 0 (no gap to follow), else
-"persisting".
+0 to a larger size on the other side widened); otherwise "reversed" when the 95%
+intervals of the mean gap at the two horizons clear 0 on opposite sides (a
+similar size, the other way round), "absent" when both include 0 (no gap to
+follow), else "persisting".
 """
 from __future__ import annotations
 
@@ -64,8 +67,9 @@ __all__ = ["Row", "Trend", "REPRODUCED", "PARTLY", "NOT", "NOT_RUN", "VERDICTS",
 
 REPRODUCED, PARTLY, NOT, NOT_RUN = "reproduced", "partly", "not reproduced", "not yet run"
 VERDICTS = (REPRODUCED, PARTLY, NOT, NOT_RUN)
-CLOSING, PERSISTING, WIDENING, ABSENT, NO_TREND = "closing", "persisting", "widening", "absent", "no trend"
-TRENDS = (CLOSING, PERSISTING, WIDENING, ABSENT, NO_TREND)
+CLOSING, PERSISTING, WIDENING, REVERSED, ABSENT, NO_TREND = ("closing", "persisting", "widening", "reversed", "absent",
+                                                              "no trend")
+TRENDS = (CLOSING, PERSISTING, WIDENING, REVERSED, ABSENT, NO_TREND)
 
 
 @dataclass(frozen=True)
@@ -135,7 +139,13 @@ def scores(records: pd.DataFrame, recipe_of: Dict[str, str], horizon_of: Optiona
 
 
 def _by_seed(rows, key) -> Dict[int, float]:
-    return {r["seed"]: key(r) for r in rows}
+    out: Dict[int, float] = {}
+    for r in rows:
+        if r["seed"] in out:  # (spec.load_experiment refuses such selectors; rows built by hand may still pool)
+            raise ConfigError(f"two runs of seed {r['seed']} in one compared group (run {r.get('run', '?')} and another): a "
+                              "rule pairs one run per seed; select by the key that tells them apart")
+        out[r["seed"]] = key(r)
+    return out
 
 
 def _minus(x: float, y: float) -> float:
@@ -170,7 +180,9 @@ def _diff_text(name: str, d: Sequence[float]) -> str:
     if n == 0:
         return f"{name}: no paired seeds"
     if math.isnan(half):
-        return f"{name} {mean:+.3f} (1 paired seed, no interval)"
+        infinite = sum(math.isinf(x) for x in d)
+        return f"{name} {mean:+.3f} (" + ("1 paired seed" if n == 1 else f"{n} paired seeds, {infinite} infinite") + \
+            ", no interval)"
     return f"{name} {mean:+.3f} [{mean - half:+.3f}, {mean + half:+.3f}]"
 
 
@@ -195,13 +207,31 @@ def _no_mean(d: Sequence[float]) -> str:
             "diverged in some seed), so they have no mean: nothing to compare")
 
 
-def _judge(d: Sequence[float], lo_ok, mean_ok) -> str:
+def _judge(d: Sequence[float], lo_ok, mean_ok) -> Tuple[str, str]:
+    """The verdict on the gaps ``d`` and, where the t-interval of all of them does not decide it, why. One paired
+    seed has no interval: "partly" at best. Gaps infinite on one side (a run diverged; both sides have no mean,
+    :func:`_no_mean`) against the claim fail it; in its favour each is a seed past any bound, and the rest is
+    judged on the interval of the finite gaps (all infinite: reproduced from two seeds on)."""
     mean, half, n = t_interval(d)
     if n == 0:
-        return NOT_RUN
-    if not math.isnan(half) and lo_ok(mean - half, mean + half):
-        return REPRODUCED
-    return PARTLY if mean_ok(mean) else NOT
+        return NOT_RUN, ""
+    if not mean_ok(mean):
+        return NOT, ""
+    infinite = sum(math.isinf(x) for x in d)
+    if infinite:
+        finite = [x for x in d if not math.isinf(x)]
+        fm, fh, fn = t_interval(finite)
+        note = f"{infinite} of {n} paired seeds have an infinite gap in the claim's favour (a run diverged)"
+        if fn == 0:
+            return (REPRODUCED, note) if n >= 2 else (PARTLY, note + "; one paired seed: no interval")
+        if fn < 2:
+            return PARTLY, note + "; one finite gap: no interval"
+        if lo_ok(fm - fh, fm + fh):
+            return REPRODUCED, note + f", and the 95% interval of the {fn} finite ones clears"
+        return PARTLY, note + f", but the 95% interval of the {fn} finite ones does not clear"
+    if math.isnan(half):
+        return PARTLY, "one paired seed: no interval"
+    return (REPRODUCED if lo_ok(mean - half, mean + half) else PARTLY), ""
 
 
 def _by_stages(rows) -> Dict[int, List[Dict]]:
@@ -272,18 +302,19 @@ def evaluate(check: Check, runs: Sequence[Dict], experiment: str, setting: str) 
                           group_text(_label(check.selectors["b"], b), b), _diff_text(gain_name, d)])
         mean = t_interval(d)[0]
         if check.rule == "better":
-            verdict = _judge(d, lambda lo, hi: lo > 0, lambda mu: mu > 0)
+            verdict, note = _judge(d, lambda lo, hi: lo > 0, lambda mu: mu > 0)
             reason = {PARTLY: "ahead on average, but the 95% interval of the difference includes 0",
                       NOT: f"not ahead: mean difference {mean:+.3f}"}.get(verdict, "")
         elif check.rule == "not-worse":
-            verdict = _judge(d, lambda lo, hi: lo > -m, lambda mu: mu > -m)
+            verdict, note = _judge(d, lambda lo, hi: lo > -m, lambda mu: mu > -m)
             reason = {PARTLY: f"mean difference {mean:+.3f} is above -{m:.2f}, but the 95% interval reaches below "
                               f"-{m:.2f}",
                       NOT: f"behind by {_beyond(-mean, m)}, more than the margin {m:.2f}"}.get(verdict, "")
         else:
-            verdict = _judge(d, lambda lo, hi: -m < lo and hi < m, lambda mu: abs(mu) < m)
+            verdict, note = _judge(d, lambda lo, hi: -m < lo and hi < m, lambda mu: abs(mu) < m)
             reason = {PARTLY: f"mean difference {mean:+.3f} is within ±{m:.2f}, but the 95% interval leaves ±{m:.2f}",
                       NOT: f"differs by {_beyond(mean, m, '+')}, more than the margin ±{m:.2f}"}.get(verdict, "")
+        reason = note or reason
         sa, sb = by_seed(a), by_seed(b)
         both = sum(math.isinf(sa[s]) and sa[s] == sb[s] for s in set(sa) & set(sb))  # both diverged: gap 0
         if both and both == len(d):
@@ -304,10 +335,10 @@ def evaluate(check: Check, runs: Sequence[Dict], experiment: str, setting: str) 
         name_a, name_b = check.selectors["a"].get("method"), check.selectors["b"].get("method")
         ours = "; ".join([_diff_text(f"{minus(name_a, name_b)} at P={p}", gaps[p]) for p in stages]
                          + [_diff_text(f"growth P={lo_p}->{hi_p}", d)])
-        verdict = _judge(d, lambda lo, hi: lo > 0, lambda mu: mu > 0)
+        verdict, note = _judge(d, lambda lo, hi: lo > 0, lambda mu: mu > 0)
         mean = t_interval(d)[0]
-        reason = {PARTLY: "the gap grows on average, but the 95% interval of its growth includes 0",
-                  NOT: f"the gap does not grow: change {mean:+.3f} from P={lo_p} to P={hi_p}"}.get(verdict, "")
+        reason = note or {PARTLY: "the gap grows on average, but the 95% interval of its growth includes 0",
+                          NOT: f"the gap does not grow: change {mean:+.3f} from P={lo_p} to P={hi_p}"}.get(verdict, "")
         return row(ours, verdict, reason, d, tuple(zip(seeds, d)))
     # degrades
     a, ref = _by_stages(groups["a"]), groups["reference"]
@@ -325,12 +356,13 @@ def evaluate(check: Check, runs: Sequence[Dict], experiment: str, setting: str) 
                         _diff_text(f"drop from {check.selectors['reference'].get('method')} at P={hi_p}", drop)])
     if _no_mean(growth) or _no_mean(drop):
         return row(ours, NOT, _no_mean(growth) or _no_mean(drop), drop, drops)
-    v_growth = _judge(growth, lambda lo, hi: lo > 0, lambda mu: mu > 0)
-    v_drop = _judge(drop, lambda lo, hi: lo > 0, lambda mu: mu > 0)
+    v_growth, n_growth = _judge(growth, lambda lo, hi: lo > 0, lambda mu: mu > 0)
+    v_drop, n_drop = _judge(drop, lambda lo, hi: lo > 0, lambda mu: mu > 0)
+    notes = "; ".join(f"{what}: {n}" for what, n in (("growth", n_growth), ("drop", n_drop)) if n)
     if NOT_RUN in (v_growth, v_drop):
         return row(ours, NOT_RUN, "no seed has runs at both ends and the reference")
     if v_growth == REPRODUCED and v_drop == REPRODUCED:
-        return row(ours, REPRODUCED, "", drop, drops)
+        return row(ours, REPRODUCED, notes, drop, drops)
     if NOT in (v_growth, v_drop):
         why = []
         if v_growth == NOT:
@@ -340,7 +372,7 @@ def evaluate(check: Check, runs: Sequence[Dict], experiment: str, setting: str) 
         return row(ours, NOT, "; ".join(why), drop, drops)
     div = sum(r["diverged"] for r in a[hi_p])
     return row(ours, PARTLY, f"worse at the largest P on average ({div} of {len(a[hi_p])} runs diverged there), "
-                             "but a 95% interval includes 0", drop, drops)
+                             + (notes or "but a 95% interval includes 0"), drop, drops)
 
 
 def _ratio(check: Check, runs: Sequence[Dict]) -> Tuple[float, int]:
@@ -389,7 +421,8 @@ def trend(rows: Sequence[Row]) -> Trend:
         return Trend(NO_TREND, f"{n} paired seed(s) between {short.horizon}x and {long_.horizon}x: no interval")
     m0, h0, _ = t_interval(g0.values())
     m1, h1, _ = t_interval(g1.values())
-    label = CLOSING if mean + half < 0 else WIDENING if mean - half > 0 else \
+    crossed = m0 + h0 < 0 < m1 - h1 or m1 + h1 < 0 < m0 - h0  # both ends' intervals clear 0, on opposite sides
+    label = CLOSING if mean + half < 0 else WIDENING if mean - half > 0 else REVERSED if crossed else \
         ABSENT if abs(m0) <= h0 and abs(m1) <= h1 else PERSISTING
     text = (f"{label}: gap {m0:+.3f} [{m0 - h0:+.3f}, {m0 + h0:+.3f}] at {short.horizon}x, {m1:+.3f} "
             f"[{m1 - h1:+.3f}, {m1 + h1:+.3f}] at {long_.horizon}x; its size changed by {mean:+.3f} "
