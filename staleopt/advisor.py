@@ -138,11 +138,17 @@ def stage_curvatures(model: nn.Module, loss_fn: Callable, batch, partition: Part
 
     ``batch = (x, y)``; stage ``i``'s power iteration is seeded with ``seed + i``.
     """
+    return _curvatures(model, loss_fn, batch, [stage.params for stage in partition], iters, tol, seed)
+
+
+def _curvatures(model: nn.Module, loss_fn: Callable, batch, groups: List[List[torch.Tensor]], iters: int, tol: float,
+                seed: int) -> List[Curvature]:
+    """:func:`stage_curvatures` of the parameter lists ``groups`` (stage ``i``'s seeded with ``seed + i``)."""
     x, y = _check_batch(batch)
     loss = loss_fn(model(x), y)
     if loss.dim() != 0:
         raise ConfigError(f"loss_fn must return a scalar, got shape {tuple(loss.shape)} (use reduction='mean')")
-    return [hessian_top_eigenvalue(loss, stage.params, iters, tol, seed + stage.index) for stage in partition]
+    return [hessian_top_eigenvalue(loss, params, iters, tol, seed + i) for i, params in enumerate(groups)]
 
 
 @dataclass
@@ -251,8 +257,14 @@ def advise(model: nn.Module, loss_fn: Callable, batch, method: Union[str, object
     gammas = held[0].stage_momenta(list(tf)) if held else None
     # Measure on a copy: the model's buffers (BatchNorm statistics) stay untouched, and a
     # PipelineOptimizer's hooks, inert in copies, do not swap stale views in (curvature at w_t).
+    # Each stage's parameters found on the copy by name: a partition's cut points index its own unit order, which
+    # for one made in execution order (example_input) is not the registration order a new partition would take.
+    # (A replica of a tied parameter is no parameter of the model: its owner stage measures that matrix.)
     probe = copy.deepcopy(model)
-    curv = stage_curvatures(probe, loss_fn, batch, partition_model(probe, part.cuts), iters, tol, seed)
+    name_of = {id(p): n for n, p in model.named_parameters()}
+    on_probe = dict(probe.named_parameters())
+    groups = [[on_probe[name_of[id(p)]] for p in stage.params if id(p) in name_of] for stage in part]
+    curv = _curvatures(probe, loss_fn, batch, groups, iters, tol, seed)
     rows = []
     for i, stage in enumerate(part):
         lam = curv[i].value

@@ -265,8 +265,10 @@ class MemoryReport:
     Activations (PipeMare App. A.2–A.3), when a microbatch size and example
     input were given, else None: ``activation_bytes`` without recompute,
     ``activation_recompute_bytes`` with PipeMare Recompute in segments of
-    ``recompute_segment`` stages. ``total_bytes`` = weights+optimizer + activations
-    without recompute (when known): the memory the method needs, and
+    ``recompute_segment`` stages. ``total_bytes`` = weights+optimizer + the activations the
+    method holds (when known): without recompute, except for a schedule that recomputes in
+    its own segments (``recomputes``: ``pipemare-recompute``), whose ``activation_bytes`` is
+    the what-if without it; that is the memory the method needs, and
     ``total_ratio_to_gpipe`` divides it by GPipe's total at the same stages,
     microbatches and microbatch size (``gpipe_total_bytes``; GPipe holds all ``N``
     microbatches of a minibatch at every stage). The weights-only
@@ -298,6 +300,7 @@ class MemoryReport:
     activation_recompute_bytes: Optional[int] = None
     recompute_segment: Optional[int] = None
     gpipe_total_bytes: Optional[int] = None
+    recomputes: bool = False
 
     @property
     def total_ratio_to_gpipe(self) -> Optional[float]:
@@ -314,7 +317,8 @@ class MemoryReport:
 
     @property
     def total_bytes(self) -> int:
-        return self.weight_optimizer_bytes + (self.activation_bytes or 0)
+        held = self.activation_recompute_bytes if self.recomputes else self.activation_bytes
+        return self.weight_optimizer_bytes + (held or 0)
 
     def as_dict(self) -> Dict:
         d = asdict(self)
@@ -371,6 +375,10 @@ def memory_report(model: nn.Module, method, stages: int, microbatches: int = 1, 
         counts = pipeline.in_flight()
         if sizes is None:
             sizes = activation_sizes(model, partition, example_input, microbatch_size)
+        elif len(sizes) != pipeline.stages:
+            raise ConfigError(f"sizes has {len(sizes)} entries, one per stage of another partition: {pipeline.name} "
+                              f"runs on {pipeline.stages} stages; pass activation_sizes(model, partition, "
+                              "example_input, microbatch_size) of this partition")
         segments = pipeline.schedule.segments(pipeline.stages)
         if segments:
             # the schedule recomputes (PipeMare App. A.3): its own segments, as executed
@@ -385,7 +393,7 @@ def memory_report(model: nn.Module, method, stages: int, microbatches: int = 1, 
             plain, recompute, S = activation_memory(sizes, counts, recompute_segment)
         gpipe_counts = methods.build("gpipe", pipeline.stages, pipeline.microbatches).in_flight()
         report.update(in_flight=tuple(counts), microbatch_size=microbatch_size, activation_bytes=plain,
-                      activation_recompute_bytes=recompute, recompute_segment=S,
+                      activation_recompute_bytes=recompute, recompute_segment=S, recomputes=bool(segments),
                       gpipe_total_bytes=gpipe + activation_memory(sizes, gpipe_counts, 1)[0])
     return MemoryReport(**report)
 

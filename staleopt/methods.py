@@ -418,12 +418,13 @@ class Pipeline:
 
     def _stashed(self) -> List[int]:
         """Per stage, the versions stashing stores: ``tau_fwd_i`` (PipeMare App. A.1) where the schedule's own
-        backward reads another version than its forward; none where it reads the same one already (2BW's
-        double buffer: stashing changes no read there)."""
+        backward reads another version than its forward, or where the method's reads are not the schedule's (vertical
+        sync moves the last 1F1B stage's two reads of ``w_t`` to ``w_(t - tau_0)``); none where the schedule's own
+        reads already agree with the method's (2BW's double buffer: stashing changes no read there)."""
         if not self.stashes:
             return [0] * self.stages
         own_f, own_b = self.schedule.delays(self.stages, self.microbatches)
-        return [t if f != b else 0 for t, f, b in zip(self.delays[0], own_f, own_b)]
+        return [t if f != b or t != f else 0 for t, f, b in zip(self.delays[0], own_f, own_b)]
 
     def extra_versions(self) -> List[int]:
         """Per stage, weight versions stored besides the current one: the schedule's (2BW's second buffer)
@@ -453,7 +454,8 @@ class Pipeline:
         prediction = 0
         for c in self.corrections:
             if isinstance(c, WeightPrediction):
-                own = {"sgdm": 0 if optimizer == "sgd-momentum" else 1, "adam": 0 if optimizer == "adam" else 2}
+                own = {"sgdm": 0 if optimizer == "sgd-momentum" else 1,  # (AdamW's moments are Adam's)
+                       "adam": 0 if optimizer in ("adam", "adamw") else 2}
                 prediction += gapped * (1 + own.get(c.rule, 0))
         t2 = 0
         for c in self.corrections:  # T2's ring of accumulators: M_i rows per corrected stage (docs/engine.md)

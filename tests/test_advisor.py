@@ -295,3 +295,26 @@ def test_advise_on_a_language_model_takes_the_trainers_cross_entropy(capsys):
     assert "largest stable lr" in capsys.readouterr().out
     assert main(["advise", "--model", "mlp", "--data", "text-markov", *common]) == 2
     assert "text-markov" in capsys.readouterr().err
+
+
+def test_a_partition_in_execution_order_gets_each_stages_own_curvature():
+    """advise rebuilt the partition on its copy from the cut points, in registration order: with a partition made in
+    execution order (the head registered first, run last) stage 0's row showed the head's curvature."""
+    from staleopt import advisor, partition
+
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.head, self.body = nn.Linear(16, 4), nn.Linear(8, 16)
+
+        def forward(self, x):
+            return self.head(torch.tanh(self.body(x)))
+
+    torch.manual_seed(0)
+    m = M()
+    x, y = torch.randn(32, 8), torch.randint(0, 4, (32,))
+    part = partition.partition_model(m, 2, example_input=x)
+    assert part[0].params[0] is m.body.weight
+    advice = advisor.advise(m, nn.functional.cross_entropy, (x, y), "1f1b", part, lr=0.1, iters=200, tol=1e-6)
+    direct = advisor.stage_curvatures(m, nn.functional.cross_entropy, (x, y), part, iters=200, tol=1e-6)
+    assert list(advice.table["curvature"]) == pytest.approx([c.value for c in direct], rel=1e-4)

@@ -503,3 +503,37 @@ def test_hardware_builds_a_users_model_from_data_and_says_so_without(tmp_path, c
         assert "pipemare" in capsys.readouterr().out
     assert main(["hardware", "--compare", "gpipe,pipemare", "--stages", "2", "--model", "mlp", "--data",
                  "synthetic", "--microbatch-size", "4"]) == 0
+
+
+def test_the_hardware_model_prices_what_each_method_keeps():
+    """A read-only review's findings, each against the engine or the method's own numbers: pipemare-recompute's
+    total held the activations it recomputes (priced above plain pipemare's); vertical sync's last stage stores
+    tau_0 versions (left out); xpipe over AdamW reads AdamW's moments (priced 3x); sizes of another partition gave
+    a silently wrong activation total or a raw IndexError."""
+    from staleopt import models
+    from staleopt.errors import ConfigError
+    resnet, x = models.get("resnet20"), torch.zeros(1, 3, 32, 32)
+    rc = hardware.memory_report(resnet, "pipemare-recompute", 16, 2, microbatch_size=8, example_input=x)
+    pm = hardware.memory_report(resnet, "pipemare", 16, 2, microbatch_size=8, example_input=x)
+    assert rc.recomputes and not pm.recomputes
+    assert rc.total_bytes == rc.weight_optimizer_bytes + rc.activation_recompute_bytes < pm.total_bytes
+    torch.manual_seed(0)
+    mlp = nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 8), nn.Tanh(), nn.Linear(8, 8), nn.Tanh(),
+                        nn.Linear(8, 3))
+    for N in (1, 4):
+        opt = staleopt.PipelineOptimizer(mlp, torch.optim.SGD(mlp.parameters(), lr=0.1), stages=4,
+                                         schedule="pipedream-vs", microbatches=N)
+        rep = hardware.memory_report(mlp, "pipedream-vs", 4, N)
+        assert rep.stash_bytes == opt.history_bytes(), N
+        opt.remove_hooks()
+    for optimizer in ("adam", "adamw"):
+        base = (torch.optim.Adam if optimizer == "adam" else torch.optim.AdamW)(mlp.parameters(), lr=1e-3)
+        opt = staleopt.PipelineOptimizer(mlp, base, stages=4, schedule="xpipe")
+        mlp(torch.randn(2, 6)).sum().backward()
+        opt.step()
+        kept = sum(c.extra_bytes() for c in opt.corrections)
+        assert hardware.memory_report(mlp, "xpipe", 4, 1, optimizer=optimizer).prediction_bytes == kept, optimizer
+        opt.remove_hooks()
+    sizes = hardware.activation_sizes(mlp, staleopt.partition_model(mlp, 2), torch.randn(2, 6), 2)
+    with pytest.raises(ConfigError, match="sizes has 2 entries.*4 stages"):
+        hardware.memory_report(mlp, "pipemare", 4, 1, microbatch_size=2, sizes=sizes)
