@@ -199,7 +199,8 @@ class _ArrayUnpickler(pickle.Unpickler):
     (a function a crafted pickle would call) is refused."""
 
     SAFE = {("numpy.core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "_reconstruct"),
-            ("numpy", "ndarray"), ("numpy", "dtype"), ("_codecs", "encode")}
+            ("numpy", "ndarray"), ("numpy", "dtype"), ("_codecs", "encode"),
+            ("numpy.core.numeric", "_frombuffer"), ("numpy._core.numeric", "_frombuffer")}  # (pickle protocol 5)
 
     def find_class(self, module, name):
         if (module, name) not in self.SAFE:
@@ -836,6 +837,11 @@ def load(name: str = "mnist1d", *, root=None, download: bool = False, **kwargs) 
         return _LOADERS[name](root=root, download=download, **kwargs)
     params = _parameters(factory)
     extra = {k: v for k, v in (("root", root), ("download", download)) if k in params}
+    missing = [k for k, v in params.items() if k not in extra and k not in kwargs and v.default is v.empty
+               and v.kind in (v.POSITIONAL_OR_KEYWORD, v.KEYWORD_ONLY)]
+    if missing:
+        raise ConfigError(f"dataset {name!r} needs the argument(s) {missing}, which nothing set: pass them in "
+                          f"data_kwargs (--data-kwargs '{{\"{missing[0]}\": ...}}'), or give them defaults")
     out = factory(**extra, **kwargs)
     if isinstance(out, Data):
         return out
@@ -868,13 +874,23 @@ def from_datasets(train: Dataset, test: Dataset, name: str = "custom", task: Opt
             raise DataError(f"dataset {name!r}: a sample must be a pair (x, y), but the first {split} sample is "
                             f"{what}: wrap the dataset so that it returns (input, target), e.g. a Dataset whose "
                             "__getitem__ returns (d[i]['x'], d[i]['y']), or a TensorDataset of exactly two tensors")
+    def as_input(x, split):
+        try:
+            inputs = torch.as_tensor(x)
+        except (TypeError, ValueError, RuntimeError):
+            raise DataError(f"dataset {name!r}: the first {split} input is a {type(x).__name__}, not an array of "
+                            "numbers: convert it in the dataset (for images, torchvision.transforms.ToTensor())"
+                            ) from None
+        if inputs.is_floating_point() and inputs.dtype != torch.get_default_dtype():
+            raise DataError(f"dataset {name!r}: the {split} inputs are {inputs.dtype} (numpy's default float64 for a "
+                            f"numpy array) but the models are built in torch's default dtype, "
+                            f"{torch.get_default_dtype()}: return x.astype(numpy.float32) or x.float() (or set "
+                            "torch.set_default_dtype to match)")
+        return inputs
     x, y = train[0]
     y = torch.as_tensor(y)
-    inputs = torch.as_tensor(x)
-    if inputs.is_floating_point() and inputs.dtype != torch.get_default_dtype():
-        raise DataError(f"dataset {name!r}: the inputs are {inputs.dtype} (numpy's default float64 for a numpy "
-                        f"array) but the models are built in torch's default dtype, {torch.get_default_dtype()}: "
-                        "return x.astype(numpy.float32) or x.float() (or set torch.set_default_dtype to match)")
+    inputs = as_input(x, "train")
+    seen = as_input(test[0][0], "test")
     integer = not (y.is_floating_point() or y.is_complex())
     if task is None and integer and tuple(y.shape) == (1,) and torch.as_tensor(x).is_floating_point():
         raise DataError(f"dataset {name!r}: the first target is an integer tensor of shape (1,), which reads as a "
@@ -883,6 +899,10 @@ def from_datasets(train: Dataset, test: Dataset, name: str = "custom", task: Opt
     task = task or (("lm" if y.dim() else "classification") if integer else "regression")
     if task not in ("classification", "regression", "lm"):
         raise ConfigError(f"dataset {name!r}: task must be 'classification', 'regression' or 'lm', got {task!r}")
+    if seen.dtype != inputs.dtype or (task != "lm" and seen.shape != inputs.shape):  # (a text's windows may vary)
+        raise DataError(f"dataset {name!r}: the first test input is {seen.dtype} of shape {tuple(seen.shape)}, the "
+                        f"first train input {inputs.dtype} of shape {tuple(inputs.shape)}: the model is built for "
+                        "one; give both splits the same preprocessing (e.g. the same resize or crop)")
     if task != "regression" and (not integer or (task == "lm") != bool(y.dim())):
         raise DataError(f"dataset {name!r}: task {task!r} needs " + ("one integer class per sample" if task ==
                         "classification" else "a sequence of integer tokens (labels) per sample") +
@@ -968,8 +988,12 @@ def batches(dataset: Dataset, batch_size: int, *, shuffle: bool = False,
             idx = order[s:s + batch_size]
             yield tuple(t[idx] for t in dataset.tensors)
         return
+    # (a private generator: a DataLoader without one draws its base seed from torch's global RNG each pass, so a
+    # run resumed mid-epoch, whose global RNG is restored before this pass begins, would draw its transforms and
+    # dropout masks one draw off)
     loader = torch.utils.data.DataLoader(torch.utils.data.Subset(dataset, order[first:stop].tolist()),
-                                         batch_size=batch_size, shuffle=False, num_workers=0, collate_fn=_collate)
+                                         batch_size=batch_size, shuffle=False, num_workers=0, collate_fn=_collate,
+                                         generator=torch.Generator())
     yield from loader
 
 

@@ -284,6 +284,10 @@ def _forward_loss(model, x, y, data, name: str, criterion):
             _refuse_labels(x, y, data, name)
         except DataError as refused:
             raise refused from e
+        if data.task != "lm" and not x.is_floating_point() and "type" in str(e):
+            raise DataError(f"model {name!r} failed on the {x.dtype} inputs of dataset {data.name!r} ({e}): a model "
+                            "that takes numbers needs floating inputs: convert them in the dataset (uint8 images: "
+                            "x.float() / 255, or torchvision.transforms.ToTensor())") from e
         raise
 
 
@@ -361,6 +365,9 @@ def run(config: Union[RunConfig, Mapping[str, Any]], progress: bool = False,
     config = config if isinstance(config, RunConfig) else RunConfig.from_dict(dict(config))
     config = config.resolve()
     device = torch.device(config.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"device {config.device!r}: this machine has no CUDA device that torch can use; train on "
+                          "'cpu' (--device cpu) or on a machine with a GPU")
     with torch.random.fork_rng(devices=_rng_devices(device)):
         torch.manual_seed(config.seed)
         return _train(config, device, progress, checkpoint, on_epoch)
@@ -444,6 +451,14 @@ def _train(config: RunConfig, device: torch.device, progress: bool, checkpoint, 
                 value = loss.item()
                 losses.append(value)
                 if not math.isfinite(value) or (bound is not None and value > bound):
+                    if opt.step_count == 0 and not math.isfinite(value):  # no update ran: the data, not the method
+                        bad = [what for what, t in (("inputs", x), ("targets", y))
+                               if t.is_floating_point() and not bool(torch.isfinite(t).all())]
+                        raise DataError(f"the first training loss is {value} before any update, so the run would "
+                                        "be recorded as diverged: " + (f"the first batch's {' and '.join(bad)} hold "
+                                        "NaN or inf; clean or drop those samples" if bad else "the model's initial "
+                                        "output or the loss is not finite on the first batch (check the data's "
+                                        "scale and the loss)"))
                     if opt.step_count == 0 and math.isfinite(value):  # no update ran: the scale, not the method
                         raise ConfigError(f"the first training loss, {value:.4g}, is already above divergence_loss ="
                                           f" {bound:g} before any update, so every run would be recorded as "

@@ -420,3 +420,39 @@ def test_float64_inputs_and_negative_labels_are_named_when_the_data_loads():
         data.from_datasets(signs, signs)
     padded = [(torch.arange(4), torch.tensor([1, 2, -100, 3])) for _ in range(3)]  # -100: left out, not a label
     assert data.from_datasets(padded, padded).num_classes == 4
+
+
+def test_a_cifar_copy_written_at_pickle_protocol_5_loads(tmp_path, monkeypatch):
+    """numpy pickles a contiguous array at protocol 5 (pickle.HIGHEST_PROTOCOL; Python 3.14's default) through
+    numpy's _frombuffer, which the unpickler's allow-list refused as "not a CIFAR data file"."""
+    written = []
+    real = pickle.dump
+    monkeypatch.setattr(pickle, "dump", lambda obj, fh, protocol=None: written.append(real(obj, fh, protocol=5)))
+    write_cifar(tmp_path, "cifar10")
+    monkeypatch.setattr(pickle, "dump", real)
+    assert written
+    d = data.load("cifar10", root=tmp_path, verify=False)
+    assert len(d.train) and len(d.test)
+
+
+def test_user_data_is_checked_in_both_splits_and_named_where_it_is_wrong():
+    """A float64 or differently shaped test split trained an epoch and then crashed in evaluation with a raw torch
+    error; a PIL image gave "Could not infer dtype of Image"; a factory missing a required argument a raw TypeError."""
+    x, y = torch.randn(20, 5), torch.randint(0, 2, (20,))
+    with pytest.raises(DataError, match="test inputs are torch.float64.*astype"):
+        data.from_datasets(TensorDataset(x, y), TensorDataset(x.double(), y))
+    with pytest.raises(DataError, match=r"first test input is torch.float32 of shape \(6,\).*same preprocessing"):
+        data.from_datasets(TensorDataset(x, y), TensorDataset(torch.randn(20, 6), y))
+
+    class Pictures(torch.utils.data.Dataset):
+        def __len__(self):
+            return 2
+
+        def __getitem__(self, i):
+            from PIL import Image
+            return Image.new("L", (4, 4)), 0
+    with pytest.raises(DataError, match="input is a Image, not an array of numbers.*ToTensor"):
+        data.from_datasets(Pictures(), Pictures())
+    data.register("needs-n", lambda n: (TensorDataset(x[:n], y[:n]), TensorDataset(x, y)), replace=True)
+    with pytest.raises(ConfigError, match=r"needs the argument\(s\) \['n'\].*data-kwargs"):
+        data.load("needs-n")

@@ -598,7 +598,8 @@ def test_a_forward_that_reads_none_of_the_parameters_is_named_as_training_withou
 def test_an_embedding_that_renormalizes_in_its_forward_is_refused_under_delays():
     """nn.Embedding(max_norm=...) renormalizes its looked-up rows in place in the forward: under delays that forward
     reads a stored w_(t-tau), so w_t was never renormalized (norm 3.4 against 0.5 undelayed, before). Refused with
-    the fix; without delays it trains as in plain torch, and the fix (renormalize w_t at rest after step) keeps w_t's rows bounded."""
+    the fix; without delays it trains as in plain torch, and the fix (renormalize w_t at rest after step) keeps
+    w_t's rows bounded."""
 
     class Net(nn.Module):
         def __init__(self, max_norm):

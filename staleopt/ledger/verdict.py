@@ -142,8 +142,8 @@ def _by_seed(rows, key) -> Dict[int, float]:
     out: Dict[int, float] = {}
     for r in rows:
         if r["seed"] in out:  # (spec.load_experiment refuses such selectors; rows built by hand may still pool)
-            raise ConfigError(f"two runs of seed {r['seed']} in one compared group (run {r.get('run', '?')} and another): a "
-                              "rule pairs one run per seed; select by the key that tells them apart")
+            raise ConfigError(f"two runs of seed {r['seed']} in one compared group (run {r.get('run', '?')} and "
+                              "another): a rule pairs one run per seed; select by the key that tells them apart")
         out[r["seed"]] = key(r)
     return out
 
