@@ -82,6 +82,7 @@ import weakref
 from typing import Callable, Dict, FrozenSet, Iterable, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 import torch
+import torch.nn.utils.parametrize
 import torch.utils.checkpoint
 from torch import nn
 
@@ -340,6 +341,7 @@ class PipelineOptimizer(torch.optim.Optimizer):
         self._max_delays = (tf, tb)
         self._max_recompute = tr
         self._check_renormalizing([max(f, b) for f, b in zip(tf, tb)])
+        self._warn_parametrized([f != b for f, b in zip(tf, tb)])
         self._schedule_delays = None  # per pass, before corrections (deterministic schedules: fixed)
         if not self._schedule.random:
             if self._microbatch_passes:
@@ -452,6 +454,24 @@ class PipelineOptimizer(torch.optim.Optimizer):
                               "current weights w_t. Build them with max_norm=None and renormalize w_t at rest after "
                               "each opt.step(), e.g. with torch.no_grad(): torch.embedding_renorm_(emb.weight, "
                               "ids, max_norm, 2.0) for the ids of the batch (a constraint at rest is part of w_t)")
+
+    def _warn_parametrized(self, split: List[bool]) -> None:
+        """A parametrized weight (``parametrizations.weight_norm``, the older ``weight_norm``'s ``weight_g`` and
+        ``weight_v``, any ``register_parametrization``) is computed from its parameters in the forward pass; its
+        backward reads the parameters again, by then holding the backward view, while its saved results (the norm)
+        and ``W^T delta`` hold the forward view: a mix no pipeline computes where the two views differ. Warned."""
+        stage = {id(p): s.index for s in self._partition for p in s.params}
+        found = [name for name, m in self._model.named_modules()
+                 if (torch.nn.utils.parametrize.is_parametrized(m) or hasattr(m, "weight_g"))
+                 and any(split[stage[id(p)]] for p in m.parameters() if id(p) in stage)]
+        if found:
+            warnings.warn(f"the module(s) {found[:3]} compute their weight from parametrized parameters (weight norm, "
+                          "a parametrization) in a stage whose forward and backward read different versions: the "
+                          "backward of the parametrization reads the backward view while its saved norm and "
+                          "W^T delta read the forward view, a mix no pipeline computes (docs/wrapper.md, Limits; "
+                          "a linear parametrization such as 2 * X is exact). Exact with stashing (tau_bkwd = "
+                          "tau_fwd: pipedream, pipemare-stash) or with the parametrization folded into a plain "
+                          "weight", stacklevel=3)
 
     # ------------------------------------------------------------------ torch.optim plumbing
     @property

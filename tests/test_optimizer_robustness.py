@@ -633,3 +633,26 @@ def test_an_embedding_that_renormalizes_in_its_forward_is_refused_under_delays()
         with torch.no_grad():
             torch.embedding_renorm_(model.emb.weight, x.unique(), 0.5, 2.0)
     assert model.emb.weight[x.unique()].norm(dim=1).max() <= 0.5 + 1e-6
+
+
+@pytest.mark.parametrize("kind", ["parametrizations", "old"])
+def test_a_parametrized_weight_under_differing_views_is_warned_about(kind):
+    """weight_norm's backward reads g and v at the backward view while its saved norm and W^T delta hold the forward
+    view (wrapper.md said "the forward view"): a mix no pipeline computes, warned at construction where a stage's two
+    views differ; not under stashing (tau_bkwd = tau_fwd)."""
+    norm = (torch.nn.utils.parametrizations.weight_norm if kind == "parametrizations"
+            else torch.nn.utils.weight_norm)
+
+    def build(schedule):
+        torch.manual_seed(0)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)  # (the old weight_norm is deprecated)
+            model = nn.Sequential(norm(nn.Linear(3, 4)), nn.Tanh(), nn.Linear(4, 2))
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            staleopt.PipelineOptimizer(model, torch.optim.SGD(model.parameters(), lr=0.1), stages=2,
+                                       schedule=schedule).remove_hooks()
+        return [str(w.message) for w in caught if "parametrized parameters" in str(w.message)]
+
+    assert len(build("dataflow")) == 1 and "['0']" in build("dataflow")[0]
+    assert build("pipemare-stash") == []
