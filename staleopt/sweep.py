@@ -70,6 +70,7 @@ import signal
 import threading
 import time
 import traceback
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
@@ -79,7 +80,8 @@ import pandas as pd
 from . import lease, metrics, registry
 from .checkpoint import (EXACT_FLOATS, Checkpoint, atomic_write_text, check_every, check_writable, read_done,
                          read_records)
-from .config import _LATER_FIELDS, RunConfig, field_names, validate_field
+from . import methods
+from .config import _LATER_FIELDS, CORRECTION_FIELDS, RunConfig, field_names, validate_field
 from .errors import ClaimLostError, ConfigError, OutputError, RunFileError, SweepConfigError
 from .validate import check_int
 from .stats import check_level, divergence_count, interval, per_run, status_text, t_interval
@@ -189,7 +191,10 @@ def few(run_ids: Sequence[str], n: int = 3) -> str:
 
 
 def expand(base: Dict[str, Any], grid: Dict[str, Sequence[Any]]) -> List[RunConfig]:
-    """The resolved configs of ``base`` x product(grid) in grid order, duplicates (same run_id) dropped."""
+    """The resolved configs of ``base`` x product(grid) in grid order, duplicates (same run_id) dropped.
+
+    A grid that varies a correction's hyperparameter (``decay``) over methods that ignore it (``gpipe``) trains each
+    of those once per value, identical runs under different run ids: warned."""
     keys = list(grid)
     out = []
     for combo in itertools.product(*(grid[k] for k in keys)):
@@ -198,6 +203,13 @@ def expand(base: Dict[str, Any], grid: Dict[str, Sequence[Any]]) -> List[RunConf
             out.append(RunConfig.from_dict({**base, **values}).resolve())
         except ConfigError as e:
             raise ConfigError(f"run {values}: {e}") from None
+    for k in (k for k in CORRECTION_FIELDS if len(grid.get(k, ())) > 1):
+        ignoring = sorted({c.method for c in out if k not in methods.hyperparameters(c.method)})
+        if ignoring:
+            warnings.warn(f"the grid varies {k} over {list(grid[k])}, which {', '.join(ignoring)} ignore(s): each of "
+                          f"their runs trains once per value of {k}, identical runs under other run ids (a line "
+                          f"each in the tables); sweep them in a file whose grid does not vary {k}, or pass "
+                          "run_sweep a list of RunConfig", stacklevel=2)
     return _distinct(out)
 
 

@@ -541,3 +541,16 @@ def test_a_job_a_worker_cannot_read_fails_with_its_traceback_not_as_a_killed_wor
         text = error.read_text()
         assert "could not read this run's job" in text and "Can't get attribute 'nb_train'" in text
         assert "out-of-memory" not in text and "workers=1" in text
+
+
+def test_a_grid_that_varies_a_key_some_methods_ignore_says_they_train_once_per_value():
+    """decay = [0.1, 0.5] over gpipe and pipemare trained gpipe twice (decay enters its run id, though gpipe has no
+    T2), identical runs with a line each in the tables, silently: warned, naming the methods."""
+    import warnings
+    with pytest.warns(UserWarning, match=r"varies decay over \[0.1, 0.5\], which gpipe ignore.*once per value"):
+        configs = sweep.expand({"epochs": 1}, {"method": ["gpipe", "pipemare"], "decay": [0.1, 0.5]})
+    assert len(configs) == 4
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        sweep.expand({"epochs": 1}, {"method": ["pipemare", "pipemare-w"], "decay": [0.1, 0.5]})
+        sweep.expand({"epochs": 1, "decay": 0.5}, {"method": ["gpipe", "pipemare"]})
