@@ -837,11 +837,7 @@ def load(name: str = "mnist1d", *, root=None, download: bool = False, **kwargs) 
         return _LOADERS[name](root=root, download=download, **kwargs)
     params = _parameters(factory)
     extra = {k: v for k, v in (("root", root), ("download", download)) if k in params}
-    missing = [k for k, v in params.items() if k not in extra and k not in kwargs and v.default is v.empty
-               and v.kind in (v.POSITIONAL_OR_KEYWORD, v.KEYWORD_ONLY)]
-    if missing:
-        raise ConfigError(f"dataset {name!r} needs the argument(s) {missing}, which nothing set: pass them in "
-                          f"data_kwargs (--data-kwargs '{{\"{missing[0]}\": ...}}'), or give them defaults")
+    registry.check_arguments("dataset", name, params, kwargs, "data_kwargs", supplied=extra)
     out = factory(**extra, **kwargs)
     if isinstance(out, Data):
         return out

@@ -597,12 +597,8 @@ def get(name: str, *, seed: Optional[int] = None, **kwargs) -> nn.Module:
     if bad and not entry.takes_any():
         raise ConfigError(f"model {name!r} got unknown argument(s) {bad}; allowed: {allowed}")
     kwargs = {**dict(entry.fixed), **kwargs}
-    missing = [k for k, v in _parameters(entry.factory).items() if k not in kwargs and v.default is v.empty
-               and v.kind in (v.POSITIONAL_OR_KEYWORD, v.KEYWORD_ONLY)
-               and k not in ("num_classes", "input_shape")]  # (the data's: a caller without data says so itself)
-    if missing:
-        raise ConfigError(f"model {name!r} needs the argument(s) {missing}, which nothing set: pass them in "
-                          f"model_kwargs (--model-kwargs '{{\"{missing[0]}\": ...}}'), or give them defaults")
+    registry.check_arguments("model", name, _parameters(entry.factory), kwargs, "model_kwargs",
+                             supplied=("num_classes", "input_shape"))  # (the data's: a caller without data says so)
     if seed is None:
         model = entry.factory(**kwargs)
     else:

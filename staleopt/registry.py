@@ -25,6 +25,7 @@ import difflib
 import hashlib
 import importlib
 import importlib.util
+import inspect
 import pickle
 import sys
 from pathlib import Path
@@ -91,6 +92,19 @@ def unknown(what: str, name: str, known, register: str) -> ConfigError:
     hint = f" (did you mean {close[0]!r}?)" if close else ""
     return ConfigError(f"unknown {what} {name!r}{hint}; choose one of {list(known)}, a 'module:function' or "
                        f"'file.py:function' spec, or register your own with {register} (docs/tutorial.md)")
+
+
+def check_arguments(what: str, name: str, parameters: Dict[str, inspect.Parameter], given, kwargs_key: str,
+                    supplied=()) -> None:
+    """Refuse a factory call that leaves a required argument unset (a raw ``TypeError`` from inside the factory
+    otherwise): ``parameters`` of the factory, ``given`` the names passed, ``supplied`` names a caller gives (or
+    names the lack of) itself; ``kwargs_key`` the config key that sets the rest (``"model_kwargs"``)."""
+    missing = [k for k, v in parameters.items() if k not in given and k not in supplied and v.default is v.empty
+               and v.kind in (v.POSITIONAL_OR_KEYWORD, v.KEYWORD_ONLY)]
+    if missing:
+        flag = "--" + kwargs_key.replace("_", "-")
+        raise ConfigError(f"{what} {name!r} needs the argument(s) {missing}, which nothing set: pass them in "
+                          f"{kwargs_key} ({flag} '{{\"{missing[0]}\": ...}}'), or give them defaults")
 
 
 def _portable(factory: Callable) -> Tuple[str, Any]:
