@@ -340,8 +340,6 @@ class PipelineOptimizer(torch.optim.Optimizer):
                                         None)
         self._max_delays = (tf, tb)
         self._max_recompute = tr
-        self._check_renormalizing([max(f, b) for f, b in zip(tf, tb)])
-        self._warn_parametrized([f != b for f, b in zip(tf, tb)])
         self._schedule_delays = None  # per pass, before corrections (deterministic schedules: fixed)
         if not self._schedule.random:
             if self._microbatch_passes:
@@ -365,6 +363,8 @@ class PipelineOptimizer(torch.optim.Optimizer):
         self._autocast_outside = False  # autocast that casts weights was on when the latest training forward began
         self._param_dtypes = frozenset(p.dtype for p in self._ptr_params)  # (autocast copies the others' weights)
         self._stage_of_param = {id(p): s.index for s in self._partition for p in s.params}
+        self._check_renormalizing([max(f, b) for f, b in zip(tf, tb)])
+        self._warn_parametrized([f != b for f, b in zip(tf, tb)])
         self._per_stage_lr = any(type(c).lr_factors is not Correction.lr_factors for c in self._corrections)
         self._stage_groups = StageGroups(self._stage_of_param)
         if self._per_stage_lr:
@@ -444,10 +444,10 @@ class PipelineOptimizer(torch.optim.Optimizer):
         """An ``nn.Embedding(max_norm=...)`` (or ``EmbeddingBag``) renormalizes the rows it looks up in place in its
         forward pass. Under a delay that forward reads a stored ``w_(t-tau)``, so the renormalization would rewrite
         that stored version and never reach ``w_t`` (design §1: the weights change only at rest): refused."""
-        delayed = {id(p) for s in self._partition for p in s.params if depths[s.index]}
+        stage = self._stage_of_param
         found = [name for name, m in self._model.named_modules()
                  if isinstance(m, (nn.Embedding, nn.EmbeddingBag)) and m.max_norm is not None
-                 and id(m.weight) in delayed]
+                 and id(m.weight) in stage and depths[stage[id(m.weight)]]]
         if found:
             raise ConfigError(f"the embedding(s) {found[:3]} renormalize their weight in the forward pass "
                               "(max_norm): under delays that would rewrite a stored stale version, never the "
@@ -460,7 +460,7 @@ class PipelineOptimizer(torch.optim.Optimizer):
         ``weight_v``, any ``register_parametrization``) is computed from its parameters in the forward pass; its
         backward reads the parameters again, by then holding the backward view, while its saved results (the norm)
         and ``W^T delta`` hold the forward view: a mix no pipeline computes where the two views differ. Warned."""
-        stage = {id(p): s.index for s in self._partition for p in s.params}
+        stage = self._stage_of_param
         found = [name for name, m in self._model.named_modules()
                  if (torch.nn.utils.parametrize.is_parametrized(m) or hasattr(m, "weight_g"))
                  and any(split[stage[id(p)]] for p in m.parameters() if id(p) in stage)]
