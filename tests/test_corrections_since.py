@@ -236,6 +236,28 @@ def test_gap_aware_leaves_a_parameter_that_did_not_move_undamped():
     assert G[0][0].item() == 1.0 and G[0][1].item() > 1.0
 
 
+def test_gap_aware_bias_corrects_a_late_parameter_by_its_own_steps():
+    """Over SGD a parameter handed to the base by ``add_param_group`` after ``K`` steps starts its running mean
+    square then: at its first step ``C = eta (|d| + eps)``, as at a run's first step (a global count bias-corrected
+    its one-step average by ``1 - beta^(K+1)``: ``C`` too small by ``sqrt(1 - beta)``, the gradient damped harder)."""
+    model = chain()
+    with pytest.warns(UserWarning, match="not in the base optimizer"):
+        opt = staleopt.PipelineOptimizer(model, torch.optim.SGD([model[0].a, model[1].a], lr=LR), stages=P,
+                                         corrections=[GapAware(0.5, eps=1e-300)])
+    ga, W = opt.corrections[0], [model[2].a.detach().clone()]
+    for k, (x, y) in enumerate(data(8)):
+        if k == 6:
+            opt.add_param_group({"params": [model[2].a]})
+        opt.zero_grad()
+        (0.5 * ((model(x) - y) ** 2).sum()).backward()
+        d = model[2].a.grad.clone()
+        opt.step()
+        W.append(model[2].a.detach().clone())
+        if k == 6:
+            G = ga.gap(opt.chunks[2], opt.step_count, 1)[0]
+            torch.testing.assert_close((W[-1] - W[-2]).abs() / (G - 1), LR * d.abs(), rtol=1e-12, atol=0)
+
+
 # ----------------------------------------------------------------------------- Staleness-aware
 def test_staleness_aware_divides_the_step_by_tau():
     def update(i, t, g, W):

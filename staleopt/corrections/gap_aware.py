@@ -1,7 +1,7 @@
 """Gap-aware damping of stale gradients, Barkai, Hakimi and Schuster, ICLR 2020."""
 from __future__ import annotations
 
-from typing import Dict
+from typing import Dict, List
 
 import torch
 
@@ -32,16 +32,22 @@ class GapAware(Correction):
     largest learning rate ``eta_max`` the scheduler has set so far (per param group), with ``d`` the
     undamped gradient (no momentum) or the base's momentum buffer as the previous step left it::
 
-        v_k = beta * v_{k-1} + (1 - beta) * d_t^2      # first, at every step k = 1, 2, ...; v_0 = 0
+        v_k = beta * v_{k-1} + (1 - beta) * d_t^2      # first, at each step k = 1, 2, ... the base steps it
         C   = eta_max * (sqrt(v_k / (1 - beta^k)) + eps)
         g  <-  g / G + lambda * w_t * (1 / G - 1)      # SGD's weight decay lambda w_t is damped too
+
+    ``k`` counts a parameter's own steps, as torch's Adam counts ``state["step"]``: a step where it has no
+    gradient, or that it takes in no group (before an ``add_param_group`` hands it to the base), neither
+    enters ``v`` nor ``k`` (a global count would bias-correct its young average as an old one: ``C`` too
+    small, the gradient damped too hard). Until its first measured step ``G = 1``.
 
     Over any other base optimizer (Adam: the authors record the applied step inside their own Adam)
     ``C`` is the running RMS of the applied step, bias-corrected, measured after each base step::
 
         C   = sqrt(v_k / (1 - beta^k)) + eps,   v_{k+1} = beta * v_k + (1 - beta) * (w_{t+1} - w_t)^2
 
-    (``k`` steps measured; at ``k = 0`` every stored version is ``w_0`` and ``G = 1``), and the base's
+    (``k`` steps measured, all parameters at once; at ``k = 0`` every stored version is ``w_0`` and ``G = 1``),
+    and the base's
     weight decay is not damped. The two differ: with plain SGD at a constant learning rate the applied
     step is the *damped* gradient, so the RMS-of-step ``C`` is smaller and the Gap larger than the
     authors' (docs/corrections.md gives the measurement).
@@ -72,22 +78,25 @@ class GapAware(Correction):
         super().bind(engine)
         self._stale = StaleWeights(self)
         self._v: Dict[int, tuple] = {c.index: c.zeros(statistics=True) for c in self._stale.views}
-        self._k = 0
+        self._k = 0  # steps measured from the applied step (over SGD: each parameter's own count, _counts)
+        self._counts: Dict[int, List[int]] = {c.index: [0] * len(c.params) for c in self._stale.views}
         base = engine.base_optimizer
         #: C from the update direction (the authors' SGD rule), else from the applied step
         self.from_direction = type(base) is torch.optim.SGD
         self._max_lr = [float(g["lr"]) for g in base.param_groups]
         self._wd0: Dict[tuple, torch.Tensor] = {}  # (weight decay, device) -> 0-d tensor
 
+    def _steps(self, view) -> List[int]:
+        """Per parameter of ``view``: ``k``, the steps in its running mean square."""
+        return self._counts[view.index] if self.from_direction else [self._k] * len(view.params)
+
     def _scale(self, view):
         """Per parameter: ``C`` of ``view``'s elements, from the running mean square ``v`` (module docstring); a
-        parameter the base optimizer does not hold takes the largest ``eta_max``."""
-        correction = 1.0 - self.beta ** self._k
-        if not self.from_direction:
-            return [v.div(correction).sqrt_().add_(self.eps) for v in self._v[view.index][1]]
+        parameter the base optimizer does not hold takes the largest ``eta_max``; ``None`` at ``k = 0``."""
         groups, top = self._groups(), max(self._max_lr)
-        return [v.div(correction).sqrt_().add_(self.eps).mul_(self._max_lr[groups[id(p)]] if id(p) in groups else top)
-                for p, v in zip(view.params, self._v[view.index][1])]
+        return [None if k == 0 else v.div(1.0 - self.beta ** k).sqrt_().add_(self.eps).mul_(
+                    1.0 if not self.from_direction else self._max_lr[groups[id(p)]] if id(p) in groups else top)
+                for p, v, k in zip(view.params, self._v[view.index][1], self._steps(view))]
 
     def _groups(self) -> Dict[int, int]:
         """Parameter id -> the index of its base-optimizer group, read afresh (``add_param_group`` adds groups,
@@ -101,9 +110,8 @@ class GapAware(Correction):
         """Per-parameter Gaps ``G`` of ``view`` for a gradient ``tau`` steps stale, at ``before_update`` of ``step``
         (over SGD: after this step's direction entered ``v``)."""
         stale = self._stale.version(view, step, tau)
-        if self._k == 0:
-            return [torch.ones_like(w) for w in view.data]
-        return [(w - s).to(c.dtype).abs_().div_(c).add_(1.0) for w, s, c in zip(view.data, stale, self._scale(view))]
+        return [torch.ones_like(w) if c is None else (w - s).to(c.dtype).abs_().div_(c).add_(1.0)
+                for w, s, c in zip(view.data, stale, self._scale(view))]
 
     def _measure_direction(self, groups: Dict[int, int]):
         """The authors' SGD statistics, at the start of a step: ``eta_max`` and ``v`` from the direction
@@ -112,12 +120,14 @@ class GapAware(Correction):
         self._max_lr = [max(m, float(g["lr"])) for m, g in zip(self._max_lr, base.param_groups)]
         vs, moved, ds = [], [], []
         for c in self._stale.views:
-            for p, v in zip(c.params, self._v[c.index][1]):
+            counts = self._counts[c.index]
+            for j, (p, v) in enumerate(zip(c.params, self._v[c.index][1])):
                 if p.grad is None or id(p) not in groups:
                     continue
                 d = p.grad if base.param_groups[groups[id(p)]]["momentum"] == 0 else \
                     base.state[p].get("momentum_buffer")
                 vs.append(v)
+                counts[j] += 1
                 if d is not None:                      # no buffer before the first step: d = 0
                     moved.append(v)
                     ds.append(d)
@@ -125,7 +135,6 @@ class GapAware(Correction):
             torch._foreach_mul_(vs, self.beta)
         if moved:
             torch._foreach_addcmul_(moved, ds, ds, value=1.0 - self.beta)
-        self._k += 1
 
     def before_update(self, delays, step):
         """``g /= G`` (over SGD with weight decay ``lambda``: ``g += lambda w (1/G - 1)``, the decay undamped) at
@@ -134,40 +143,37 @@ class GapAware(Correction):
         if self.from_direction:
             self._measure_direction(groups)
         tf = delays[0]
-        grads, ws, ss, vs, lrs, wds = [], [], [], [], [], []
+        grads, ws, ss, vs, corrections, lrs, wds = [], [], [], [], [], [], []
         for c in self._stale.views:
             tau = tf[c.stage]
             if tau == 0:
                 continue
             stale = self._stale.version(c, step, tau)
-            for p, w, s, v in zip(c.params, c.data, stale, self._v[c.index][1]):
+            for p, w, s, v, n in zip(c.params, c.data, stale, self._v[c.index][1], self._steps(c)):
                 k = groups.get(id(p))
-                if p.grad is None or k is None:
+                if p.grad is None or k is None or n == 0:  # (n = 0: no statistics yet, G = 1)
                     continue
                 grads.append(p.grad)
                 ws.append(w)
                 ss.append(s)
                 vs.append(v)
+                corrections.append(1.0 - self.beta ** n)
                 lrs.append(self._max_lr[k])
                 wds.append(live[k]["weight_decay"] if self.from_direction else 0)
         widen = any(v.dtype != w.dtype for v, w in zip(vs, ws))  # (float32 statistics of half parameters)
-        correction = 1.0 - self.beta ** self._k
         for a, b in history.blocks(grads):  # the temporaries are weight-sized: bounded blocks
             g = grads[a:b]
-            if self._k == 0:  # no statistics yet: G = 1
-                G = [torch.ones_like(w) for w in ws[a:b]]
-            else:
-                scale = torch._foreach_div(vs[a:b], correction)
-                torch._foreach_sqrt_(scale)
-                torch._foreach_add_(scale, self.eps)
-                if self.from_direction:
-                    torch._foreach_mul_(scale, lrs[a:b])
-                G = torch._foreach_sub(ws[a:b], ss[a:b])
-                if widen:  # G in the statistics' dtype: |w - s| / C overflows float16
-                    G = [x.to(v.dtype) for x, v in zip(G, vs[a:b])]
-                torch._foreach_abs_(G)
-                torch._foreach_div_(G, scale)
-                torch._foreach_add_(G, 1.0)
+            scale = torch._foreach_div(vs[a:b], corrections[a:b])
+            torch._foreach_sqrt_(scale)
+            torch._foreach_add_(scale, self.eps)
+            if self.from_direction:
+                torch._foreach_mul_(scale, lrs[a:b])
+            G = torch._foreach_sub(ws[a:b], ss[a:b])
+            if widen:  # G in the statistics' dtype: |w - s| / C overflows float16
+                G = [x.to(v.dtype) for x, v in zip(G, vs[a:b])]
+            torch._foreach_abs_(G)
+            torch._foreach_div_(G, scale)
+            torch._foreach_add_(G, 1.0)
             torch._foreach_div_(g, G)
             decayed = [k for k in range(b - a) if wds[a + k]]
             if decayed:
@@ -202,13 +208,18 @@ class GapAware(Correction):
 
     def state_dict(self):
         return {"stale": self._stale.state_dict(), "v": {i: f for i, (f, _) in self._v.items()}, "k": self._k,
-                "max_lr": list(self._max_lr)}
+                "counts": {i: list(n) for i, n in self._counts.items()}, "max_lr": list(self._max_lr)}
 
     def load_state_dict(self, state):
         self._stale.load_state_dict(state["stale"])
         for i, flat in state["v"].items():
             self._v[int(i)][0].copy_(flat)
         self._k = int(state["k"])
+        counts = state.get("counts")  # (a state saved before the per-parameter counts: every one at k)
+        if counts is None:
+            counts = {i: [self._k] * len(n) for i, n in self._counts.items()}
+        for i, n in counts.items():
+            self._counts[int(i)][:] = [int(x) for x in n]
         self._max_lr = [float(x) for x in state.get("max_lr", self._max_lr)]
 
     def extra_bytes(self):
