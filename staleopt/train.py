@@ -112,7 +112,7 @@ from .optimizer import PipelineOptimizer
 from .partition import partition_model
 
 __all__ = ["run", "method_args", "steps_per_epoch", "total_steps", "build_optimizer", "lr_lambda",
-           "RECORD_COLUMNS"]
+           "loss_function", "RECORD_COLUMNS"]
 
 #: Columns of the records :func:`run` returns, in order.
 RECORD_COLUMNS = ("epoch", "step", "train_loss", "test_loss", "test_acc", "test_ppl", "best_loss", "lr_base",
@@ -297,7 +297,9 @@ def _mse_loss(out, y, reduction: str = "mean"):
     return F.mse_loss(out.reshape(len(out), -1), y.reshape(len(y), -1), reduction=reduction)
 
 
-def _criterion(task: str):
+def loss_function(task: str):
+    """The training loss of ``task``, ``loss(out, y, reduction="mean")``: cross-entropy for ``"classification"``,
+    per position for ``"lm"`` (targets equal to :data:`IGNORE_INDEX` left out), else mean squared error."""
     return {"classification": _ce_loss, "lm": _lm_loss}.get(task, _mse_loss)
 
 
@@ -317,7 +319,7 @@ def _evaluate(model, data, device, name: str) -> Dict[str, float]:
     model.eval()
     loss_sum, correct, n = 0.0, 0, 0
     size = max(1, _EVAL_TOKENS // torch.as_tensor(dataset[0][1]).numel()) if task == "lm" else _EVAL_BATCH
-    summed = functools.partial(_criterion(task), reduction="sum")  # divided once, by the kept targets, at the end
+    summed = functools.partial(loss_function(task), reduction="sum")  # divided once, by the kept targets, at end
     for x, y in datasets.batches(dataset, size):
         x, y = x.to(device), y.to(device)
         out, loss = _forward_loss(model, x, y, data, name, summed)
@@ -405,7 +407,7 @@ def _train(config: RunConfig, device: torch.device, progress: bool, checkpoint, 
         model.forward = functools.partial(segments.checkpoint_segments, opt, models.steps(model))
     scheduler = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(config, spe, total))
     analytic = _hardware(config, model, pipeline, opt.partition, total, args)
-    criterion = _criterion(data.task)
+    criterion = loss_function(data.task)
     best_loss = math.nan if data.best_loss is None else float(data.best_loss)
     order = torch.Generator().manual_seed(config.seed)
     bound = config.divergence_loss

@@ -224,12 +224,12 @@ def test_padding_targets_count_in_no_metric_and_any_integer_targets_train():
     small = datasets.from_datasets(Numpy(x[:32], z[:32]), Numpy(x[32:], z[32:]))
     out = train._evaluate(model, small, torch.device("cpu"), "m")
     assert math.isfinite(out["test_loss"]) and 0 <= out["test_acc"] <= 1
-    assert train._criterion("lm")(model(x[:4]), z[:4].int()).item() == pytest.approx(
-        train._criterion("lm")(model(x[:4]), z[:4]).item(), rel=0)
+    assert train.loss_function("lm")(model(x[:4]), z[:4].int()).item() == pytest.approx(
+        train.loss_function("lm")(model(x[:4]), z[:4]).item(), rel=0)
     head = nn.Linear(T, 3)
     labels = torch.tensor([0, 2, 1, 1])
-    assert train._criterion("classification")(head(x[:4].float()), labels.int()).item() == \
-        train._criterion("classification")(head(x[:4].float()), labels).item()
+    assert train.loss_function("classification")(head(x[:4].float()), labels.int()).item() == \
+        train.loss_function("classification")(head(x[:4].float()), labels).item()
 
 
 class _Lists(torch.utils.data.Dataset):
@@ -327,7 +327,7 @@ def test_a_vocabulary_smaller_than_the_tokens_is_a_data_error(split):
     model = torch.nn.Linear(3, 4)
     with pytest.raises(RuntimeError, match="mat1 and mat2"):
         train._forward_loss(model, x[:2].float(), y[:2], datasets.Data("d", tr, te, 4, (8,), "lm"), "m",
-                            train._criterion("lm"))
+                            train.loss_function("lm"))
 
 
 def test_a_minibatch_of_padding_only_is_skipped_not_recorded_as_divergence():

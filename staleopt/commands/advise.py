@@ -9,7 +9,7 @@ from .. import data as datasets
 from .. import models
 from ..advisor import advise
 from ..errors import ConfigError
-from ..train import _criterion
+from ..train import loss_function
 from ..validate import check_int
 
 __all__ = ["register", "run"]
@@ -63,7 +63,7 @@ def run(args) -> int:
     model = models.get(args.model, num_classes=d.num_classes, input_shape=d.input_shape, seed=args.seed)
     gen = torch.Generator().manual_seed(args.seed)
     batch = next(datasets.batches(d.train, args.batch_size, shuffle=True, generator=gen))
-    loss_fn = _criterion(d.task)  # the trainer's loss: a language model's cross-entropy over every position
+    loss_fn = loss_function(d.task)  # the trainer's loss: a language model's cross-entropy over every position
     _warmup(model, loss_fn, d.train, args)
     advice = advise(model, loss_fn, batch, args.method, args.stages, args.microbatches, lr=args.lr,
                     momentum=args.momentum, step=args.step, iters=args.iters, seed=args.seed)
