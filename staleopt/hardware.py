@@ -356,7 +356,8 @@ def memory_report(model: nn.Module, method, stages: int, microbatches: int = 1, 
         raise ConfigError(f"partition has {partition.num_stages} stages but stages={stages}: make them agree")
     tf, tb = pipeline.delays
     w = [s.nbytes for s in partition]
-    for r in plan_replicas(model, partition, allocate=False)[0]:  # a tied weight is held by every stage that uses it
+    # a tied weight is held by every stage that uses it; the engine's partition (opt.partition) holds its replicas
+    for r in () if partition.replicas else plan_replicas(model, partition, allocate=False)[0]:
         w[r.stage] += r.nbytes
     W = sum(w)
     slots = OPTIMIZER_SLOTS[optimizer]

@@ -443,6 +443,17 @@ def test_the_memory_report_counts_a_replica_in_its_stage():
     assert tied.stage_weight_bytes[2] - staleopt.partition_model(model, 3)[2].nbytes == V * D * 8
 
 
+def test_the_memory_report_of_the_engines_partition_counts_a_replica_once():
+    """``opt.partition`` already holds a unit per replica (what ``staleopt train`` prices its records from): the
+    report adds no second copy (the records of a tied GPT read one embedding matrix too many)."""
+    from staleopt import hardware
+    model = TiedNet()
+    opt = staleopt.PipelineOptimizer(model, torch.optim.SGD(model.parameters(), lr=0.1), stages=3)
+    assert opt.partition.replicas
+    engine = hardware.memory_report(model, "gpipe", 3, optimizer="sgd", partition=opt.partition)
+    assert engine.stage_weight_bytes == hardware.memory_report(model, "gpipe", 3, optimizer="sgd").stage_weight_bytes
+
+
 @pytest.mark.parametrize("memory", ["minimal", "fast"])
 def test_gpt2_under_pipemare_matches_the_reference_engine(memory):
     """T1 + T2 on GPT-2's replica (dataflow: its backward view is extrapolated along its own delta)."""
