@@ -88,11 +88,13 @@ def test_lm_demo_claims_hold_on_every_cpu_it_was_recorded_on(directory):
 def test_from_records_refuses_a_task_that_is_not_the_records_and_a_bad_target_before_training(tmp_path, capsys):
     """``--from-records`` filled the slimmed records' missing columns from the other task's sweep file (the LM
     demo's memory claim measured on resnet1d, PipeMareW's warmup from the cosine rule) and rewrote the report
-    silently; ``--task lm --target 0.85`` trained the whole sweep before refusing the target."""
+    silently (with ``--sweep FILE`` it judged a classifier's accuracies by the LM demo's perplexity claims); ``--task
+    lm --target 0.85`` trained the whole sweep before refusing the target."""
     import shutil
     root = Path(__file__).resolve().parents[1]
-    for src, wrong in (("demo-lm", []), ("demo", ["--task", "lm"])):
-        out = tmp_path / src
+    for k, (src, wrong) in enumerate((("demo-lm", []), ("demo", ["--task", "lm"]),
+                                      ("demo", ["--task", "lm", "--sweep", str(root / "experiments" / "demo.toml")]))):
+        out = tmp_path / f"{src}-{k}"
         shutil.copytree(root / "docs" / src, out)
         before = (out / "claims.csv").read_text()
         assert main(["demo", "--from-records", "--out", str(out), *wrong]) == 2

@@ -222,7 +222,6 @@ def complete(records, sweep_file=DEFAULT_SWEEP):
 def _from_records(args) -> int:
     """``--from-records``: the report of OUT/records.csv, trained by an earlier demo."""
     import pandas as pd
-    from .. import claims, metrics
     from ..compare import write_report
     from ..sweep import _EXACT_FLOATS
     out = Path(args.out)
@@ -230,16 +229,11 @@ def _from_records(args) -> int:
         raise ConfigError(f"--from-records reads {out / 'records.csv'}, which does not exist: run the demo first")
     info = json.loads((out / "run.json").read_text()) if (out / "run.json").is_file() else {}
     raw = pd.read_csv(out / "records.csv", **_EXACT_FLOATS)
-    lm = metrics.task_of(raw) == "lm"
-    if lm != (args.task == "lm") and not args.sweep:  # (the sweep file fills the columns the records leave out)
-        raise ConfigError(f"{out / 'records.csv'} holds a {'language model' if lm else 'classifier'}'s runs, but "
-                          f"--task {args.task} rebuilds them with {_sweep_file(args).name}'s settings and claims: "
-                          f"pass --task {'lm' if lm else 'classification'} (or --sweep FILE, the file they ran)")
     records = complete(raw, _sweep_file(args))
+    claims_ = _claims(args, records, out / "records.csv")
     default = _default_target(args, records)
     target = args.target if args.target is not None else info.get("target", default)
-    result = write_report(records, out, target=target, figures=args.figures, write_records=False,
-                          claims=_claims(args))
+    result = write_report(records, out, target=target, figures=args.figures, write_records=False, claims=claims_)
     if info and info.get("target") != target:  # the target the rebuilt tables use (markdown() reads it)
         info["target"] = target
         (out / "run.json").write_text(json.dumps(info, indent=2) + "\n")
@@ -254,9 +248,17 @@ def _sweep_file(args) -> Path:
     return LM_SWEEP if args.task == "lm" else QUICK_SWEEP if args.quick else DEFAULT_SWEEP
 
 
-def _claims(args):
-    from .. import claims
-    return claims.LM_DEMO_CLAIMS if args.task == "lm" else None
+def _claims(args, records, where):
+    """The LM demo's claims for ``--task lm``, else the records' default ones (:func:`staleopt.claims.default_claims`);
+    a ``--task`` other than the records' (``where``) is refused: the LM claims' perplexity thresholds judged on
+    accuracies read "does not hold" and "holds" where nothing was measured."""
+    from .. import claims, metrics
+    lm = metrics.task_of(records) == "lm"
+    if lm != (args.task == "lm"):
+        kind = {True: "language model", False: "classifier"}
+        raise ConfigError(f"{where} holds a {kind[lm]}'s runs, but --task {args.task} judges them by the claims of "
+                          f"a {kind[not lm]}: pass --task {'lm' if lm else 'classification'} (finished runs are kept)")
+    return claims.LM_DEMO_CLAIMS if lm else None
 
 
 def _default_target(args, records):
@@ -306,7 +308,8 @@ def run(args) -> int:
     if summary.empty:
         raise ConfigError(f"no run of {path} finished; see the error.txt files under {out / 'runs'}")
     target = args.target if args.target is not None else _default_target(args, records)  # the preview's too
-    result = write_report(records, out, target=target, figures=args.figures, claims=_claims(args))
+    result = write_report(records, out, target=target, figures=args.figures,
+                          claims=_claims(args, records, f"sweep {path}"))
     print(f"\n{spec.name or path.stem}: {report.total} runs ({len(report.skipped)} already done, "
           f"{len(report.finished)} run now, {len(report.failed)} failed) in {elapsed:.0f} s "
           f"with {args.workers} worker(s) x {args.worker_threads} thread(s)")
