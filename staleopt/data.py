@@ -642,13 +642,15 @@ def _download_corpus(corpus: _Corpus, root: Path) -> None:
 def _read_corpus(corpus: _Corpus, root: Path, level: str) -> Tuple[List[torch.Tensor], int, Dict[str, Any]]:
     """The corpus's three splits (train, valid, test) as 1-D token tensors, the vocabulary size and info:
     bytes (uint8, vocabulary 256) or characters (int32 ids of the sorted characters of the whole corpus)."""
-    blobs = []
+    blobs: List[bytes] = []
     for f in corpus.files:
         try:
             blobs.append((root / f).read_bytes())
         except OSError as e:
             raise DataError(f"{corpus.name}: {root / f} cannot be read ({e.strerror}); put the file there "
                             f"({corpus.source})") from None
+    if len(blobs) == 1:  # one file: cut its bytes by the corpus's fractions (enwik8: 90M / 5M / 5M of its 10^8)
+        blobs = _cut(blobs[0], corpus.fractions, at_characters=level != "byte")
     if level == "byte":
         splits = [torch.frombuffer(bytearray(b), dtype=torch.uint8) if b else torch.zeros(0, dtype=torch.uint8)
                   for b in blobs]
@@ -663,11 +665,18 @@ def _read_corpus(corpus: _Corpus, root: Path, level: str) -> Tuple[List[torch.Te
         alphabet = np.unique(np.concatenate(codes))
         splits = [torch.from_numpy(np.searchsorted(alphabet, c).astype(np.int32)) for c in codes]
         vocab, info = len(alphabet), {"level": "char", "characters": "".join(map(chr, alphabet.tolist()))}
-    if len(splits) == 1:  # one file: cut by the corpus's fractions (enwik8: 90M / 5M / 5M of its 10^8 bytes)
-        n = len(splits[0])
-        a, b = int(round(n * corpus.fractions[0])), int(round(n * sum(corpus.fractions)))
-        splits = [splits[0][:a], splits[0][a:b], splits[0][b:]]
     return splits, vocab, info
+
+
+def _cut(blob: bytes, fractions: Tuple[float, float], at_characters: bool) -> List[bytes]:
+    """``blob`` cut into train, valid and test at ``fractions`` of its bytes, the same stretches of the file at
+    every level; for characters each cut moves past the UTF-8 continuation bytes (``0b10xxxxxx``) of a character it
+    falls inside (a cut by characters of text with multi-byte characters was other text than the standard split)."""
+    n = len(blob)
+    cuts = [int(round(n * fractions[0])), int(round(n * sum(fractions)))]
+    if at_characters:
+        cuts = [next((k for k in range(c, n) if blob[k] & 0xC0 != 0x80), n) for c in cuts]
+    return [blob[:cuts[0]], blob[cuts[0]:cuts[1]], blob[cuts[1]:]]
 
 
 def _text_corpus(name: str, root=None, download=False, context=128, level="byte", stride=None,

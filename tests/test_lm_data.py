@@ -166,6 +166,23 @@ def test_enwik8_is_cut_90_5_5(tmp_path):
         data.load("text-enwik8", root=tmp_path, level="char")
 
 
+def test_enwik8_characters_are_cut_where_its_bytes_are(tmp_path):
+    """At ``level="char"`` the splits are the byte splits' stretches of the file, decoded (they were cut by
+    characters: with multi-byte characters, other text); a cut inside a character moves past it."""
+    blob = ("h\u00e9llo w\u00f6rld " * 25 + "\u20ac" * 200).encode("utf-8")  # 2 and 3 bytes a character
+    (tmp_path / "enwik8").write_bytes(blob)
+    c = data.load("text-enwik8", root=tmp_path, context=4, level="char")
+    chars = c.info["characters"]
+    def past(k):  # the cut moved past a character's continuation bytes
+        return k if blob[k] & 0xC0 != 0x80 else past(k + 1)
+
+    a, b = round(len(blob) * 0.9), round(len(blob) * (0.9 + 0.05))  # (the byte level's cuts, 855 and 903)
+    assert past(a) == a + 2 and past(b) == b + 2  # (both fall inside a character)
+    assert "".join(chars[i] for i in c.test.tokens.tolist()) == blob[b + 2:].decode("utf-8")
+    valid = data.load("text-enwik8", root=tmp_path, context=4, level="char", test_split="valid").test
+    assert "".join(chars[i] for i in valid.tokens.tolist()) == blob[a + 2:b + 2].decode("utf-8")
+
+
 def test_missing_or_malformed_corpora_say_where_and_how(tmp_path):
     with pytest.raises(DataError, match=r"text-enwik8 not found: .* lacks \[.enwik8.\].*Set \$STALEOPT_DATA.*download=True.*enwik8.zip"):
         data.load("text-enwik8", root=tmp_path)
