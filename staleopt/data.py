@@ -457,7 +457,8 @@ class TokenWindows(Dataset):
     """The windows of a token sequence: sample ``i`` is ``x = tokens[s:s+T]``, ``y = tokens[s+1:s+T+1]``
     with ``s = i * stride`` (int64, ``T = context``), every window that fits.
 
-    ``tokens`` is kept as given (uint8 bytes, int32 characters); a batch is gathered at once by
+    ``tokens`` is kept as given (uint8 bytes, int32 characters; a numpy array, e.g. a tokenized corpus's
+    ``np.memmap`` of uint16, or a list becomes a tensor by ``torch.as_tensor``); a batch is gathered at once by
     :meth:`take` and widened to int64 then. ``stride = T`` (default) cuts the sequence into
     non-overlapping windows, so one pass over them predicts every token but the first once.
     """
@@ -465,6 +466,12 @@ class TokenWindows(Dataset):
     def __init__(self, tokens: torch.Tensor, context: int, stride: Optional[int] = None):
         check_int("context", context, 1, why="tokens per window")
         stride = check_int("stride", context if stride is None else stride, 1, why="tokens between windows")
+        if not isinstance(tokens, torch.Tensor):
+            try:
+                tokens = torch.as_tensor(tokens)
+            except (TypeError, ValueError, RuntimeError) as e:
+                raise DataError(f"tokens must be a 1-D sequence of integer token ids (a tensor, numpy array or "
+                                f"list), got {type(tokens).__name__} ({e})") from None
         if tokens.dim() != 1 or tokens.dtype.is_floating_point:
             raise DataError(f"tokens must be a 1-D integer tensor, got {tokens.dtype} of shape {tuple(tokens.shape)}")
         self.tokens, self.context, self.stride = tokens, int(context), int(stride)
@@ -561,9 +568,9 @@ def _text_markov(root=None, download=False, vocab_size=16, order=2, support=3, s
     check_int("text-markov order", order, 1)
     check_int("text-markov support", support, 1, vocab_size, why="tokens each state can be followed by")
     check_int("text-markov context", context, 1, why="tokens per window")
-    if vocab_size ** order > 2 ** 22:
-        raise ConfigError(f"text-markov has vocab_size ** order = {vocab_size ** order} states, more than 2^22: "
-                          "lower vocab_size or order")
+    if vocab_size ** (order + 1) > 2 ** 22:  # (the transition table: a next-token distribution per state)
+        raise ConfigError(f"text-markov's transition table has vocab_size ** (order + 1) = "
+                          f"{vocab_size ** (order + 1)} entries, more than 2^22: lower vocab_size or order")
     if isinstance(smoothing, bool) or not isinstance(smoothing, (int, float)) or not 0 < smoothing <= 1:
         raise ConfigError(f"text-markov smoothing = {smoothing!r} must lie in (0, 1] (the weight of the uniform "
                           "distribution mixed into every state's: it keeps the chain irreducible)")

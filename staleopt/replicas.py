@@ -214,6 +214,7 @@ def refuse_with_replicas(corrections: Sequence) -> None:
     if bad:
         raise CorrectionError(f"{', '.join(bad)} rewrite(s) each stage's gradient in place, and a tied parameter's "
                               "gradient belongs to every stage that holds a replica of it (staleopt.replicas), so "
-                              "it would be rewritten once per stage: untie the parameter (Hugging Face models: "
-                              "config.tie_word_embeddings=False), put its uses in one stage, or use another "
-                              "correction")
+                              "it would be rewritten once per stage: untie the parameter (staleopt's gpt: model_kwargs "
+                              "{\"tie\": false}, on the command line --model-kwargs '{\"tie\": false}'; Hugging "
+                              "Face models: config.tie_word_embeddings=False), put its uses in one stage, or use "
+                              "another correction")

@@ -94,8 +94,9 @@ def test_markov_bad_arguments():
         data.load("text-markov", smoothing=0)
     with pytest.raises(ConfigError, match="support = 20 must be an int in 1..16"):
         data.load("text-markov", support=20)
-    with pytest.raises(ConfigError, match="states, more than 2\\^22"):
-        data.load("text-markov", vocab_size=256, order=3)
+    for vocab, order in ((256, 3), (2 ** 22, 1)):  # (a table of V^(k+1) entries: order 1 asked for 140 TB)
+        with pytest.raises(ConfigError, match="entries, more than 2\\^22"):
+            data.load("text-markov", vocab_size=vocab, order=order)
     with pytest.raises(ConfigError, match="test_tokens = 10 must be an int >= 33"):
         data.load("text-markov", test_tokens=10)
     with pytest.raises(ConfigError, match="unknown argument.*'vocab'"):
@@ -369,3 +370,18 @@ def test_a_minibatch_of_padding_only_is_skipped_not_recorded_as_divergence():
     assert (rec["status"] == "ok").all() and rec["train_loss"].notna().all()
     assert rec["step"].tolist() == [32 - 7, 2 * (32 - 7)]  # 7 of the 32 training samples are padding only
     assert any("-100 (padding) was skipped" in str(w.message) for w in seen)
+
+
+def test_token_windows_take_a_numpy_array_or_a_list():
+    """A tokenized corpus as numpy (nanoGPT's ``np.memmap`` of uint16) or a list gives the windows of the same
+    tensor (a raw AttributeError before); something that is no sequence of ids is a DataError."""
+    np = pytest.importorskip("numpy")
+    ids = (torch.arange(100) * 7) % 13
+    want = data.TokenWindows(ids, 8, stride=5)
+    for given in (ids.numpy().astype(np.uint16), ids.tolist()):
+        got = data.TokenWindows(given, 8, stride=5)
+        assert len(got) == len(want)
+        every = torch.arange(len(want))
+        assert all(torch.equal(a, b) for a, b in zip(got.take(every), want.take(every)))
+    with pytest.raises(DataError, match="1-D sequence of integer token ids"):
+        data.TokenWindows({"a": 1}, 8)

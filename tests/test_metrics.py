@@ -308,6 +308,11 @@ def test_staleopt_train_prints_perplexity_for_a_language_model(capsys):
           "lr_base": 0.1, "wall_time": 1.0, "status": "ok"})
     header = capsys.readouterr().out.splitlines()[0]
     assert "test_acc" in header and "test_ppl" not in header
+    show = _printer()  # a corpus (no best loss) whose first epoch's perplexity overflowed: test_ppl shown all the same
+    show({"epoch": 1, "step": 5, "train_loss": 3.0, "test_loss": 800.0, "test_acc": 0.0, "test_ppl": math.inf,
+          "best_loss": math.nan, "lr_base": 0.1, "wall_time": 1.0, "status": "ok"})
+    header, row = capsys.readouterr().out.splitlines()
+    assert "test_ppl" in header and "inf" in row and "best_loss" not in header
 
 
 def cls_train(config, progress=False):

@@ -178,8 +178,9 @@ _SHOWN = (("epoch", 5), ("step", 7), ("train_loss", 11), ("test_loss", 10), ("te
           ("wall_time", 9), ("status", 8))
 
 
-#: The columns a language model's records add (after ``test_loss``), shown when the first record has them.
-_SHOWN_LM = (("test_ppl", 9), ("best_loss", 9))
+#: The columns a language model's records add (after ``test_loss``), shown when the first record has them:
+#: ``test_ppl`` where it is not NaN (a language model's, ``inf`` included), ``best_loss`` where the data knows it.
+_SHOWN_LM = (("test_ppl", 9, lambda v: not math.isnan(v)), ("best_loss", 9, math.isfinite))
 
 
 def _printer():
@@ -188,7 +189,7 @@ def _printer():
 
     def show(record):
         if not shown:
-            extra = [(n, w) for n, w in _SHOWN_LM if isinstance(record.get(n), float) and math.isfinite(record[n])]
+            extra = [(n, w) for n, w, has in _SHOWN_LM if isinstance(record.get(n), float) and has(record[n])]
             at = [n for n, _ in _SHOWN].index("test_loss") + 1
             shown.extend([*_SHOWN[:at], *extra, *_SHOWN[at:]])
             print(" ".join(name.rjust(w) for name, w in shown), flush=True)
