@@ -915,6 +915,11 @@ def from_datasets(train: Dataset, test: Dataset, name: str = "custom", task: Opt
         raise DataError(f"dataset {name!r}: the first test input is {seen.dtype} of shape {tuple(seen.shape)}, the "
                         f"first train input {inputs.dtype} of shape {tuple(inputs.shape)}: the model is built for "
                         "one; give both splits the same preprocessing (e.g. the same resize or crop)")
+    if task == "lm" and seen.dim() and inputs.dim() and seen.shape[0] > inputs.shape[0]:
+        raise DataError(f"dataset {name!r}: the first test window has {seen.shape[0]} tokens, more than the "
+                        f"{inputs.shape[0]} of the first training window, which a language model's positions are "
+                        f"sized for (input_shape): cut the test tokens into windows of at most {inputs.shape[0]} "
+                        f"(TokenWindows(test_tokens, {inputs.shape[0]}))")
     if task != "regression" and (not integer or (task == "lm") != bool(y.dim())):
         raise DataError(f"dataset {name!r}: task {task!r} needs " + ("one integer class per sample" if task ==
                         "classification" else "a sequence of integer tokens (labels) per sample") +

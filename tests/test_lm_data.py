@@ -385,3 +385,13 @@ def test_token_windows_take_a_numpy_array_or_a_list():
         assert all(torch.equal(a, b) for a, b in zip(got.take(every), want.take(every)))
     with pytest.raises(DataError, match="1-D sequence of integer token ids"):
         data.TokenWindows({"a": 1}, 8)
+
+
+def test_test_windows_longer_than_the_training_windows_are_refused_at_load():
+    """A language model's positions are sized for the training windows: longer test windows were found after a
+    whole epoch, by an error naming a fix (input_shape) the config refuses."""
+    tokens = torch.arange(300) % 11
+    with pytest.raises(DataError, match=r"16 tokens, more than the 8 .*TokenWindows\(test_tokens, 8\)"):
+        data.from_datasets(data.TokenWindows(tokens[:200], 8), data.TokenWindows(tokens[200:], 16), "long-test")
+    assert data.from_datasets(data.TokenWindows(tokens[:200], 8), data.TokenWindows(tokens[200:], 4),
+                              "short-test").input_shape == (8,)
