@@ -810,6 +810,24 @@ class PipelineOptimizer(torch.optim.Optimizer):
                                "layers, x) does it; opt.partition shows the stages), or train "
                                "schedule.without_recompute()")
 
+    def _check_checkpointed(self, outputs) -> None:
+        """Every training forward of a step that recomputes checks its ``opt.checkpoint`` calls
+        (:meth:`_check_segments`). A step whose forwards made none is refused at ``step()``
+        (:meth:`_check_recomputed`); one forward without calls beside others with them (gradient accumulation,
+        ``microbatch_passes``) kept its activations while ``tau_recomp`` reports the recomputation: refused."""
+        if not self._calls and "checkpoint" not in self._seen:
+            self._seen.add("uncheckpointed")
+            return
+        if self._calls:
+            self._check_segments(outputs)
+        if not self._calls or "uncheckpointed" in self._seen:
+            self._restore()
+            raise SegmentError(f"schedule {self._schedule!r} recomputes activations (tau_recomp = "
+                               f"{self._plan().recomp}), and of this step's training forwards some called "
+                               "opt.checkpoint and some did not, so theirs kept the forward activations: wrap the "
+                               "recomputed segments in every training forward (staleopt.segments.checkpoint_segments"
+                               "(opt, layers, x)), or train schedule.without_recompute()")
+
     def _watch_recomputation(self) -> None:
         """From the start of a backward pass to its end, a stage module's forward is a recomputation: a global
         module pre-hook (no per-module hooks in the forward pass) watches for it under a recompute schedule, and
@@ -967,8 +985,8 @@ class PipelineOptimizer(torch.optim.Optimizer):
                 self._opaque_output(output)
             if not self._traced:
                 self._trace(outputs)
-            if self._calls and self._plan().needs_checkpoint:
-                self._check_segments(outputs)
+            if self._ahead and self._plan().needs_checkpoint:
+                self._check_checkpointed(outputs)
             if (self._autocast_outside or self._copies_weights) and self._backward_views_differ():
                 self._warn_once("autocast", "under autocast the backward pass multiplies with the cast copies of "
                                 "the forward weights, so the backward views (tau_bkwd != tau_fwd, T2) are not "

@@ -14,7 +14,7 @@ from torch import nn
 
 from staleopt import PipelineOptimizer, schedules
 from staleopt.corrections import DiscrepancyCorrection
-from staleopt.errors import ConfigError, LoopError
+from staleopt.errors import ConfigError, LoopError, SegmentError
 from staleopt.reference import ReferencePipelineOptimizer
 from staleopt.timeline import simulate
 
@@ -249,6 +249,22 @@ def test_bad_calls():
 def test_a_recompute_schedule_refuses_a_step_without_opt_checkpoint():
     with pytest.raises(LoopError, match="no opt.checkpoint call ran"):
         train([(0, 1, None), (2, 2, None)], CUSTOM, steps=1)
+
+
+@pytest.mark.parametrize("first", ["opt", None])
+def test_every_forward_of_an_accumulated_step_must_checkpoint(first):
+    """Two forwards accumulated into one step, one of them without opt.checkpoint (in either order): that pass kept
+    its forward activations while tau_recomp reported the recomputation (silent: the step saw a call)."""
+    model = Net(WIDTHS, [])
+    opt = PipelineOptimizer(model, torch.optim.SGD(model.parameters(), lr=LR), stages=len(WIDTHS) - 1,
+                            schedule=CUSTOM)
+    model.opt = opt
+    (x, y), = data(1)
+    with pytest.raises(SegmentError, match="some called opt.checkpoint and some did not"):
+        for how in (first, "opt" if first is None else None):
+            model.segments = [(0, 1, how), (2, 2, how)]
+            ((model(x) - y) ** 2).mean().backward()
+        opt.step()
 
 
 @pytest.mark.parametrize("segments", [[(0, 1, "torch"), (2, 2, "torch")], [(0, 1, "opt"), (2, 2, "torch")],
