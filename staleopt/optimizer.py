@@ -402,6 +402,7 @@ class PipelineOptimizer(torch.optim.Optimizer):
         self._ahead = any(b != r != f for f, b, r in zip(tf, tb, tr))  # recomputes ahead of the backward pass
         self._segments = self._schedule.segments(P) if self._ahead else []  # what opt.checkpoint calls must cover
         self._calls: List[set] = []  # per opt.checkpoint call of this training forward: the parameters it read
+        self._checkpointed = False  # this training forward called opt.checkpoint
         self._unit_stage = {id(model.get_submodule(u.name)): s.index for s in self._partition for u in s.units
                             if u.name != "<root>"}
         self._watch = None  # while a backward pass runs: the global module pre-hook that spots recomputations
@@ -755,6 +756,7 @@ class PipelineOptimizer(torch.optim.Optimizer):
         if not (self._in_forward and torch.is_grad_enabled()):
             return torch.utils.checkpoint.checkpoint(function, *args, use_reentrant=False, **kwargs)
         self._seen.add("checkpoint")
+        self._checkpointed = True
         plan = self._plan()
         window = RecomputeWindow(self, plan, self._step)
         out = torch.utils.checkpoint.checkpoint(function, *args, use_reentrant=False, context_fn=window.contexts,
@@ -815,12 +817,12 @@ class PipelineOptimizer(torch.optim.Optimizer):
         (:meth:`_check_segments`). A step whose forwards made none is refused at ``step()``
         (:meth:`_check_recomputed`); one forward without calls beside others with them (gradient accumulation,
         ``microbatch_passes``) kept its activations while ``tau_recomp`` reports the recomputation: refused."""
-        if not self._calls and "checkpoint" not in self._seen:
+        if not self._checkpointed and "checkpoint" not in self._seen:
             self._seen.add("uncheckpointed")
             return
-        if self._calls:
+        if self._checkpointed:
             self._check_segments(outputs)
-        if not self._calls or "uncheckpointed" in self._seen:
+        if not self._checkpointed or "uncheckpointed" in self._seen:
             self._restore()
             raise SegmentError(f"schedule {self._schedule!r} recomputes activations (tau_recomp = "
                                f"{self._plan().recomp}), and of this step's training forwards some called "
@@ -937,7 +939,7 @@ class PipelineOptimizer(torch.optim.Optimizer):
                                     "(x.chunk(N)), one forward and backward each, then step() (zero_grad() "
                                     "before the first microbatch of a step restarts the count)")
                 self._pass, self._passes = self._passes, self._passes + 1
-            self._calls = []
+            self._calls, self._checkpointed = [], False
             self._load(backward=False)
             dev = self._device_type  # (autocast makes no copy of a weight already in its dtype)
             self._autocast_outside = torch.is_autocast_enabled(dev) and \
