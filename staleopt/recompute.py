@@ -47,9 +47,9 @@ class RecomputeWindow:
         return contextlib.nullcontext(), self
 
     def __enter__(self):
-        self.engine._recomputing += 1
-        if self.views:
+        if self.views:  # (first: a refusal raised here leaves no count behind, which __exit__ would not undo)
             self.engine._enter_recompute(self)
+        self.engine._recomputing += 1
         return self
 
     def __exit__(self, *exc):

@@ -288,6 +288,25 @@ def test_torchs_checkpoint_under_a_recompute_schedule_is_caught(segments):
     train(segments, schedules.get("custom", tau_fwd=TF, tau_bkwd=TB), steps=1)
 
 
+def test_a_refused_recomputation_leaves_the_torch_checkpoint_guard_armed():
+    """A recomputation refused as it starts (a backward after the next step) left the engine counting it as
+    running, so torch.utils.checkpoint trained silently with u_bkwd for the rest of the run once the user caught
+    the first error (a notebook running its loop again)."""
+    model = Net(WIDTHS, [(0, 1, "opt"), (2, 2, "opt")])
+    opt = PipelineOptimizer(model, torch.optim.SGD(model.parameters(), lr=LR), stages=3, schedule=CUSTOM)
+    model.opt = opt
+    (x, y), = data(1)
+    ((model(x) - y) ** 2).mean().backward()
+    late = ((model(x) - y) ** 2).mean()
+    opt.step()
+    with pytest.raises(LoopError):
+        late.backward()
+    model.segments = [(0, 1, "opt"), (2, 2, "torch")]
+    opt.zero_grad()
+    with pytest.raises(LoopError, match="outside opt.checkpoint"):
+        ((model(x) - y) ** 2).mean().backward()
+
+
 # ----------------------------------------------------------------------------- the executed timeline
 EXEC_WIDTHS = [6, 5, 4, 5, 3]                             # 4 stages
 MB = 3
