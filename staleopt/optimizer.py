@@ -340,6 +340,12 @@ class PipelineOptimizer(torch.optim.Optimizer):
                                         None)
         self._max_delays = (tf, tb)
         self._max_recompute = tr
+        rewriting = [type(c).__name__ for c in self._corrections if c.rewrites_history]
+        if rewriting and any(r not in (f, b) for f, b, r in zip(tf, tb, tr)):
+            raise CorrectionError(f"{rewriting[0]} stores each version predicted for the forward's version gap "
+                                  f"(PipeOptim eq. 5), but schedule {self._schedule!r} recomputes activations from "
+                                  f"the stored w_(t - tau_recomp) (tau_recomp = {tr}), which would read the "
+                                  "prediction (past w_t) instead: use one of the two (schedule.without_recompute())")
         self._schedule_delays = None  # per pass, before corrections (deterministic schedules: fixed)
         if not self._schedule.random:
             if self._microbatch_passes:

@@ -756,6 +756,10 @@ class Custom(Schedule):
         self.check(stages, microbatches)
         return list(self.tau_bkwd if self.tau_recomp is None else self.tau_recomp)
 
+    def without_recompute(self):
+        """The same delays keeping every activation (no ``tau_recomp``): what the errors that name it advise."""
+        return self if self.tau_recomp is None else Custom(self.tau_fwd, self.tau_bkwd)
+
     def utilization(self, stages, microbatches=1):
         raise ScheduleError("custom delays have no pipeline schedule to price; use a named schedule or method")
 

@@ -501,3 +501,18 @@ def test_recompute_delays_go_through_the_corrections_as_the_pipeline_says():
                 opt.step()
             else:
                 raise AssertionError("the refilled pipeline never recomputed ahead of the backward pass")
+
+
+def test_weight_prediction_is_refused_where_the_schedule_recomputes_ahead():
+    """The history holds the versions predicted for the forward's gap, so a recomputation from the stored
+    w_(t - tau_recomp) read a prediction past w_t (5e-2 off the contract, silently)."""
+    from staleopt.corrections import WeightPrediction
+    from staleopt.errors import CorrectionError
+    model = Net(WIDTHS, [])
+    current = schedules.get("custom", tau_fwd=TF, tau_recomp=[3, 2, 1])  # (prediction: backward on w_t)
+    with pytest.raises(CorrectionError, match="recomputes activations"):
+        PipelineOptimizer(model, torch.optim.SGD(model.parameters(), lr=LR), stages=3, schedule=current,
+                          corrections=[WeightPrediction()])
+    PipelineOptimizer(model, torch.optim.SGD(model.parameters(), lr=LR), stages=3,
+                      schedule=current.without_recompute(), corrections=[WeightPrediction()])
+    assert CUSTOM.without_recompute().recompute_delays(3) == TB  # (it returned itself, recomputing)
