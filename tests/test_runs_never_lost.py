@@ -113,6 +113,18 @@ def test_train_out_never_overwrites_what_it_did_not_write(tmp_path, capsys):
     assert "holds the finished run" in capsys.readouterr().err
 
 
+def test_train_out_a_folder_or_empty_is_refused_before_training(tmp_path, capsys):
+    """``--out DIR`` (with ``--rerun``) trained a whole epoch, then failed at the first save, keeping nothing;
+    ``--out ""`` (an unset shell variable) trained and saved nothing, without a word."""
+    args = _train_args(tmp_path, cfg())
+    at = args.index("--out") + 1
+    for out, why in ((str(tmp_path), "is a folder"), ("", "--out is empty")):
+        args[at] = out
+        assert main(args + ["--rerun"] * bool(out)) == 2
+        err = capsys.readouterr()
+        assert why in err.err and "epoch" not in err.out
+
+
 # ------------------------------------------------------------------ 2. a sweep deletes the checkpoint after `done`
 
 def test_a_sweep_killed_before_done_keeps_the_checkpoint_and_resumes_from_it(tmp_path, monkeypatch):
