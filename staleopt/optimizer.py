@@ -330,7 +330,6 @@ class PipelineOptimizer(torch.optim.Optimizer):
         self._plans: Optional[List[_PassPlan]] = None  # per pass of this step: delays and what to load
         self._plan_cache: Dict[tuple, tuple] = {}  # delays -> the step-independent part of a plan
         self._check_parameters()
-        self._check_declarations()
         for previous in _drivers([p for s in self._partition for p in s.params]):
             previous._restore()  # its w_t, not a view it left loaded, is this wrapper's w_0
 
@@ -340,12 +339,7 @@ class PipelineOptimizer(torch.optim.Optimizer):
                                         None)
         self._max_delays = (tf, tb)
         self._max_recompute = tr
-        rewriting = [type(c).__name__ for c in self._corrections if c.rewrites_history]
-        if rewriting and any(r not in (f, b) for f, b, r in zip(tf, tb, tr)):
-            raise CorrectionError(f"{rewriting[0]} stores each version predicted for the forward's version gap "
-                                  f"(PipeOptim eq. 5), but schedule {self._schedule!r} recomputes activations from "
-                                  f"the stored w_(t - tau_recomp) (tau_recomp = {tr}), which would read the "
-                                  "prediction (past w_t) instead: use one of the two (schedule.without_recompute())")
+        self._check_declarations(tf, tb, tr)
         self._schedule_delays = None  # per pass, before corrections (deterministic schedules: fixed)
         if not self._schedule.random:
             if self._microbatch_passes:
@@ -432,8 +426,9 @@ class PipelineOptimizer(torch.optim.Optimizer):
         """The weight history: stage ``i`` keeps ``depths[i]`` versions (``rewritten[i]``: T2 rewrites its view)."""
         return SlotHistory(self._partition, depths, rewritten, STRATEGIES[self._memory], foreach=self._foreach)
 
-    def _check_declarations(self) -> None:
-        """Corrections that need what another one changes (Correction's declarations) cannot be combined."""
+    def _check_declarations(self, tf: List[int], tb: List[int], tr: List[int]) -> None:
+        """Corrections that need what another one changes (Correction's declarations) cannot be combined, nor a
+        history of predictions with a schedule that recomputes from it (largest delays ``tf``, ``tb``, ``tr``)."""
         raw = [c for c in self._corrections if c.needs_raw_history]
         rewriting = [c for c in self._corrections if c.rewrites_history]
         if raw and rewriting:
@@ -446,6 +441,12 @@ class PipelineOptimizer(torch.optim.Optimizer):
                                   f"{type(refilling[0]).__name__}'s synchronous steps the pipeline refills: the "
                                   "version of the switch is read at gaps 0, 1, ..., tau, and every one of those "
                                   "reads would get the prediction for the wrong gap. Use one of the two")
+        if rewriting and any(r not in (f, b) for f, b, r in zip(tf, tb, tr)):
+            raise CorrectionError(f"{type(rewriting[0]).__name__} stores each version predicted for the forward's "
+                                  f"version gap (PipeOptim eq. 5), but schedule {self._schedule!r} recomputes "
+                                  f"activations from the stored w_(t - tau_recomp) (tau_recomp = {tr}), which would "
+                                  "read the prediction (past w_t) instead: use one of the two "
+                                  "(schedule.without_recompute())")
 
     def _check_renormalizing(self, depths: List[int]) -> None:
         """An ``nn.Embedding(max_norm=...)`` (or ``EmbeddingBag``) renormalizes the rows it looks up in place in its
