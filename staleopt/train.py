@@ -501,7 +501,7 @@ def _train(config: RunConfig, device: torch.device, progress: bool, checkpoint, 
             bar.set_postfix(epoch=f"{epoch}/{config.epochs}", loss=f"{records[-1]['train_loss']:.3g}", **shown)
             finished = status == "diverged" or opt.step_count >= total or epoch == config.epochs
             if checkpoint is not None:  # the checkpoint first: records on disk always have one (or a done marker)
-                if not finished:
+                if not finished or checkpoint.keep:  # (a kept checkpoint holds the final state)
                     save(epoch + 1, 0, [], order.get_state())
                 checkpoint.write_records(pd.DataFrame(records, columns=list(RECORD_COLUMNS)))
             if finished:

@@ -301,6 +301,18 @@ def test_a_crafted_checkpoint_cannot_run_code(tmp_path):
     assert not marker.exists()
 
 
+def test_a_kept_checkpoint_holds_the_final_state(tmp_path):
+    """--keep-checkpoint kept the state of the last epoch but one (of a 1-epoch run, nothing): it holds the end of
+    the run, from which a resume trains nothing and returns the same records."""
+    c, path = cfg(epochs=2), tmp_path / "run.ckpt"
+    done = train.run(c, checkpoint=Checkpoint(path, keep=True))
+    state = checkpoint.read(path)
+    assert state["epoch"] == 3 and state["batch"] == 0
+    again = train.run(c, checkpoint=Checkpoint(path, keep=True))
+    assert again.attrs["resumed_at_step"] == done["step"].iloc[-1]
+    same_records(again, done)
+
+
 def test_every_checkpoint_state_loads_with_weights_only(tmp_path):
     for kw in (dict(), dict(method="hogwild", optimizer="adam", lr=0.01), dict(method="pipedream", stages="max"),
                dict(lr_schedule="step", lr_milestones=[2])):
