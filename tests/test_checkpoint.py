@@ -99,14 +99,14 @@ def test_checkpoint_holds_the_state_and_is_kept_on_request(tmp_path):
     out = train.run(c, checkpoint=ckpt)
     state = read_checkpoint(ckpt.path)
     assert state["run_id"] == c.run_id() and state["config"] == c.to_dict()
-    assert (state["epoch"], state["batch"], state["optimizer"]["staleopt"]["step"]) == (3, 11, 35)
-    assert len(state["losses"]) == 11 and len(state["records"]) == 2
+    assert (state["epoch"], state["batch"], state["optimizer"]["staleopt"]["step"]) == (4, 0, 36)  # the end
+    assert len(state["losses"]) == 0 and len(state["records"]) == 3
     assert {"torch", "order"} <= set(state["rng"])
     pd.testing.assert_frame_equal(pd.read_csv(records, **sweep._EXACT_FLOATS), out)
     assert not list(tmp_path.glob("**/.*.tmp"))  # no temporary file left behind
-    # resuming from the kept checkpoint of a finished run redoes only its last 1 step
+    # resuming from the kept checkpoint of a finished run trains nothing
     again = train.run(c, checkpoint=Checkpoint(ckpt.path))
-    assert again.attrs["resumed_at_step"] == 35
+    assert again.attrs["resumed_at_step"] == 36
     same_records(again, out)
 
 
