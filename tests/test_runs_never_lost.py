@@ -85,6 +85,11 @@ def test_rerunning_a_finished_train_out_trains_nothing_and_rewrites_nothing(tmp_
     assert main(args) == 0  # a retried job: prints the finished records, trains nothing
     assert not calls and out.read_text() == written
     assert "finished earlier" in capsys.readouterr().out
+    def fails(*a, **k):  # (e.g. a batch larger than the data, --device cuda without a GPU)
+        raise ConfigError("fails at once")
+    monkeypatch.setattr(train, "run", fails)
+    assert main(args + ["--rerun"]) == 2  # a rerun that trains nothing leaves the finished run as it was
+    assert out.read_text() == written and json.loads((tmp_path / "rec.csv.done").read_text()) == marker
     monkeypatch.undo()
     assert main(args + ["--rerun"]) == 0  # asked for: trained again from step 0, same records
     assert out.read_text().count("\n") == 4 and "resumed" not in capsys.readouterr().out

@@ -215,9 +215,9 @@ def run(args) -> int:
     checkpoint = checkpoint_of(Path(args.out), args.checkpoint_every, args.keep_checkpoint) if args.out else None
     if checkpoint is not None:
         check_writable(checkpoint.path.parent)  # before training: a read-only folder fails now, not at epoch 1
-        if args.rerun:
-            checkpoint.done.unlink(missing_ok=True)
-            checkpoint.path.unlink(missing_ok=True)
+        if args.rerun:  # the finished run's marker goes when the rerun first writes (a rerun that fails at once
+            checkpoint.path.unlink(missing_ok=True)  # leaves the finished run as it was)
+            checkpoint.guard = lambda: checkpoint.done.unlink(missing_ok=True)
         else:
             finished = _finished(config, checkpoint)
             if finished is not None:
