@@ -177,6 +177,23 @@ def test_demo_from_records_with_a_new_target_records_it(tiny, tmp_path):
     assert "Time to accuracy 0.400" in markdown(out)
 
 
+def test_demo_from_records_refuses_a_cut_records_file(tmp_path, capsys):
+    """A records.csv cut at a line boundary (a partial copy) was rebuilt into tables that counted a one-epoch run as
+    finished, over the correct ones, exit 0: refused; a file without some of the sweep's runs is warned about."""
+    import shutil
+    out = tmp_path / "demo"
+    shutil.copytree(REPO / "docs" / "demo", out)
+    lines = (out / "records.csv").read_text().splitlines(keepends=True)
+    before = (out / "claims.csv").read_text()
+    (out / "records.csv").write_text("".join(lines[:-2]))  # the last run gone, the one before without its last epoch
+    assert main(["demo", "--from-records", "--out", str(out), "--figures", str(tmp_path / "img")]) == 2
+    assert "not whole" in capsys.readouterr().err and (out / "claims.csv").read_text() == before
+    last = lines[-1].split(",")[0]
+    (out / "records.csv").write_text("".join(x for x in lines if not x.startswith(last + ",")))
+    with pytest.warns(UserWarning, match="holds 41 of the 42 runs"):
+        assert main(["demo", "--from-records", "--out", str(out), "--figures", str(tmp_path / "img")]) == 0
+
+
 def test_readme_demo_block_is_generated_from_the_committed_run():
     block = markdown(REPO / "docs" / "demo")
     for page in ("README.md", "docs/demo.md"):

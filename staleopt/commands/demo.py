@@ -230,6 +230,7 @@ def _from_records(args) -> int:
     info = json.loads((out / "run.json").read_text()) if (out / "run.json").is_file() else {}
     raw = pd.read_csv(out / "records.csv", **_EXACT_FLOATS)
     records = complete(raw, _sweep_file(args))
+    _check_whole(records, out / "records.csv", _sweep_file(args))
     claims_ = _claims(args, records, out / "records.csv")
     default = _default_target(args, records)
     target = args.target if args.target is not None else info.get("target", default)
@@ -240,6 +241,33 @@ def _from_records(args) -> int:
     _show(result)
     print(f"\nwrote {', '.join(map(str, result.figures + result.files[1:]))}")
     return 0
+
+
+def _check_whole(records, where: Path, sweep_file: Path) -> None:
+    """A records file holds finished runs only (a demo records a run once it is done): a run that stops before
+    its last epoch without diverging or reaching ``max_steps`` means the file was cut (a partial copy), and its
+    tables would count a short run as a finished one: refused. Runs of the sweep file missing from it (runs that
+    failed, or a cut at a run's end) are warned about."""
+    import math
+    import warnings
+
+    from .. import sweep
+    last = records.sort_values(["run", "epoch"], kind="stable").groupby("run").tail(1)
+    capped = last["max_steps"].map(lambda m: m is not None and not (isinstance(m, float) and math.isnan(m)))
+    short = last[(last["status"] != "diverged") & (last["epoch"] < last["epochs"])
+                 & ~(capped & (last["step"] >= last["max_steps"].where(capped, 0)))]
+    if len(short):
+        raise ConfigError(f"{where} is not whole: {len(short)} run(s) stop before their last epoch without "
+                          f"diverging (run {short['run'].iloc[0]} at epoch {int(short['epoch'].iloc[0])} of "
+                          f"{int(short['epochs'].iloc[0])}), as a partial copy does: copy the file again, or "
+                          "rebuild it from the demo's run folder (staleopt demo without --from-records resumes "
+                          "and trains nothing that finished)")
+    expected = {c.run_id() for c in sweep.load_sweep(sweep_file).configs}
+    missing = expected - set(records["run"])
+    if missing and expected & set(records["run"]):
+        warnings.warn(f"{where} holds {len(expected) - len(missing)} of the {len(expected)} runs of "
+                      f"{sweep_file.name} ({len(missing)} missing: failed, or the file was cut at a run's end); "
+                      "the tables count the runs it holds", stacklevel=2)
 
 
 def _sweep_file(args) -> Path:
