@@ -230,8 +230,8 @@ def _from_records(args) -> int:
     info = json.loads((out / "run.json").read_text()) if (out / "run.json").is_file() else {}
     raw = pd.read_csv(out / "records.csv", **_EXACT_FLOATS)
     records = complete(raw, _sweep_file(args))
+    claims_ = _claims(args, records, out / "records.csv")  # (first: another task's sweep file fills other epochs)
     _check_whole(records, out / "records.csv", _sweep_file(args))
-    claims_ = _claims(args, records, out / "records.csv")
     default = _default_target(args, records)
     target = args.target if args.target is not None else info.get("target", default)
     result = write_report(records, out, target=target, figures=args.figures, write_records=False, claims=claims_)
