@@ -181,14 +181,17 @@ def read_done(path: PathLike) -> Dict[str, Any]:
 
 
 def read_records(path: PathLike, done: Optional[Dict[str, Any]] = None,
-                 columns: Sequence[str] = ("epoch", "status")) -> pd.DataFrame:
+                 columns: Sequence[str] = ("epoch", "status"), fix: Optional[str] = None) -> pd.DataFrame:
     """A records CSV, checked: it parses, has ``columns`` and a status in every row, and matches ``done``
-    (its ``rows`` and ``records_sha256``) when given; else :class:`~staleopt.errors.RunFileError` naming it.
+    (its ``rows`` and ``records_sha256``) when given; else :class:`~staleopt.errors.RunFileError` naming it
+    and ``fix`` (default: a run's, by whether it finished).
 
     Floats read back exactly (``repr`` written, round-trip parsed).
     """
     path = Path(path)
-    fix = "delete the run's folder to run it again" if done is not None else "it is rewritten at the next epoch end"
+    if fix is None:
+        fix = "delete the run's folder to run it again" if done is not None else \
+            "it is rewritten at the next epoch end"
     try:
         text = path.read_text()
     except FileNotFoundError:

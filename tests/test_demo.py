@@ -194,6 +194,29 @@ def test_demo_from_records_refuses_a_cut_records_file(tmp_path, capsys):
         assert main(["demo", "--from-records", "--out", str(out), "--figures", str(tmp_path / "img")]) == 0
 
 
+@pytest.mark.parametrize("damage", ["run.json: {", "run.json: [1]", "records.csv: ", "records.csv: head",
+                                    "records.csv: cut", "records.csv: binary", "figures"])
+def test_demo_from_records_names_an_unreadable_input(tmp_path, capsys, damage):
+    """Damaged inputs of --from-records were raw tracebacks (JSONDecodeError, AttributeError, EmptyDataError,
+    KeyError, ParserError, UnicodeDecodeError, FileExistsError): typed errors naming the file."""
+    import shutil
+    out = tmp_path / "demo"
+    shutil.copytree(REPO / "docs" / "demo", out)
+    text = (out / "records.csv").read_text()
+    name, _, what = damage.partition(": ")
+    figures = tmp_path / "img"
+    if name == "figures":
+        figures.write_text("a file")
+    elif name == "run.json":
+        (out / name).write_text(what)
+    else:
+        (out / name).write_bytes({"": b"", "head": text.splitlines()[0].encode() + b"\n",
+                                  "cut": text[:700].encode(), "binary": b"\x00\xff\xfe"}[what])
+    assert main(["demo", "--from-records", "--out", str(out), "--figures", str(figures)]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and ("--figures" if name == "figures" else name) in err
+
+
 def test_readme_demo_block_is_generated_from_the_committed_run():
     block = markdown(REPO / "docs" / "demo")
     for page in ("README.md", "docs/demo.md"):

@@ -10,9 +10,9 @@ import time
 from pathlib import Path
 from typing import Optional
 
-from ..errors import ConfigError
+from ..errors import ConfigError, RunFileError
 from ..machine import cpu_name
-from ..validate import check_int
+from ..validate import check_int, output_dir
 
 __all__ = ["register", "run", "DEFAULT_SWEEP", "QUICK_SWEEP", "LM_SWEEP", "complete", "pivot", "speedup_pivot",
            "provenance", "markdown"]
@@ -221,14 +221,23 @@ def complete(records, sweep_file=DEFAULT_SWEEP):
 
 def _from_records(args) -> int:
     """``--from-records``: the report of OUT/records.csv, trained by an earlier demo."""
-    import pandas as pd
+    from ..checkpoint import read_records
     from ..compare import write_report
-    from ..sweep import _EXACT_FLOATS
     out = Path(args.out)
     if not (out / "records.csv").is_file():
         raise ConfigError(f"--from-records reads {out / 'records.csv'}, which does not exist: run the demo first")
-    info = json.loads((out / "run.json").read_text()) if (out / "run.json").is_file() else {}
-    raw = pd.read_csv(out / "records.csv", **_EXACT_FLOATS)
+    if args.figures:
+        output_dir(args.figures, "--figures")
+    fix = "copy the demo's output again, or run the demo without --from-records (it trains what is not done)"
+    info = {}
+    if (out / "run.json").is_file():
+        try:
+            info = json.loads((out / "run.json").read_text())
+        except (OSError, ValueError) as e:
+            raise RunFileError(f"{out / 'run.json'} is not readable JSON ({e}): {fix}") from None
+        if not isinstance(info, dict):
+            raise RunFileError(f"{out / 'run.json'} holds a {type(info).__name__}, not a demo's run record: {fix}")
+    raw = read_records(out / "records.csv", columns=("run", "method", "stages", "seed", "epoch", "status"), fix=fix)
     records = complete(raw, _sweep_file(args))
     claims_ = _claims(args, records, out / "records.csv")  # (first: another task's sweep file fills other epochs)
     _check_whole(records, out / "records.csv", _sweep_file(args))
@@ -320,6 +329,8 @@ def run(args) -> int:
                           "(experiments/demo.toml) or pass --sweep FILE")
     check_int("--workers", args.workers, 1)
     check_int("--worker-threads", args.worker_threads, 1)
+    if args.figures:  # (before training)
+        output_dir(args.figures, "--figures")
     spec = sweep.load_sweep(path)
     if args.target is not None and (args.task == "lm" or not args.sweep):  # (before training: the metric is known)
         from .. import metrics
