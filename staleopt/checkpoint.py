@@ -165,18 +165,18 @@ def records_digest(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def read_done(path: PathLike) -> Dict[str, Any]:
+def read_done(path: PathLike, fix: str = "delete the run's folder (or marker) to run it again") -> Dict[str, Any]:
     """A run's ``done`` marker as a dict (``status`` and, when written by this version, ``rows`` and
-    ``records_sha256``); :class:`~staleopt.errors.RunFileError` naming the file when it is empty or damaged."""
+    ``records_sha256``); :class:`~staleopt.errors.RunFileError` naming the file and ``fix`` when it is empty or
+    damaged."""
     path = Path(path)
     try:
         done = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, ValueError) as e:
         raise RunFileError(f"{path} is not a readable completion marker ({type(e).__name__}: {e}); the run's "
-                           "results cannot be trusted: delete the run's folder (or marker) to run it again") from None
+                           f"results cannot be trusted: {fix}") from None
     if not isinstance(done, dict) or not isinstance(done.get("status"), str):
-        raise RunFileError(f"{path} is not a completion marker (a JSON object with a 'status'); delete the run's "
-                           "folder (or marker) to run it again")
+        raise RunFileError(f"{path} is not a completion marker (a JSON object with a 'status'); {fix}")
     return done
 
 

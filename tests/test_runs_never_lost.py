@@ -118,6 +118,19 @@ def test_train_out_never_overwrites_what_it_did_not_write(tmp_path, capsys):
     assert "holds the finished run" in capsys.readouterr().err
 
 
+def test_a_damaged_train_out_names_rerun_not_its_folder(tmp_path, capsys):
+    """The advice for a damaged finished run was "delete the run's folder": for train --out that folder is the
+    user's own (work/ of work/r.csv), with whatever else is in it."""
+    args = _train_args(tmp_path, cfg())
+    assert main(args) == 0
+    for name, text in (("rec.csv", "epoch,status\n1,ok\n"), ("rec.csv.done", "{")):
+        (tmp_path / name).write_text(text)
+        capsys.readouterr()
+        assert main(args) == 2
+        err = capsys.readouterr().err
+        assert name in err and "pass --rerun to train the run again" in err and "folder" not in err
+
+
 def test_train_out_a_folder_or_empty_is_refused_before_training(tmp_path, capsys):
     """``--out DIR`` (with ``--rerun``) trained a whole epoch, then failed at the first save, keeping nothing;
     ``--out ""`` (an unset shell variable) trained and saved nothing, without a word."""

@@ -13,7 +13,7 @@ from pathlib import Path
 from .. import data, train
 from ..checkpoint import Checkpoint, check_writable, read_done, read_records
 from ..config import CHOICES, RunConfig, field_names
-from ..errors import ConfigError, RunFileError
+from ..errors import ConfigError
 
 __all__ = ["register", "run", "config_from_args", "checkpoint_of"]
 
@@ -157,11 +157,9 @@ def _finished(config: RunConfig, checkpoint: Checkpoint):
                               f"resumable one (no {checkpoint.path.name}): pass --rerun to overwrite it, or "
                               "choose another --out")
         return None
-    try:
-        done = read_done(checkpoint.done)
-        records = read_records(out, done)
-    except RunFileError as e:
-        raise RunFileError(f"{e} (or pass --rerun to train the run again)") from None
+    fix = f"pass --rerun to train the run again (it replaces {out.name} and {checkpoint.done.name})"
+    done = read_done(checkpoint.done, fix)  # (not "delete the run's folder": OUT's folder is the user's)
+    records = read_records(out, done, fix=fix)
     if done.get("run_id") != config.run_id():
         raise ConfigError(f"{out} holds the finished run {done.get('run_id')}, not run {config.run_id()}: the "
                           "configuration changed. Pass --rerun to overwrite it, or choose another --out")
