@@ -280,3 +280,15 @@ def test_a_synchronous_warmup_as_long_as_the_run_is_warned_about():
             warnings.simplefilter("always")
             train.run(cfg(**base, **extra))
         assert any("covers the whole run" in str(w.message) for w in seen) == warned, extra
+
+
+@pytest.mark.parametrize("flag, value, says", [("--model-kwargs", "{bad", "expected JSON"),
+                                               ("--stages", "abc", "or 'max'"),
+                                               ("--lr-milestones", "a,b", "comma-separated epochs"),
+                                               ("--divergence-loss", "x", "a number or 'none'")])
+def test_a_bad_train_flag_value_says_what_the_flag_takes(capsys, flag, value, says):
+    """argparse replaced these messages by "invalid _json value" (private names, the help text thrown away)."""
+    with pytest.raises(SystemExit):
+        main(["train", flag, value])
+    err = capsys.readouterr().err
+    assert f"argument {flag}: " in err and says in err and "invalid _" not in err

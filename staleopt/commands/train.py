@@ -45,26 +45,37 @@ nor resumable (no OUT.done, no OUT.ckpt) is not overwritten without --rerun.
 """
 
 
+# (argparse prints an ArgumentTypeError's text after the flag; any other error becomes "invalid _name value")
 def _stages(text):
-    return text if text == "max" else int(text)
+    try:
+        return text if text == "max" else int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a number of stages or 'max' (the model's unit count), got {text!r}") \
+            from None
 
 
 def _json(text):
     try:
         return json.loads(text)
     except ValueError as e:
-        raise ConfigError(f"expected JSON (e.g. '{{\"depth\": 14}}'), got {text!r}: {e}") from None
+        raise argparse.ArgumentTypeError(f"expected JSON (e.g. '{{\"depth\": 14}}'), got {text!r}: {e}") from None
 
 
 def _milestones(text):
-    return [int(v) for v in text.split(",") if v.strip()]
+    try:
+        return [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"comma-separated epochs (e.g. 30,60), got {text!r}") from None
 
 
 _NONE = "none"  # `--divergence-loss none`: set the field to None (an unset flag is None too)
 
 
 def _optional_float(text):
-    return _NONE if text.lower() == _NONE else float(text)
+    try:
+        return _NONE if text.lower() == _NONE else float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a number or '{_NONE}', got {text!r}") from None
 
 
 _TYPES = {"stages": _stages, "model_kwargs": _json, "data_kwargs": _json, "lr_milestones": _milestones,
