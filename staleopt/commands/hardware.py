@@ -166,6 +166,9 @@ def run(args) -> int:
     if args.out:
         output_dir(args.out)
     methods = [m.strip() for m in (args.compare or args.method).split(",") if m.strip()]
+    if not methods:
+        raise ConfigError(f"{'--compare' if args.compare else '--method'} names no method: give NAME (--method) or "
+                          "NAME,NAME,... (--compare), names from staleopt.methods.names()")
     stages_list = _stages(args.stages)
     kwargs = {} if args.num_classes is None else {"num_classes": check_int("--num-classes", args.num_classes, 1)}
     data = None
