@@ -72,11 +72,18 @@ EXACT_FLOATS = {"float_precision": "round_trip"} if int(pd.__version__.split("."
 
 
 def _output_error(path: Path, e: OSError) -> OutputError:
+    """The error of a failed write, with the fix its cause calls for (no space, no permission, or a path
+    whose folders are not folders)."""
     why = {errno.ENOSPC: "the disk is full", errno.EDQUOT: "the disk quota is exceeded",
            errno.EROFS: "the filesystem is read-only", errno.EACCES: "permission denied",
            errno.EPERM: "permission denied"}.get(e.errno, e.strerror or str(e))
-    return OutputError(f"cannot write {path}: {why}. Free space or choose a writable folder, then run the same "
-                       "command again (finished work and the last checkpoint are kept)")
+    if e.errno in (errno.ENOTDIR, errno.EEXIST, errno.ENOENT, errno.EISDIR):
+        fix = ("a file stands where a folder must be, a folder where the file must be, or a folder is missing: "
+               "choose another path")
+    else:
+        fix = "free space or choose a writable folder"
+    return OutputError(f"cannot write {path}: {why}. The fix: {fix}, then run the same command again (what was "
+                       "already written, finished runs and the last checkpoint, is kept)")
 
 
 def _replace(path: Path, write: Callable[[Any], None], mode: str) -> None:

@@ -429,6 +429,14 @@ def test_a_full_disk_is_a_typed_error_and_leaves_no_temporary_file(tmp_path, mon
     assert not list(tmp_path.iterdir())  # no 0-byte .tmp, no half file
 
 
+def test_a_write_under_a_file_names_the_path_not_the_disk(tmp_path):
+    """Every failed write advised freeing space, also when a file stood where a folder must be."""
+    (tmp_path / "afile").write_text("")
+    with pytest.raises(OutputError, match="Not a directory.*a file stands where a folder must be") as e:
+        checkpoint.atomic_write_text(tmp_path / "afile" / "x.txt", "x")
+    assert "free space" not in str(e.value)
+
+
 def test_a_full_disk_fails_the_runs_not_the_launch(tmp_path, monkeypatch):
     out = tmp_path / "s"
     (out / "runs").mkdir(parents=True)
