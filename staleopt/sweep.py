@@ -124,7 +124,9 @@ def load_sweep(path: Union[str, os.PathLike]) -> Sweep:
     """Parse and validate a TOML sweep file (or a ``.json`` file with the same structure)."""
     path = Path(path)
     if not path.is_file():
-        raise SweepConfigError(f"sweep file {path} does not exist")
+        raise SweepConfigError(f"sweep file {path} " + ("is a folder: give the TOML (or JSON) sweep file; a sweep's "
+                                                        "output folder is read by staleopt results"
+                                                        if path.is_dir() else "does not exist"))
     try:
         if path.suffix == ".json":
             spec = json.loads(path.read_text())

@@ -292,3 +292,11 @@ def test_a_bad_train_flag_value_says_what_the_flag_takes(capsys, flag, value, sa
         main(["train", flag, value])
     err = capsys.readouterr().err
     assert f"argument {flag}: " in err and says in err and "invalid _" not in err
+
+
+def test_a_folder_given_for_a_file_is_called_a_folder(tmp_path, capsys):
+    """``sweep DIR`` and ``train --config DIR`` said the existing folder "does not exist"."""
+    for args in (["sweep", str(tmp_path)], ["train", "--config", str(tmp_path)]):
+        assert main(args) == 2
+        err = capsys.readouterr().err
+        assert "is a folder" in err and "does not exist" not in err

@@ -137,7 +137,8 @@ def config_from_args(args):
     if args.config:
         path = Path(args.config)
         if not path.is_file():
-            raise ConfigError(f"--config {path} does not exist")
+            raise ConfigError(f"--config {path} " + ("is a folder: give a JSON or TOML file of RunConfig fields"
+                                                     if path.is_dir() else "does not exist"))
         try:
             text = path.read_text()
             given = tomllib.loads(text) if path.suffix == ".toml" else json.loads(text)
