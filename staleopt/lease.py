@@ -221,7 +221,13 @@ def acquire(run_dir: Union[str, os.PathLike], launch: str, timeout: float = DEFA
     The directory is created if needed.
     """
     check_timeout(timeout)
+    if not isinstance(launch, str) or not launch:
+        raise ConfigError(f"launch must be a non-empty str naming this launch (lease.new_launch_id()), got "
+                          f"{launch!r}: a claim by another type reads back as damaged, so any launch would take "
+                          "the run over")
     run_dir = Path(run_dir)
+    if run_dir.exists() and not run_dir.is_dir():
+        raise ConfigError(f"the run folder {run_dir} is a file: claim a folder")
     run_dir.mkdir(parents=True, exist_ok=True)
     found = claims(run_dir)
     if found:

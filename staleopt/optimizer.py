@@ -693,13 +693,20 @@ class PipelineOptimizer(torch.optim.Optimizer):
         :func:`staleopt.hogwild.eq16_step` builds PipeMare App. E eq. (16) on it."""
         self._check_attached()
         depth = [max(f, b) for f, b in zip(*self._max_delays)]  # the versions the history keeps per stage
-        tau_fwd, tau_bkwd = list(tau_fwd), list(tau_bkwd)
+        try:
+            tau_fwd, tau_bkwd = list(tau_fwd), list(tau_bkwd)
+        except TypeError:
+            raise ConfigError(f"passes_with_delays takes two lists of delays, one per stage ({len(depth)}), got "
+                              f"{tau_fwd!r} and {tau_bkwd!r}") from None
         if len(tau_fwd) != len(depth) or len(tau_bkwd) != len(depth):
             raise ConfigError(f"passes_with_delays needs one delay per stage ({len(depth)}), got {len(tau_fwd)} "
                               f"forward and {len(tau_bkwd)} backward")
-        tf, tb = ([check_int(f"{name}[{i}]", d, 0, depth[i], error=ConfigError,
-                             why="the history keeps max(max_delays) versions of each stage")
-                   for i, d in enumerate(delays)] for name, delays in (("tau_fwd", tau_fwd), ("tau_bkwd", tau_bkwd)))
+        rewriting = [type(c).__name__ for c in self._corrections if c.rewrites_backward_view]
+        tf = [check_int(f"tau_fwd[{i}]", d, 0, depth[i], error=ConfigError,
+                        why="the history keeps max(max_delays) versions of each stage") for i, d in enumerate(tau_fwd)]
+        top, why = (self._max_delays[1], f"{rewriting[0]} rewrites backward views for delays up to max_delays[1]") \
+            if rewriting else (depth, "the history keeps max(max_delays) versions of each stage")
+        tb = [check_int(f"tau_bkwd[{i}]", d, 0, top[i], error=ConfigError, why=why) for i, d in enumerate(tau_bkwd)]
         own, step = self._step_plans(), self._step
         # a recomputation inside these passes reads the backward view (tau_recomp := tau_bkwd)
         self._plans = [_PassPlan((tf, tb), list(tb), self._views, self._corrections, self._plan_cache,

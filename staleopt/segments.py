@@ -144,6 +144,9 @@ def checkpoint_segments(opt: Optional[Any], layers: Sequence[Callable[[Any], Any
     """
     if opt is None or not torch.is_grad_enabled():
         return run_layers(layers, x)
+    if not hasattr(opt, "checkpoint") or not hasattr(opt, "partition"):
+        raise ConfigError(f"checkpoint_segments needs the staleopt.PipelineOptimizer that wraps the model (or None), "
+                          f"got a {type(opt).__name__} (opt.base_optimizer is the optimizer it wraps, not it)")
     partition = opt.partition
     segments = opt.schedule.segments(partition.num_stages)
     if not segments:

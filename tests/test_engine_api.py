@@ -120,3 +120,36 @@ def test_stored_versions_are_the_weights_of_that_version_or_an_error(memory):
         for version, tensors in rows:
             want = weights[max(version, 0)]  # w_v = w_0 for v < 0
             assert all(torch.equal(x, want[index[id(p)]]) for x, p in zip(tensors, v.params)), (v, version)
+
+
+def test_misuse_of_the_helpers_is_a_typed_error_naming_the_fix(tmp_path):
+    """Raw AttributeError/TypeError/FileExistsError, a 'please report this' mid-backward, and a claim that read
+    back as damaged (so any launch took the run over), before these checks."""
+    from staleopt import lease
+    from staleopt.segments import checkpoint_segments
+
+    def build(schedule):
+        m = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Tanh(), torch.nn.Linear(4, 4), torch.nn.Tanh(),
+                                torch.nn.Linear(4, 2))
+        return m, staleopt.PipelineOptimizer(m, torch.optim.SGD(m.parameters(), lr=0.1), stages=3,
+                                             schedule=schedule)
+    x = torch.randn(5, 3)
+    m, opt = build("dataflow-recompute")
+    with pytest.raises(ConfigError, match="opt.base_optimizer is the optimizer it wraps"):
+        checkpoint_segments(opt.base_optimizer, list(m), x)
+    m, opt = build("pipemare")  # T2 rewrites backward views up to the largest tau_bkwd, 0
+    for _ in range(3):
+        opt.zero_grad()
+        m(x).sum().backward()
+        opt.step()
+    with pytest.raises(ConfigError, match=r"tau_bkwd\[0\] = 2 .*DiscrepancyCorrection"):
+        with opt.passes_with_delays([4, 3, 1], [2, 1, 0]):
+            pass
+    with pytest.raises(ConfigError, match="two lists of delays"):
+        with opt.passes_with_delays(3, [0, 0, 0]):
+            pass
+    with pytest.raises(ConfigError, match="launch must be a non-empty str"):
+        lease.acquire(tmp_path / "run", 123)
+    (tmp_path / "afile").write_text("")
+    with pytest.raises(ConfigError, match="is a file"):
+        lease.acquire(tmp_path / "afile", "x")
