@@ -562,3 +562,61 @@ def test_a_per_stage_learning_rate_steps_a_tied_matrix_at_its_owners_factor():
         opt.step()
         assert opt.lr_factor(0) != opt.lr_factor(2)
         torch.testing.assert_close(model.tok.weight.detach(), before - lr * opt.lr_factor(0) * grad, rtol=0, atol=1e-15)
+
+
+def test_a_predicted_replica_steps_with_its_owners_lr_factor():
+    """Weight prediction under T1 extrapolated a tied weight's replica with the using stage's factor, a step size
+    the weight never takes (it steps once, with the owner's; 1.9e-4 off): a float64 oracle of the forward views
+    ``w_v - lr f s dW_v``, ``dW_v`` the last update's gradient (plain SGD), ``f`` the owner's factor."""
+    from staleopt.corrections import LRReschedule, WeightPrediction
+
+    lr, K, TF = 0.1, 5, [3, 2, 1]
+
+    class Tied3(nn.Module):
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(0)
+            self.l0, self.l1, self.l2 = nn.Linear(4, 4), nn.Linear(4, 4), nn.Linear(4, 4)
+            self.l2.weight = self.l0.weight
+            self.double()
+
+        def forward(self, x):
+            return self.l2(torch.tanh(self.l1(torch.tanh(self.l0(x)))))
+
+    names, owner = ["E", "b0", "W1", "b1", "b2"], {"E": 0, "b0": 0, "W1": 1, "b1": 1, "b2": 2}
+    uses = {0: ("E", "b0"), 1: ("W1", "b1"), 2: ("E", "b2")}
+
+    def factors(t):  # T1: tau_i^-(1 - min(t / K, 1))
+        return [1 / TF[i] ** (1 - min(t / K, 1)) for i in range(3)]
+
+    m = Tied3()
+    opt = staleopt.PipelineOptimizer(m, torch.optim.SGD(m.parameters(), lr=lr), stages=3,
+                                     schedule=schedules.get("custom", tau_fwd=TF),
+                                     corrections=[WeightPrediction("optimizer"), LRReschedule(K)])
+    assert [(r.owner_stage, r.stage) for r in opt.replicas] == [(0, 2)]
+    params = (m.l0.weight, m.l0.bias, m.l1.weight, m.l1.bias, m.l2.bias)
+    hist, grads = [{n: p.detach().clone() for n, p in zip(names, params)}], [None]
+    g = torch.Generator().manual_seed(1)
+    for t in range(10):
+        x, y = (torch.randn(5, 4, generator=g, dtype=torch.float64) for _ in range(2))
+        opt.zero_grad()
+        ((m(x) - y) ** 2).mean().backward()
+        opt.step()
+
+        def forward_view(i, k):
+            v = max(t - TF[i], 0)
+            return hist[v][k] if v == 0 else hist[v][k] - lr * factors(v)[owner[k]] * TF[i] * grads[v][k]
+        F = [[forward_view(i, k) for k in uses[i]] for i in range(3)]
+        h = [x]
+        for i in range(3):
+            z = h[-1] @ F[i][0].T + F[i][1]
+            h.append(torch.tanh(z) if i < 2 else z)
+        d, G = 2 * (h[-1] - y) / y.numel(), {k: 0 for k in names}
+        for i in reversed(range(3)):
+            dz = d * ((1 - h[i + 1] ** 2) if i < 2 else 1)
+            G[uses[i][0]] = G[uses[i][0]] + dz.T @ h[i]
+            G[uses[i][1]] = G[uses[i][1]] + dz.sum(0)
+            d = dz @ hist[t][uses[i][0]]
+        hist.append({k: hist[t][k] - lr * factors(t)[owner[k]] * G[k] for k in names})
+        grads.append(G)
+    assert max(float((p.detach() - hist[-1][k]).abs().max()) for k, p in zip(names, params)) < 1e-12

@@ -129,6 +129,9 @@ class WeightPrediction(Correction):
             self._buffers.update({"m": []} if self.rule == "sgdm" else {"m": [], "v": []})
         self._own_step = 0
         self._chunks = [c for c in engine.chunks if c.H]  # the views with a history
+        # the stage whose T1 factor a parameter's update takes: its owner's (a replica of a tied weight enters
+        # its using stage's view as the tied parameter, which steps once, with the owner's factor)
+        self._owner = {id(p): s.index for s in engine.partition for p in s.params}
         self._split: Dict[str, List[List[torch.Tensor]]] = {key: [] for key in self._buffers}
         for c in self._chunks:
             for key in self._buffers:  # (own Adam moments: float32 for half parameters, StageView.zeros)
@@ -167,10 +170,10 @@ class WeightPrediction(Correction):
             s = tf[c.stage] - tb[c.stage]
             if s <= 0:
                 continue
-            factor = self.engine.lr_factor(c.stage)  # the step size this stage really takes (T1)
             for w, d, p in zip(c.stored(step), self._views("dW", ci), c.params):
                 g = groups.get(id(p))
                 if g is not None:  # parameters the base optimizer does not hold do not move
+                    factor = self.engine.lr_factor(self._owner[id(p)])  # the step size it really takes (T1)
                     stored.append(w)
                     ds.append(d)
                     lr = g["lr"]
@@ -216,7 +219,7 @@ class WeightPrediction(Correction):
                 if g is None or (p.grad is None and not last):
                     zero.append(d)
                 else:
-                    rest.append((ci, j, d, w, p, g, c.stage))
+                    rest.append((ci, j, d, w, p, g, self._owner[id(p)]))
         if zero:
             torch._foreach_zero_(zero)
         if not rest:
