@@ -10,12 +10,13 @@ where stage ``i``'s gradient comes from a forward and backward pass of the whole
 """
 from __future__ import annotations
 
-from typing import Callable, Dict
+from typing import Callable, Dict, List, Tuple
 
 import torch
 
 from .errors import ConfigError, LoopError, ScheduleError
 from .optimizer import PipelineOptimizer
+from .partition import _modules_in_order
 from .schedules import Hogwild
 
 __all__ = ["eq16_step"]
@@ -39,7 +40,12 @@ def eq16_step(optimizer: PipelineOptimizer, closure: Callable[[], torch.Tensor])
     that minibatch, ``f_t`` (eq. 16 writes ``f_{t - tau_i}``, the sample drawn when the stale
     gradient was computed; with i.i.d. minibatches both are a fresh sample independent of
     ``w_{t - tau_i}``, and ``f_t`` keeps both semantics on one data stream). Parameters outside
-    the pipeline partition get no gradient.
+    the pipeline partition get no gradient. Buffers (BatchNorm's running statistics) are handled as
+    gradients: every pass starts from the step's buffers, and stage ``i``'s keep what its pass at
+    ``d = tau_i`` left (a module's stage: its unit's, else the last unit's before it in module order), so
+    each is updated once per step, as in the pipeline. A tied weight is one parameter of its owner's
+    stage: its gradient, every use's, comes from the owner's pass (eq. 16 per parameter; the pipeline
+    semantics give each use its own stage's version instead).
     """
     if not isinstance(optimizer, PipelineOptimizer):
         raise ConfigError(f"eq16_step drives a staleopt.PipelineOptimizer, got {type(optimizer).__name__}")
@@ -53,11 +59,20 @@ def eq16_step(optimizer: PipelineOptimizer, closure: Callable[[], torch.Tensor])
     tau, step = optimizer.tau_fwd, optimizer.step_count
     stages = [list(stage.params) for stage in optimizer.partition]
     grads = [[None] * len(ps) for ps in stages]
+    buffers = _buffer_stages(optimizer._model, optimizer.partition)
+    with torch.no_grad():
+        start = [b.clone() for b, _ in buffers]
+    kept = list(start)
     losses = {}
     for d in sorted(set(tau)):
         optimizer.zero_grad()
+        with torch.no_grad():
+            for (b, _), b0 in zip(buffers, start):
+                b.copy_(b0)
         with optimizer.passes_with_delays([d] * len(tau), [d] * len(tau)):
             losses[d] = closure()
+        with torch.no_grad():
+            kept = [b.clone() if tau[i] == d else k for (b, i), k in zip(buffers, kept)]
         if optimizer.step_count != step:
             raise LoopError(f"eq16_step's closure called step() (the optimizer is at step {optimizer.step_count}, "
                             f"not {step}): the closure only computes the loss and its gradient; eq16_step steps")
@@ -71,5 +86,20 @@ def eq16_step(optimizer: PipelineOptimizer, closure: Callable[[], torch.Tensor])
     for ps, gs in zip(stages, grads):
         for p, g in zip(ps, gs):
             p.grad = g
+    with torch.no_grad():
+        for (b, _), k in zip(buffers, kept):
+            b.copy_(k)
     optimizer.step()
     return losses
+
+
+def _buffer_stages(model: torch.nn.Module, partition) -> List[Tuple[torch.Tensor, int]]:
+    """``(buffer, stage)`` for every buffer of ``model``: its module's unit's stage, else that of the last unit
+    before it in the partition's module order (stage 0 before the first), as ``foreign_registrations`` places a
+    module (:mod:`staleopt.partition`)."""
+    stage_of = {u.name: s.index for s in partition for u in s.units}
+    out, stage = [], 0
+    for name, module in _modules_in_order(model, partition.module_order):
+        stage = stage_of.get(name, stage)
+        out += [(b, stage) for b in module.buffers(recurse=False)]
+    return out
