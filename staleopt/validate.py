@@ -55,6 +55,17 @@ def output_dir(path: str, flag: str = "--out") -> str:
     return path
 
 
+def output_file(path: str, flag: str = "--out") -> str:
+    """``path`` as a file to write (not a folder, in an existing folder), or a :class:`ConfigError` naming
+    ``flag`` (checked before any work, so nothing computed is lost)."""
+    if os.path.isdir(path):
+        raise ConfigError(f"{flag} {path!r} is a folder: give the file to write (e.g. {os.path.join(path, 'x.csv')})")
+    folder = os.path.dirname(path) or "."
+    if not os.path.isdir(folder):
+        raise ConfigError(f"{flag} {path!r}: the folder {folder!r} does not exist (or is a file); make it first")
+    return path
+
+
 def output_image(path: str, flag: str = "--out") -> str:
     """``path`` as an image file matplotlib can write (a known suffix, in an existing folder), or a
     :class:`ConfigError` naming ``flag`` (checked before any work, so nothing computed is lost)."""
@@ -64,7 +75,4 @@ def output_image(path: str, flag: str = "--out") -> str:
     if suffix not in kinds:
         raise ConfigError(f"{flag} {path!r}: the suffix names the image format; use one of "
                           f"{', '.join('.' + k for k in sorted(kinds))} (e.g. fig.png)")
-    folder = os.path.dirname(path) or "."
-    if not os.path.isdir(folder):
-        raise ConfigError(f"{flag} {path!r}: the folder {folder!r} does not exist (or is a file); make it first")
-    return path
+    return output_file(path, flag)

@@ -2,6 +2,7 @@
 import functools
 import json
 import os
+import re
 import random
 import sys
 import time
@@ -554,3 +555,20 @@ def test_a_grid_that_varies_a_key_some_methods_ignore_says_they_train_once_per_v
         warnings.simplefilter("error")
         sweep.expand({"epochs": 1}, {"method": ["pipemare", "pipemare-w"], "decay": [0.1, 0.5]})
         sweep.expand({"epochs": 1, "decay": 0.5}, {"method": ["gpipe", "pipemare"]})
+
+
+def test_results_outputs_are_checked_before_any_file_is_written(tmp_path, capsys):
+    """--csv and --records naming a folder or a path in a missing folder, and a file where results/ goes, were raw
+    OSErrors, some after results/records.csv had been rewritten."""
+    path = _write(tmp_path)
+    sweep.run_sweep(path, tmp_path / "s", train_fn=fake_train, bar=False)
+    (tmp_path / "afile").write_text("")
+    for extra, says in ((["--csv", str(tmp_path)], "--csv .* is a folder"),
+                        (["--records", str(tmp_path / "no" / "r.csv")], "--records .* does not exist"),
+                        (["--csv", str(tmp_path / "afile" / "x.csv")], "does not exist \\(or is a file\\)")):
+        assert main(["results", str(tmp_path / "s"), *extra]) == 2
+        assert re.search(says, capsys.readouterr().err)
+        assert not (tmp_path / "s" / "results").exists()
+    (tmp_path / "s" / "results").write_text("")
+    assert main(["results", str(tmp_path / "s")]) == 2
+    assert "is a file" in capsys.readouterr().err

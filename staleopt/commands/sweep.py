@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Optional
 
 from ..errors import ConfigError
-from ..validate import check_int
+from ..validate import check_int, output_dir, output_file
 
 __all__ = ["register", "run_sweep_command", "run_results_command"]
 
@@ -212,6 +212,10 @@ def run_results_command(args) -> int:
     if not (sweep_dir / "runs").is_dir():
         raise ConfigError(f"{sweep_dir} is not a sweep directory (no runs/ inside); "
                           "pass the --out directory of `staleopt sweep`")
+    for flag, path in (("--records", args.records), ("--csv", args.csv)):  # (before any file is written)
+        if path:
+            output_file(str(path), flag)
+    mine = Path(output_dir(str(sweep_dir / "results"), f"{sweep_dir}'s results folder"))  # (not the demo's files)
     damaged = {}
     records = sweep.collect(sweep_dir, partial=args.partial, damaged=damaged)
     states = sweep.runs(sweep_dir)["state"].value_counts().to_dict()
@@ -230,8 +234,6 @@ def run_results_command(args) -> int:
         keys = ([*sweep.varying_keys(records), "stages"] if by is None else
                 [k for k in summary.columns if k in field_names() and k != "method"])
         fast = speedup.speedup_table(records, target, keys=["method", *dict.fromkeys(keys)], metric=metric)
-    mine = sweep_dir / "results"  # never the demo's or compare's own files
-    mine.mkdir(exist_ok=True)
     records.to_csv(args.records or mine / "records.csv", index=False)
     summary.to_csv(args.csv or mine / "summary.csv", index=False)
     if fast is None:  # an earlier call's time table would not match this summary
