@@ -572,3 +572,22 @@ def test_results_outputs_are_checked_before_any_file_is_written(tmp_path, capsys
     (tmp_path / "s" / "results").write_text("")
     assert main(["results", str(tmp_path / "s")]) == 2
     assert "is a file" in capsys.readouterr().err
+
+
+def test_plot_outputs_are_checked_before_drawing(tmp_path, capsys, monkeypatch):
+    """An unknown suffix was matplotlib's ValueError after the drawing; a path under a file or a file where
+    plots/ goes were raw FileExistsErrors; a folder without suffix wrote ADIR.png and said 'wrote ADIR'."""
+    from staleopt.plot import sweep as plots
+    path = _write(tmp_path)
+    sweep.run_sweep(path, tmp_path / "s", train_fn=fake_train, bar=False)
+    drawn = []
+    monkeypatch.setattr(plots, "plot_accuracy_vs_stages", lambda *a, **k: drawn.append(1))
+    (tmp_path / "afile").write_text("")
+    for out, says in ((tmp_path / "x.unknownext", "suffix names the image format"),
+                      (tmp_path / "afile" / "x.png", "does not exist \\(or is a file\\)"),
+                      (tmp_path, "suffix names the image format")):
+        assert main(["plot", str(tmp_path / "s"), "--out", str(out)]) == 2
+        assert re.search(says, capsys.readouterr().err)
+    (tmp_path / "s" / "plots").write_text("")
+    assert main(["plot", str(tmp_path / "s")]) == 2
+    assert "is a file" in capsys.readouterr().err and not drawn

@@ -69,8 +69,12 @@ def run(args) -> int:
                           "of `staleopt sweep` or `staleopt demo`")
     from .. import speedup
     from ..sweep import collect
-    from ..validate import check_int
+    from ..validate import check_int, output_dir, output_image
     check_int("--dpi", args.dpi, 1, 2400, why="dots per inch of the PNG")
+    if args.out:  # (before any drawing: a path matplotlib cannot write would lose the figure)
+        output_image(args.out)
+    else:
+        output_dir(str(sweep_dir / "plots"), f"{sweep_dir}'s plots folder")
     if args.curves and args.target is not None:
         raise ConfigError("--target is the target of the default figure's speedup panel and of --time; --curves "
                           "draws the metric against epochs, which has none: leave --target out")
