@@ -720,11 +720,14 @@ def _flat(config: Dict[str, Any]) -> Dict[str, Any]:
 
 def runs(sweep_dir: Union[str, os.PathLike]) -> pd.DataFrame:
     """One row per run directory: ``run``, ``state`` (see :func:`run_state`) and its config (empty cells for a
-    run whose ``config.json`` is damaged: its state is ``"damaged"``)."""
+    run whose ``config.json`` is damaged, or missing beside a ``done`` marker or records, as :func:`collect`
+    reports it: its state is ``"damaged"``; a folder with none of them is being made, and left out)."""
     rows = []
     root = Path(sweep_dir) / "runs"
     for run_dir in sorted(root.iterdir()) if root.is_dir() else []:
         if not (run_dir.is_dir() and (run_dir / "config.json").is_file()):
+            if run_dir.is_dir() and any((run_dir / f).is_file() for f in ("done", "records.csv")):
+                rows.append({"run": run_dir.name, "state": "damaged"})
             continue
         state = run_state(run_dir)
         try:

@@ -591,3 +591,16 @@ def test_plot_outputs_are_checked_before_drawing(tmp_path, capsys, monkeypatch):
     (tmp_path / "s" / "plots").write_text("")
     assert main(["plot", str(tmp_path / "s")]) == 2
     assert "is a file" in capsys.readouterr().err and not drawn
+
+
+def test_results_totals_count_a_run_whose_config_is_missing(tmp_path, capsys):
+    """A run folder with its done marker and records but no config.json was reported as damaged and then left out
+    of the totals ("skipped a damaged run" above "2 runs: 2 done" for three folders)."""
+    path = _write(tmp_path)
+    sweep.run_sweep(path, tmp_path / "s", train_fn=fake_train, bar=False)
+    first = sorted((tmp_path / "s" / "runs").iterdir())[0]
+    (first / "config.json").unlink()
+    main(["results", str(tmp_path / "s")])
+    out = capsys.readouterr()
+    n = len(list((tmp_path / "s" / "runs").iterdir()))
+    assert "skipped a damaged run" in out.err and f"{n} runs: 1 damaged, {n - 1} done" in out.out
