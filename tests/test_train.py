@@ -300,3 +300,18 @@ def test_a_folder_given_for_a_file_is_called_a_folder(tmp_path, capsys):
         assert main(args) == 2
         err = capsys.readouterr().err
         assert "is a folder" in err and "does not exist" not in err
+
+
+@pytest.mark.parametrize("args, flag", [
+    (["train", "--model", "mlp", "--out", "r.csv", "--checkpoint-every", "0"], "--checkpoint-every"),
+    (["hardware", "--model", "mlp", "--method", "gpipe", "--stages", "2", "--microbatch-size", "0"],
+     "--microbatch-size"),
+    (["compare", "--model", "mlp", "--data", "synthetic", "--stages", "1", "--seeds", "0", "--workers", "0"],
+     "--workers"),
+    (["compare", "--model", "mlp", "--data", "synthetic", "--stages", "1", "--seeds", "0", "--worker-threads", "0"],
+     "--worker-threads")])
+def test_a_bad_number_is_named_by_the_flag_typed(tmp_path, monkeypatch, capsys, args, flag):
+    """The messages named internal parameters ("checkpoint every = 0", "microbatch_size = 0", "workers = 0")."""
+    monkeypatch.chdir(tmp_path)
+    assert main(args) == 2
+    assert f"{flag} = 0" in capsys.readouterr().err

@@ -6,6 +6,7 @@ import argparse
 import json
 
 from ..errors import ConfigError
+from ..validate import check_int
 
 __all__ = ["register", "run"]
 
@@ -70,6 +71,8 @@ def _stage(text):
 
 def run(args) -> int:
     from ..compare import compare
+    check_int("--workers", args.workers, 1)
+    check_int("--worker-threads", args.worker_threads, 1, why="torch threads per run")
     try:
         stages = [_stage(s) for s in args.stages.split(",") if s.strip()]
         seeds = [int(s) for s in args.seeds.split(",") if s.strip()]

@@ -183,6 +183,7 @@ def run(args) -> int:
                           "(a dataset of staleopt.data or file.py:function), whose classes and input shape build it")
     example = None
     if args.microbatch_size is not None:
+        check_int("--microbatch-size", args.microbatch_size, 1, why="samples per microbatch")
         if data is not None:  # (one sample: activation_sizes scales it to the microbatch size)
             example = torch.as_tensor(data.train[0][0]).unsqueeze(0)
         else:

@@ -154,6 +154,7 @@ def run_sweep_command(args) -> int:
     configs = sweep.shard(spec.configs, *shard_spec) if shard_spec else spec.configs
     check_int("--workers", args.workers, 1)
     check_int("--worker-threads", args.worker_threads, 1, sweep.MAX_THREADS, why="torch threads per run")
+    check_int("--checkpoint-every", args.checkpoint_every, 1, optional=True, why="optimizer steps between checkpoints")
     timeout = lease.DEFAULT_TIMEOUT if args.claim_timeout is None else args.claim_timeout
     try:
         lease.check_timeout(timeout)

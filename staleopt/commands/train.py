@@ -14,6 +14,7 @@ from .. import data, train
 from ..checkpoint import Checkpoint, check_writable, read_done, read_records
 from ..config import CHOICES, RunConfig, field_names
 from ..errors import ConfigError
+from ..validate import check_int
 
 __all__ = ["register", "run", "config_from_args", "checkpoint_of"]
 
@@ -222,6 +223,7 @@ def run(args) -> int:
     if not args.out and (args.checkpoint_every is not None or args.keep_checkpoint or args.rerun):
         raise ConfigError("--checkpoint-every, --keep-checkpoint and --rerun need --out (the checkpoint is "
                           "OUT.ckpt)")
+    check_int("--checkpoint-every", args.checkpoint_every, 1, optional=True, why="optimizer steps between checkpoints")
     checkpoint = checkpoint_of(Path(args.out), args.checkpoint_every, args.keep_checkpoint) if args.out else None
     if checkpoint is not None:
         check_writable(checkpoint.path.parent)  # before training: a read-only folder fails now, not at epoch 1
