@@ -30,10 +30,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     if args.threads is not None:
+        if args.threads < 1:
+            parser.error(f"argument --threads: torch's intra-op threads, an int >= 1, got {args.threads}")
         import torch
-        torch.set_num_threads(max(1, args.threads))
+        torch.set_num_threads(args.threads)
     try:
         return int(args.func(args) or 0)
     except StaleoptError as e:

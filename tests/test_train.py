@@ -315,3 +315,10 @@ def test_a_bad_number_is_named_by_the_flag_typed(tmp_path, monkeypatch, capsys, 
     monkeypatch.chdir(tmp_path)
     assert main(args) == 2
     assert f"{flag} = 0" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("threads", ["0", "-5"])
+def test_threads_below_one_are_refused_not_raised_to_one(capsys, threads):
+    with pytest.raises(SystemExit):
+        main(["--threads", threads, "models"])
+    assert "--threads" in capsys.readouterr().err
