@@ -80,6 +80,9 @@ def rows_for(model, methods, stages_list, args, example_input=None):
         if phase.get(key) and not any(key in build(m, 1, 1).phase_lengths for m in methods):
             raise ConfigError(f"--{key.replace('_', '-')} would change nothing: none of {', '.join(methods)} has "
                               f"that phase, a {what}; leave it out")
+    if "total_steps" in phase and not any(build(m, 1, 1).phase_lengths for m in methods):
+        raise ConfigError(f"--total-steps would change nothing: it averages a phased method's utilization over the "
+                          f"run (pipemare-w, pb-hybrid), and none of {', '.join(methods)} has phases; leave it out")
     rows = []
     for P in stages_list:
         partition = partition_model(model, P)
