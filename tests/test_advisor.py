@@ -250,6 +250,9 @@ def test_advise_cli(capsys):
     assert main(args + ["--warmup-steps", "3"]) == 0   # trained weights: a different curvature
     warm = capsys.readouterr().out
     assert "largest stable lr" in warm and warm != out
+    for bad in ("100000", "0"):  # (100000 measured on the whole training set without a word)
+        assert main(args[:-1] + [bad]) == 2
+        assert f"--batch-size = {bad} must be an int in 1..800" in capsys.readouterr().err
 
 
 def test_curvature_is_the_larger_of_the_two_runs_lower_bounds_and_bad_settings_are_refused():

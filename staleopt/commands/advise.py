@@ -8,7 +8,6 @@ import torch
 from .. import data as datasets
 from .. import models
 from ..advisor import advise
-from ..errors import ConfigError
 from ..train import loss_function
 from ..validate import check_int
 
@@ -61,6 +60,8 @@ def run(args) -> int:
     d = datasets.load(args.data)
     models.check_task(args.model, d.task, f"dataset {args.data!r}")
     model = models.get(args.model, num_classes=d.num_classes, input_shape=d.input_shape, seed=args.seed)
+    check_int("--batch-size", args.batch_size, 1, len(d.train), why=f"samples of the batch the curvature is "
+              f"measured on, at most the {len(d.train)} training samples")
     gen = torch.Generator().manual_seed(args.seed)
     batch = next(datasets.batches(d.train, args.batch_size, shuffle=True, generator=gen))
     loss_fn = loss_function(d.task)  # the trainer's loss: a language model's cross-entropy over every position
@@ -79,8 +80,6 @@ def _warmup(model, loss_fn, train, args) -> None:
     """``args.warmup_steps`` steps of synchronous SGD over shuffled training batches (seeded ``seed + 1``)."""
     if args.warmup_steps <= 0:
         return
-    if len(train) < args.batch_size:
-        raise ConfigError(f"--batch-size {args.batch_size} exceeds the {len(train)} training samples")
     opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
     gen = torch.Generator().manual_seed(args.seed + 1)
     step = 0
