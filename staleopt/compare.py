@@ -118,6 +118,7 @@ def compare(model: Union[str, Callable], data: Union[str, Callable] = "mnist1d",
     grid = {"method": list(methods), "stages": list(stages), "seed": list(seeds)}
     spec = sweep.from_spec({"name": Path(out).name, "base": base, "grid": grid}, source="compare()")
     out = Path(out)
+    check_report_folder(out)
     report = sweep.run_sweep(spec, out, workers=workers, threads=threads, bar=bar)
     ids = {c.run_id() for c in spec.configs}
     records = sweep.collect(out)
@@ -209,6 +210,26 @@ def write_report(records: pd.DataFrame, out: Union[str, os.PathLike], target: Op
             if name == Path(name).name:  # (a bare file name, as report.json lists them)
                 (folder / name).unlink(missing_ok=True)
     return Comparison(out, records, summary, fast, verdicts, target, memory, figures, files, metric=metric)
+
+
+#: The files :func:`write_report` writes into its folder (besides the figures).
+REPORT_FILES = ("records.csv", "summary.csv", "claims.csv", "speedup.csv", "memory.csv", "report.json")
+
+
+def check_report_folder(out: Union[str, os.PathLike]) -> None:
+    """Refuse an ``out`` whose files a report would overwrite without having written them: report files in a
+    folder that is neither an earlier report's (``report.json``) nor a sweep's (``runs/``), or a finished
+    ``staleopt train --out OUT/records.csv`` run (its ``records.csv.done``). Checked before training."""
+    out = Path(out)
+    if (out / "records.csv.done").is_file():
+        raise ConfigError(f"{out} holds a finished staleopt train run (records.csv and records.csv.done), whose "
+                          "records a report would overwrite: choose another --out")
+    if (out / "report.json").is_file() or (out / "runs").is_dir():
+        return
+    theirs = [f for f in REPORT_FILES if (out / f).exists()]
+    if theirs:
+        raise ConfigError(f"{out} holds {', '.join(theirs)}, which the report would overwrite, and is no earlier "
+                          "report's or sweep's folder: choose another --out, or move those files")
 
 
 def _listed(path: Path) -> tuple:

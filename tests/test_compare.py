@@ -376,3 +376,21 @@ def test_unit_order_execution_trains_a_model_registered_out_of_forward_order(use
                  "--unit-order", "execution", "--no-progress"]) == 0
     with pytest.raises(ConfigError, match="unit_order"):
         RunConfig(**base, unit_order="forward")
+
+
+def test_compare_out_never_overwrites_files_no_report_wrote(tmp_path, capsys):
+    """compare --out D (and demo --out D) replaced a finished train --out D/records.csv run and the user's own
+    summary.csv, exit 0: refused before training; an earlier report's or sweep's folder is rewritten as before."""
+    from staleopt.compare import check_report_folder
+    (tmp_path / "summary.csv").write_text("mine\n")
+    with pytest.raises(ConfigError, match="summary.csv, which the report would overwrite"):
+        check_report_folder(tmp_path)
+    assert main(["compare", "--model", "mlp", "--data", "synthetic", "--stages", "1", "--seeds", "0",
+                 "--out", str(tmp_path)]) == 2
+    assert (tmp_path / "summary.csv").read_text() == "mine\n" and not (tmp_path / "runs").exists()
+    (tmp_path / "records.csv.done").write_text("{}")
+    (tmp_path / "runs").mkdir()
+    with pytest.raises(ConfigError, match="finished staleopt train run"):
+        check_report_folder(tmp_path)
+    (tmp_path / "records.csv.done").unlink()
+    check_report_folder(tmp_path)  # a sweep's folder: its report files are its own

@@ -312,7 +312,7 @@ def _default_target(args, records):
 
 def run(args) -> int:
     from .. import sweep
-    from ..compare import write_report
+    from ..compare import check_report_folder, write_report
 
     if args.quick and args.sweep:
         raise ConfigError("--quick runs its own sweep file; pass --quick or --sweep FILE, not both")
@@ -337,6 +337,7 @@ def run(args) -> int:
         from ..speedup import check_target
         check_target(args.target, metrics.PERPLEXITY if args.task == "lm" else metrics.ACCURACY)
     out = Path(args.out)
+    check_report_folder(out)
     t0 = time.perf_counter()
     report = sweep.run_sweep(spec, out, workers=args.workers, threads=args.worker_threads, bar=not args.no_bar)
     elapsed = time.perf_counter() - t0
