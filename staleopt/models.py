@@ -50,7 +50,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from . import registry
-from .errors import ConfigError
+from .errors import ConfigError, StaleoptError
 from .partition import units_of
 from .segments import Step
 from .validate import check_int
@@ -630,15 +630,22 @@ def num_units(name: str, **kwargs) -> int:
     """Number of parametrized operators of ``get(name, **kwargs)``: the largest stage count.
 
     Built on the meta device, so it costs no memory or initialization time (on the CPU
-    for a user's factory that cannot run on the meta device).
+    for a user's factory that cannot run on the meta device). A user's factory that raises is a
+    :class:`ConfigError` naming the model and the arguments it was given.
     """
     try:
         with torch.device("meta"):
             return len(units_of(get(name, **kwargs)))
-    except (RuntimeError, NotImplementedError, TypeError):
+    except Exception:           # a user's factory may not run on the meta device: built on the CPU below
         if not info(name).user:
             raise
+    try:
         return len(units_of(get(name, seed=0, **kwargs)))
+    except StaleoptError:
+        raise
+    except Exception as e:      # the user's factory: name it and what it was given, not a bare traceback
+        raise ConfigError(f"model {name!r} raised {type(e).__name__} when built with {kwargs} to count its units: "
+                          f"{e}; fix the factory (or the model_kwargs it is given)") from e
 
 
 def table() -> List[Dict[str, object]]:

@@ -394,3 +394,17 @@ def test_compare_out_never_overwrites_files_no_report_wrote(tmp_path, capsys):
         check_report_folder(tmp_path)
     (tmp_path / "records.csv.done").unlink()
     check_report_folder(tmp_path)  # a sweep's folder: its report files are its own
+
+
+def _raises(num_classes, input_shape):
+    raise KeyError("no such layer")
+
+
+def test_a_users_factory_that_raises_is_a_config_error_naming_it_and_its_arguments():
+    staleopt.register_model("raising_net", _raises)
+    try:
+        with pytest.raises(ConfigError, match=r"model 'raising_net' raised KeyError when built with "
+                                              r"\{'num_classes': 3, 'input_shape': \(6,\)\}.*no such layer.*fix the"):
+            models.num_units("raising_net", num_classes=3, input_shape=(6,))
+    finally:
+        del models._USER["raising_net"]
