@@ -86,7 +86,7 @@ from .errors import ClaimLostError, ConfigError, OutputError, RunFileError, Swee
 from .validate import check_int
 from .stats import check_level, divergence_count, interval, per_run, status_text, t_interval
 
-__all__ = ["Sweep", "load_sweep", "expand", "few", "shard", "parse_shard", "run_sweep", "SweepReport",
+__all__ = ["Sweep", "load_sweep", "expand", "few", "load_data", "shard", "parse_shard", "run_sweep", "SweepReport",
            "run_state", "damage", "read_done", "runs", "collect", "summarize", "varies", "varying_keys", "config_key",
            "t_interval", "RECORD_COLUMNS",
            "DEFAULT_TRAIN_FN", "MAX_THREADS"]
@@ -235,6 +235,16 @@ def _resolved(configs) -> List[RunConfig]:
                           f"a {type(wrong[0]).__name__} ({wrong[0]!r:.80}): build each run with "
                           "RunConfig(**fields) or RunConfig.from_dict(d)")
     return _distinct([c.resolve() if c.stages == "max" else c for c in configs])  # (a file's are resolved)
+
+
+def load_data(configs: Sequence[RunConfig], download: bool = False) -> None:
+    """Load each distinct dataset of ``configs`` once, before any run starts: a missing one is a
+    :class:`~staleopt.errors.DataError` here rather than one failed run each. ``download`` fetches a missing
+    dataset first (CIFAR, the text corpora)."""
+    from . import data
+    for key in dict.fromkeys(json.dumps([c.data, c.data_kwargs], sort_keys=True) for c in configs):
+        name, kwargs = json.loads(key)
+        data.load(name, download=download, **kwargs)
 
 
 def parse_shard(text: str) -> Tuple[int, int]:

@@ -93,7 +93,7 @@ def test_toml_sweep_and_cli_take_file_specs(user_file, capsys):
         method = ["gpipe", "pipedream"]
         stages = [3]
         '''))
-    assert main(["sweep", str(spec), "--out", "out", "--no-bar"]) == 0
+    assert main(["sweep", str(spec), "--out", "out", "--no-bar", "--download"]) == 0
     records = sweep.collect(user_file.parent / "out")
     assert records["run"].nunique() == 2 and set(records["model"]) == {"my_models.py:tiny_net"}
     assert main(["results", "out"]) == 0

@@ -71,6 +71,24 @@ def test_cli_lists_and_dry_runs_the_paper_scale(tmp_path, capsys):
     assert len(lines) == 10 and all("pipemare" in l and "P=39" in l for l in lines)
 
 
+def test_a_missing_dataset_is_refused_before_any_run_and_download_fetches_it(tmp_path, capsys, monkeypatch):
+    """``--scale paper`` without CIFAR-10 named ``--download``, which reproduce lacked, and launched every run to
+    fail: the data is checked first, and ``--download`` is the flag the message names."""
+    monkeypatch.setenv("STALEOPT_DATA", str(tmp_path / "data"))
+    argv = ["reproduce", "--scale", "paper", "--claim", "t2-at-max-p", "--out", str(tmp_path / "r"), "--no-bar"]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert "cifar10 not found" in err and "--download" in err
+    assert not (tmp_path / "r" / "runs").exists()       # no run was launched
+    calls = []
+
+    def load(name, download=False, **kwargs):
+        calls.append((name, download))
+        raise SweepConfigError("stop here")
+    monkeypatch.setattr("staleopt.data.load", load)
+    assert cli.main(argv + ["--download"]) == 2 and calls == [("cifar10", True)]
+
+
 def test_module_entry_point_runs_one_claim():
     """``python -m staleopt.ledger run NAME`` is ``staleopt reproduce --claim NAME``."""
     from staleopt.ledger.__main__ import reproduce_argv

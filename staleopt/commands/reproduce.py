@@ -54,6 +54,9 @@ def register(subparsers) -> None:
     p.add_argument("--list", action="store_true", help="list experiments, checks and run counts; run nothing")
     p.add_argument("--dry-run", action="store_true", help="list the runs and their state; run nothing")
     p.add_argument("--report-only", action="store_true", help="train nothing: rows (and --doc) from finished runs")
+    p.add_argument("--download", action="store_true",
+                   help="download a missing dataset (--scale paper: CIFAR-10) before training; without it a "
+                        "missing dataset is refused before any run starts")
     p.add_argument("--no-bar", action="store_true", help="no progress bar")
     p.add_argument("--shard", default=None, metavar="K/N",
                    help="train only shard K of N (1-based) of the runs, e.g. 1/2 on one machine and 2/2 on another")
@@ -96,8 +99,10 @@ def run(args) -> int:
                           "report (and --doc would overwrite the page with empty rows); give the --out the runs "
                           "were trained into, or train them first (without --report-only)")
     if not args.report_only:
+        if args.download or args.executor == "local":   # Ray's workers may hold data this machine lacks
+            sweep.load_data([c for c in configs if sweep.run_state(out / "runs" / c.run_id()) != "done"],
+                            download=args.download)
         print(ledger.estimate(configs, out, args.workers), flush=True)
-    if not args.report_only:
         report = ledger.train(configs, out, args.workers, bar=not args.no_bar, shard=shard, executor=args.executor)
         print(f"{len(configs)} runs: {len(report.skipped)} already done, {len(report.finished)} trained now, "
               f"{len(report.failed)} failed, {len(report.claimed)} left to another launch")

@@ -146,7 +146,7 @@ def _describe(run_dir: Path, state: str, epochs: int, timeout: float) -> str:
 
 
 def run_sweep_command(args) -> int:
-    from .. import data, lease, sweep
+    from .. import lease, sweep
 
     spec = sweep.load_sweep(args.sweep_file)
     out = Path(args.out) if args.out else Path("runs") / (spec.name or Path(args.sweep_file).stem)
@@ -169,9 +169,7 @@ def run_sweep_command(args) -> int:
         print(f"{len(configs)} runs in {out}")
         return 0
     if args.download:
-        for key in dict.fromkeys(json.dumps([c.data, c.data_kwargs], sort_keys=True) for c in configs):
-            name, kwargs = json.loads(key)
-            data.load(name, download=True, **kwargs)
+        sweep.load_data(configs, download=True)
     report = sweep.run_sweep(configs, out, workers=args.workers, train_fn=args.train_fn,
                              progress=args.progress, threads=args.worker_threads, bar=not args.no_bar,
                              executor=args.executor, checkpoint_every=args.checkpoint_every,
