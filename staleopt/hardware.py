@@ -38,7 +38,7 @@ from torch import nn
 
 from . import methods
 from .corrections import DelayCompensation, GapAware, Hybrid, NesterovLookahead, Warmup
-from .errors import ConfigError
+from .errors import ConfigError, ScheduleError
 from .methods import amortized_utilization, hybrid_speedup
 from .partition import Partition, partition_model
 from .replicas import plan_replicas
@@ -409,7 +409,8 @@ def run_memory(records) -> "pandas.DataFrame":
     flight at the run's microbatch size ``batch_size / microbatches``, measured on one
     forward pass of the run's model on its data), ``total_bytes`` and
     ``total_ratio_gpipe``. A run whose model or data this process cannot build (a model
-    registered in another process: :mod:`staleopt.registry`) has NaN activations.
+    registered in another process: :mod:`staleopt.registry`) has NaN activations, as has a method without a
+    fixed pipeline (``hogwild``: no activation count), whose weights are priced all the same.
     """
     import json
     import math
@@ -465,9 +466,14 @@ def run_memory(records) -> "pandas.DataFrame":
                          "total_ratio_gpipe": math.nan})
             continue
         model, partition, sizes = entry
-        rep = memory_report(model, r.method, P, N, optimizer=optimizer, partition=partition,
-                            microbatch_size=what[-1], sizes=sizes)
+        try:
+            rep = memory_report(model, r.method, P, N, optimizer=optimizer, partition=partition,
+                                microbatch_size=what[-1], sizes=sizes)
+            total = {"activation_bytes": rep.activation_bytes, "total_bytes": rep.total_bytes,
+                     "total_ratio_gpipe": rep.total_ratio_to_gpipe}
+        except ScheduleError:  # no fixed pipeline (hogwild): no activation count, the weights priced alone
+            rep = memory_report(model, r.method, P, N, optimizer=optimizer, partition=partition)
+            total = {"activation_bytes": math.nan, "total_bytes": math.nan, "total_ratio_gpipe": math.nan}
         rows.append({**config, "memory_ratio_gpipe": rep.ratio_to_gpipe,
-                     "weight_optimizer_bytes": rep.weight_optimizer_bytes, "activation_bytes": rep.activation_bytes,
-                     "total_bytes": rep.total_bytes, "total_ratio_gpipe": rep.total_ratio_to_gpipe})
+                     "weight_optimizer_bytes": rep.weight_optimizer_bytes, **total})
     return pd.DataFrame(rows)

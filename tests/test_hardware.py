@@ -489,6 +489,21 @@ def test_run_memory_splits_the_stages_as_the_run_did():
     assert got.loc[("pipedream", "execution")] != got.loc[("pipedream", "registration")]
 
 
+def test_run_memory_prices_hogwild_without_activations_and_keeps_the_others_totals():
+    """hogwild has no fixed pipeline (no activation count): run_memory raised ScheduleError, so compare and demo
+    --sweep lost their whole report after training and staleopt plot dropped every method's total-memory panel."""
+    import pandas as pd
+    rows = [{"run": f"{m}-{P}", "method": m, "stages": P, "microbatches": 4, "batch_size": 8, "optimizer": "sgd",
+             "partition": "ops", "model": "mlp", "model_kwargs": "{}", "data": "synthetic", "data_kwargs": "{}",
+             "seed": 0, "epoch": 1, "test_acc": 0.5} for m in ("gpipe", "hogwild-t1") for P in (1, 3)]
+    got = hardware.run_memory(pd.DataFrame(rows)).set_index(["method", "stages"])
+    model = staleopt.models.get("mlp", seed=0)
+    assert got.loc[("hogwild-t1", 3), "memory_ratio_gpipe"] == hardware.memory_report(
+        model, "hogwild-t1", 3, 4, optimizer="sgd").ratio_to_gpipe
+    assert got.loc["hogwild-t1", "total_ratio_gpipe"].isna().all()
+    assert got.loc["gpipe", "total_ratio_gpipe"].notna().all()
+
+
 def test_hardware_builds_a_users_model_from_data_and_says_so_without(tmp_path, capsys):
     """A model of the user's (file.py:function) needs num_classes and input_shape, which the command had no way
     to give: a bare TypeError (or, with defaults and --microbatch-size, an IndexError on a (1,)-shaped input)."""
