@@ -195,3 +195,14 @@ def test_records_of_a_train_function_without_hardware_columns_plot_and_say_what_
     with pytest.warns(UserWarning, match="total memory .* of model 'mlp' on data 'no-such-data' is left out"):
         memory = hardware.run_memory(records.assign(data="no-such-data"))
     assert memory["total_ratio_gpipe"].isna().all()
+
+
+def test_the_title_counts_the_seeds_of_a_line_whose_key_is_unset(tmp_path):
+    """describe() grouped by the line keys with pandas' dropna: GPipe's runs (decay unset) were left out of the
+    title's seed count, which said "2 seeds" beside summary.csv's 3 runs per GPipe cell."""
+    base = dict(model="mlp", data="synthetic", epochs=3, batch_size=20, microbatches=4)
+    records = _sweep(tmp_path, [RunConfig(**base, stages=p, method="gpipe", seed=s) for p in (1, 3) for s in (0, 1, 2)]
+                     + [RunConfig(**base, stages=p, method="pipemare", decay=d, seed=s) for p in (1, 3)
+                        for d in (0.1, 0.5) for s in (0, 1)])
+    runs = sweep.summarize(records, by=[*plots.line_keys(records), "stages"])["runs"]
+    assert (runs.min(), runs.max()) == (2, 3) and plots.describe(records).endswith("2-3 seeds")

@@ -99,7 +99,8 @@ def describe(source) -> str:
     if "max_steps" in runs.columns and runs["max_steps"].notna().any():
         parts.append(f"at most {int(runs['max_steps'].max())} steps")
     if "seed" in runs.columns:
-        seeds = runs.groupby([k for k in line_keys(records) + ["stages"] if k in runs.columns])["seed"].nunique()
+        cells = [k for k in line_keys(records) + ["stages"] if k in runs.columns]
+        seeds = runs.groupby(cells, dropna=False)["seed"].nunique()  # (a key a method leaves unset is NaN)
         lo, hi = int(seeds.min()), int(seeds.max())
         parts.append(f"{lo} seed{'s' if hi > 1 else ''}" if lo == hi else f"{lo}-{hi} seeds")
     return ", ".join(p for p in parts if p)
