@@ -68,3 +68,31 @@ def test_run_notebooks_keeps_the_ledger_notebook_without_a_ledger_run(monkeypatc
     monkeypatch.setattr(module, "run", lambda path: pytest.fail(f"executed {path.name}"))
     assert module.main(["reproductions.ipynb"]) == 0
     assert "kept notebooks/reproductions.ipynb as committed: no ledger run" in capsys.readouterr().err
+
+
+def _fake_train(config, progress=False):
+    import pandas as pd
+    acc = {"gpipe": 0.9, "pipemare": 0.8 if config.decay == 0.1 else 0.6}[config.method] - 0.01 * config.seed
+    return pd.DataFrame([{"epoch": e, "step": 10 * e, "train_loss": 1.0, "test_loss": 1.0, "test_acc": acc * e / 2,
+                          "wall_time": 0.1, "status": "ok", "tau_max": 0} for e in (1, 2)])
+
+
+def test_the_accuracy_notebooks_tables_have_a_row_per_figure_line(monkeypatch, tmp_path):
+    """The notebook's summary and speedup tables grouped by method and P only: a sweep over pipemare's decay
+    showed one pooled pipemare row beside the figure's two lines (write_report groups by the line keys)."""
+    from staleopt import sweep
+    from staleopt.config import RunConfig
+    base = dict(model="mlp", data="synthetic", epochs=2, batch_size=20, microbatches=4)
+    sweep.run_sweep([RunConfig(**base, method="gpipe", stages=p, seed=s) for p in (1, 3) for s in (0, 1)]
+                    + [RunConfig(**base, method="pipemare", decay=d, stages=p, seed=s) for d in (0.1, 0.5)
+                       for p in (1, 3) for s in (0, 1)], tmp_path / "sw", train_fn=_fake_train, bar=False)
+    monkeypatch.delenv("STALEOPT_NOTEBOOK_SMALL", raising=False)
+    monkeypatch.setenv("STALEOPT_SWEEP_DIR", str(tmp_path / "sw"))
+    monkeypatch.setenv("MPLBACKEND", "Agg")
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    nb = nbformat.read(REPO / "notebooks" / "accuracy_vs_stages.ipynb", as_version=4)
+    nbclient.NotebookClient(nb, timeout=PATIENCE, startup_timeout=PATIENCE, kernel_name="python3",
+                            resources={"metadata": {"path": str(REPO)}}).execute()
+    tables = [o["data"]["text/html"] for c in nb.cells if c.cell_type == "code" and ("summarize" in c.source
+              or "speedup_table" in c.source) for o in c.outputs if "text/html" in o.get("data", {})]
+    assert len(tables) == 2 and all("pipemare decay=0.1" in t and "pipemare decay=0.5" in t for t in tables)
