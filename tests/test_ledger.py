@@ -557,3 +557,25 @@ def test_a_selector_that_matches_two_runs_of_a_seed_is_refused(tmp_path):
     rows = _runs("x", [0.9, 0.9]) + _runs("y", [0.8, 0.8]) + _runs("y", [0.7], stages=39)
     with pytest.raises(ConfigError, match="two runs of seed 0 in one compared group"):
         verdict.evaluate(_check("better", a={"method": "x"}, b={"method": "y"}), rows, "e", "")
+
+
+def test_the_committed_page_and_rows_file_show_todays_trends_and_paper_runs():
+    """docs/reproductions.md and its CSV are built from runs that are not always on the machine, so a change of the
+    trend rule or of a check's paper_horizon left them stale (the new trend 'reversed' and hogwild's paper marker
+    54 read 'persisting' and 27 for two sessions): what they derive from the recorded gaps alone is today's."""
+    docs = Path(__file__).resolve().parents[1] / "docs"
+    df = pd.read_csv(docs / "reproductions.csv")
+    page = (docs / "reproductions.md").read_text()
+    experiments = {e.name: e for e in spec.load_all("cpu", spec.LEDGER_DIR)}
+    rows = [verdict.Row(r.experiment, r.id, r.claim, "", "", "", "", r.verdict, horizon=int(r.horizon),
+                        ratio=float(r.ratio), steps=int(r.steps),
+                        gaps=tuple((int(s), float(g)) for s, g in json.loads(r.gaps)))
+            for r in df.itertuples() if r.experiment in experiments]
+    laddered = [g for g in report.group(rows) if len(g) > 1]
+    assert len(laddered) >= 20
+    for g in laddered:
+        e = experiments[g[0].experiment]
+        check = e.resolved(next(c for c in e.checks if c.id == g[0].id))
+        assert set(df.loc[df["id"] == check.id, "trend"]) == {verdict.trend(g).label}, check.id
+        for line in report.horizon_table(g, check).rstrip("\n").split("\n")[-2:]:  # the trend, the paper's run
+            assert line in page, f"{check.id}: regenerate docs/reproductions.md (staleopt reproduce --report-only)"
