@@ -18,7 +18,7 @@ import json
 import math
 import numbers
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Union
+from typing import Any, Dict, Iterable, List, Optional, Union
 
 import torch
 
@@ -26,7 +26,8 @@ from . import data, methods, models, schedules
 from .errors import ConfigError
 from .validate import check_int
 
-__all__ = ["RunConfig", "CHOICES", "CORRECTION_FIELDS", "LR_WARMUP_SCHEDULES", "field_names", "validate_field"]
+__all__ = ["RunConfig", "CHOICES", "CORRECTION_FIELDS", "LR_WARMUP_SCHEDULES", "field_names", "validate_field",
+           "refuse_ineffective"]
 
 #: Allowed values of the string fields that take a fixed set of choices.
 CHOICES = {
@@ -137,12 +138,7 @@ class RunConfig:
                   f"include {late}, at or after the end of the run (epochs = {self.epochs}): milestone m multiplies "
                   "the lr from the first step after m epochs, so one >= epochs never applies (milestones are "
                   "epochs, not steps)")
-        if self.lr_gamma != RunConfig.lr_gamma and self.lr_schedule != "step":
-            _fail("lr_gamma", self.lr_gamma, f"is lr_schedule 'step''s factor and has no effect with lr_schedule = "
-                  f"{self.lr_schedule!r}")
-        if self.optimizer == "sgd" and self.momentum != RunConfig.momentum:
-            _fail("momentum", self.momentum, "has no effect with optimizer 'sgd' (plain SGD): use optimizer "
-                  "'sgd-momentum', or leave momentum out")
+        refuse_ineffective(self, [k for k in _DEFAULT_LOOKALIKES if getattr(self, k) != getattr(RunConfig, k)])
         if isinstance(self.stages, int):
             self.pipeline()                         # the schedule's rules, e.g. 2BW's N >= P
         if not models.info(self.model).takes_any():
@@ -209,6 +205,25 @@ class RunConfig:
         if stages > units:
             _fail("stages", stages, f"exceeds the {units} parametrized operators of model {self.model!r}")
         return self if stages == self.stages else self.replace(stages=stages)
+
+
+#: Keys a run can ignore (their setting has no effect) while they hold their default: :class:`RunConfig` refuses
+#: another value there, and where the keys a user gave are known, the default too (:func:`refuse_ineffective`).
+_DEFAULT_LOOKALIKES = ("lr_gamma", "momentum")
+
+
+def refuse_ineffective(config: "RunConfig", given: Iterable[str]) -> None:
+    """Refuse each key of ``given`` that ``config`` ignores: ``momentum`` with optimizer ``sgd``, ``lr_gamma``
+    without lr_schedule ``step``. :class:`RunConfig` refuses them at any value but their default, which it cannot
+    tell from a key left out (a saved run's config lists every field), so the commands and sweep files, which know
+    the keys the user wrote, call this with them (``momentum = 0.9`` with plain ``sgd`` trained plain SGD)."""
+    given = set(given)
+    if "lr_gamma" in given and config.lr_schedule != "step":
+        _fail("lr_gamma", config.lr_gamma, f"is lr_schedule 'step''s factor and has no effect with lr_schedule = "
+              f"{config.lr_schedule!r}")
+    if "momentum" in given and config.optimizer == "sgd":
+        _fail("momentum", config.momentum, "has no effect with optimizer 'sgd' (plain SGD): use optimizer "
+              "'sgd-momentum', or leave momentum out")
 
 
 def field_names() -> List[str]:

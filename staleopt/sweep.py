@@ -81,7 +81,8 @@ from . import lease, metrics, registry
 from .checkpoint import (EXACT_FLOATS, Checkpoint, atomic_write_text, check_every, check_writable, read_done,
                          read_records)
 from . import methods
-from .config import _LATER_FIELDS, CORRECTION_FIELDS, RunConfig, field_names, validate_field
+from .config import (_LATER_FIELDS, CORRECTION_FIELDS, RunConfig, field_names, refuse_ineffective,
+                     validate_field)
 from .errors import ClaimLostError, ConfigError, OutputError, RunFileError, SweepConfigError
 from .validate import check_int
 from .stats import check_level, divergence_count, interval, per_run, status_text, t_interval
@@ -138,8 +139,10 @@ def load_sweep(path: Union[str, os.PathLike]) -> Sweep:
     return from_spec(spec, source=str(path))
 
 
-def from_spec(spec: Dict[str, Any], source: str = "sweep") -> Sweep:
-    """Validate a sweep mapping ``{name, description, base, grid}`` and expand it."""
+def from_spec(spec: Dict[str, Any], source: str = "sweep", inherited: Sequence[str] = ()) -> Sweep:
+    """Validate a sweep mapping ``{name, description, base, grid}`` and expand it. ``inherited``: keys of ``base``
+    the runs take from elsewhere (a ledger recipe) rather than the user writing them for these runs: one a run
+    ignores is not refused (:func:`expand`)."""
     if not isinstance(spec, dict):
         raise SweepConfigError(f"{source}: a sweep must be a table with keys {', '.join(_TOP_KEYS)}")
     for key in spec:
@@ -181,7 +184,7 @@ def from_spec(spec: Dict[str, Any], source: str = "sweep") -> Sweep:
     if overlap:
         raise SweepConfigError(f"{source}: {overlap} appear in both [base] and [grid]; keep each key in one")
     try:
-        configs = expand(base, grid)
+        configs = expand(base, grid, inherited)
     except ConfigError as e:
         raise SweepConfigError(f"{source}: {e}") from None
     return Sweep(name, dict(base), dict(grid), configs, str(spec.get("description", "")))
@@ -192,8 +195,10 @@ def few(run_ids: Sequence[str], n: int = 3) -> str:
     return ", ".join(run_ids[:n]) + (", ..." if len(run_ids) > n else "")
 
 
-def expand(base: Dict[str, Any], grid: Dict[str, Sequence[Any]]) -> List[RunConfig]:
-    """The resolved configs of ``base`` x product(grid) in grid order, duplicates (same run_id) dropped.
+def expand(base: Dict[str, Any], grid: Dict[str, Sequence[Any]], inherited: Sequence[str] = ()) -> List[RunConfig]:
+    """The resolved configs of ``base`` x product(grid) in grid order, duplicates (same run_id) dropped. A key given
+    that a run ignores though at its default (``momentum`` with plain ``sgd``) is refused, unless ``inherited``
+    (:func:`staleopt.config.refuse_ineffective`).
 
     A grid that varies a correction's hyperparameter (``decay``) over methods that ignore it (``gpipe``) trains each
     of those once per value, identical runs under different run ids: warned."""
@@ -203,6 +208,7 @@ def expand(base: Dict[str, Any], grid: Dict[str, Sequence[Any]]) -> List[RunConf
         values = dict(zip(keys, combo))
         try:
             out.append(RunConfig.from_dict({**base, **values}).resolve())
+            refuse_ineffective(out[-1], [k for k in [*base, *values] if k not in inherited])
         except ConfigError as e:
             raise ConfigError(f"run {values}: {e}") from None
     for k in (k for k in CORRECTION_FIELDS if len(grid.get(k, ())) > 1):

@@ -235,6 +235,31 @@ def test_settings_that_would_have_no_effect_are_refused():
     assert RunConfig(optimizer="sgd-momentum", momentum=0.5).momentum == 0.5
 
 
+def test_a_setting_without_effect_is_refused_at_its_default_too_where_the_user_wrote_it(tmp_path):
+    """RunConfig refused momentum 0.5 with plain sgd but not 0.9, its default (it cannot tell that from a key left
+    out): --optimizer sgd --momentum 0.9 trained plain SGD silently. The commands and sweep files know the keys the
+    user wrote; a ledger recipe's momentum a run with optimizer sgd inherits is not the user's."""
+    from staleopt import sweep
+    from staleopt.cli import build_parser
+    from staleopt.commands.train import config_from_args
+    from staleopt.ledger import spec
+    for flags, key in ((["--optimizer", "sgd", "--momentum", "0.9"], "momentum = 0.9 has no effect"),
+                       (["--lr-gamma", "0.1"], "lr_gamma = 0.1 is lr_schedule 'step''s factor")):
+        with pytest.raises(ConfigError, match=key):
+            config_from_args(build_parser().parse_args(["train", *flags]))
+    path = tmp_path / "c.json"
+    path.write_text('{"optimizer": "sgd", "momentum": 0.9}')
+    with pytest.raises(ConfigError, match="momentum = 0.9 has no effect"):
+        config_from_args(build_parser().parse_args(["train", "--config", str(path)]))
+    assert config_from_args(build_parser().parse_args(["train", "--optimizer", "sgd"])).momentum == 0.9  # unset
+    with pytest.raises(ConfigError, match=r"run \{'optimizer': 'sgd'\}: momentum = 0.9 has no effect"):
+        sweep.from_spec({"base": {"momentum": 0.9}, "grid": {"optimizer": ["sgd", "sgd-momentum"]}})
+    assert len(sweep.from_spec({"base": {"momentum": 0.9}, "grid": {"optimizer": ["sgd", "sgd-momentum"]}},
+                               inherited=["momentum"]).configs) == 2
+    nesterov = [c for e in spec.load_all("cpu") for c in e.configs if c.method == "pipemare-stash-nesterov"]
+    assert nesterov and all(c.optimizer == "sgd" for c in nesterov)
+
+
 def test_milestones_at_or_after_the_last_epoch_are_refused_and_decay_invariant_is_a_flag():
     """A step milestone >= epochs never applies (milestone m acts from the first step after m epochs): refused, like
     the other settings without effect. --decay takes 'invariant' (App. B.4) as --config and sweep files do."""

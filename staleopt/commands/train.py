@@ -12,7 +12,7 @@ from pathlib import Path
 
 from .. import data, train
 from ..checkpoint import Checkpoint, check_writable, read_done, read_records
-from ..config import CHOICES, RunConfig, field_names
+from ..config import CHOICES, RunConfig, field_names, refuse_ineffective
 from ..errors import ConfigError
 from ..validate import check_int
 
@@ -151,7 +151,9 @@ def config_from_args(args):
             raise ConfigError(f"--config {path} must hold a table of RunConfig fields, got {type(given).__name__}")
     given.update({k: None if v is _NONE else v for k in field_names()
                   if (v := getattr(args, k, None)) is not None})
-    return RunConfig.from_dict(given).resolve()
+    config = RunConfig.from_dict(given).resolve()
+    refuse_ineffective(config, given)
+    return config
 
 
 def checkpoint_of(out: Path, every=None, keep: bool = False):

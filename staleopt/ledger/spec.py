@@ -336,7 +336,7 @@ def load_experiment(path: Path, scale: str = "cpu", recipes: Optional[Dict[str, 
         base = {k: v for k, v in recipe.base.items() if k not in grid}
         try:
             configs = sweep.from_spec({"base": base, "grid": {**grid, "seed": list(recipe.seeds)}},
-                                      source=f"{path} [[runs]] #{i + 1}").configs
+                                      source=f"{path} [[runs]] #{i + 1}", inherited=list(base)).configs
         except SweepConfigError as e:
             raise SweepConfigError(str(e)) from None
         for h in sorted({h for c in exp.checks for h in c.horizons}):
