@@ -30,10 +30,11 @@ the parameters hold the only copy of another is the memory strategy's choice:
   current weights ``w_t`` never need a slot of their own. Once the engine declared that no later
   load of the step reads ``w_{t - H_i}`` (:meth:`History.expire`), the parameters leave that
   version by one copy back from its row, which the swap left holding ``w_t``: ``w_{t - H_i}`` is
-  dropped, ``w_t`` is stored (``push`` is free) and the view moves by plain copies until the step ends;
+  dropped, ``w_t`` is stored (``push`` still copies the parameters there at ``step()``: design §1)
+  and the view moves by plain copies until the step ends;
 * :class:`CopyMoves` (``memory="fast"``): ``S_i = H_i + 1``; the parameters' content is saved to
   the slot of the version that just expired and the wanted version copied in (two copies, and
-  ``push`` is then free).
+  ``push`` a third).
 
 A stage whose backward view a correction rewrites in place (T2) needs a row for the raw version
 it rewrites: it keeps ``H_i + 1`` rows and moves by :class:`CopyMoves` in either mode (the mode

@@ -220,10 +220,10 @@ class PipelineOptimizer(torch.optim.Optimizer):
             Default: every pass sees the minibatch's delays (those of microbatch 0, the largest).
         memory: the :mod:`~staleopt.history` strategy. ``"minimal"`` (default) keeps exactly
             ``max(tau_i)`` versions per stage (T2's stages one more); the step's last pass writes its
-            backward view over the expiring ``w_{t - tau_i}`` (1 weight copy per step under dataflow
-            delays, 2 with T2), other passes swap (:class:`~staleopt.history.SwapMoves`). ``"fast"``
+            backward view over the expiring ``w_{t - tau_i}`` (2 weight copies per step under dataflow
+            delays, ``push`` included, T2 too), other passes swap (:class:`~staleopt.history.SwapMoves`). ``"fast"``
             keeps one more version per delayed stage and drops none within a step (plain copies,
-            :class:`~staleopt.history.CopyMoves`; 2 copies per step, 3 with T2): a step that a
+            :class:`~staleopt.history.CopyMoves`; 3 copies per step, T2 too): a step that a
             ``GradScaler`` skipped, or that runs more passes than the earlier ones, runs again, where
             ``"minimal"`` raises :class:`~staleopt.errors.LoopError`. Same results bit for bit.
         shared_parameters: a parameter used by a stage other than its owner's (:attr:`Partition.shared
