@@ -32,7 +32,7 @@ below); the engine refuses combinations that contradict each other and serves th
 """
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Set, Tuple
 
 __all__ = ["Correction"]
 
@@ -72,9 +72,21 @@ class Correction:
     #: engine refuses sparse gradients (``nn.Embedding(sparse=True)``) at the first step
     dense_gradients: bool = False
 
+    _held_key: Optional[tuple] = None
+
     def bind(self, engine) -> None:
         """Called once by the engine after it is built; allocate per-stage state here."""
         self.engine = engine
+
+    def held(self) -> Set[int]:
+        """Ids of the parameters the base optimizer holds, read afresh when its groups change (``add_param_group``,
+        ``load_state_dict``). A model parameter it does not hold is not stepped, and its gradient, which the base's
+        ``zero_grad`` never clears, adds up over the steps: no correction's input (nor part of a checkpoint)."""
+        groups = self.engine.base_optimizer.param_groups
+        key = tuple((id(g["params"]), len(g["params"])) for g in groups)
+        if key != self._held_key:
+            self._held_key, self._held = key, {id(p) for g in groups for p in g["params"]}
+        return self._held
 
     def delays(self, tau_fwd: List[int], tau_bkwd: List[int], step: Optional[int]) -> Delays:
         """Delays of ``step`` given the schedule's (and earlier corrections') delays.

@@ -78,12 +78,13 @@ class DelayCompensation(Correction):
         tf = delays[0]
         m = self.mean_square_decay
         grads, ws, ss, mss, delayed = [], [], [], [], []
+        held = self.held()
         for c in self._stale.views:
             tau = tf[c.stage]
             stale = self._stale.version(c, step, tau)
             mine = self._ms[c.index][1] if m is not None else [None] * len(c.params)
             for p, w, s, ms in zip(c.params, c.data, stale, mine):
-                if p.grad is not None:
+                if p.grad is not None and id(p) in held:
                     grads.append(p.grad)
                     ws.append(w)
                     ss.append(s)

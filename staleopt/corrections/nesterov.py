@@ -89,10 +89,11 @@ class NesterovLookahead(Correction):
     def before_update(self, delays, step):
         """``m = gamma_i m + g``, ``g += gamma_i m``: three foreach calls over all stages."""
         ms, grads, gammas, gamma0 = [], [], [], []
+        held = self.held()
         for c in self.engine.chunks:
             gamma, g0 = self.gammas[c.stage], self._gamma0[c.index]
             for p, m in zip(c.params, self._m[c.index][1]):
-                if p.grad is not None:
+                if p.grad is not None and id(p) in held:
                     ms.append(m)
                     grads.append(p.grad)
                     gammas.append(gamma)
