@@ -149,10 +149,9 @@ def config_from_args(args):
                               "fix the file (a table of RunConfig fields)") from None
         if not isinstance(given, dict):
             raise ConfigError(f"--config {path} must hold a table of RunConfig fields, got {type(given).__name__}")
-    given.update({k: None if v is _NONE else v for k in field_names()
-                  if (v := getattr(args, k, None)) is not None})
-    config = RunConfig.from_dict(given).resolve()
-    refuse_ineffective(config, given)
+    flags = {k: None if v is _NONE else v for k in field_names() if (v := getattr(args, k, None)) is not None}
+    config = RunConfig.from_dict({**given, **flags}).resolve()
+    refuse_ineffective(config, flags)  # (a --config file may be a run's config.json, which lists every field)
     return config
 
 
