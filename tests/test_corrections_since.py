@@ -504,3 +504,30 @@ def test_a_parameter_the_base_does_not_hold_yet_feeds_no_state_and_resumes_exact
     opt3.load_state_dict(saved["opt"])
     run(model3, opt3, saved_at, steps)
     assert all(torch.equal(a, b) for a, b in zip(model.parameters(), model3.parameters()))
+
+
+@pytest.mark.parametrize("saved_with, loaded_into", [
+    (lambda: [staleopt.corrections.WeightPrediction("adam", state="own")],
+     lambda: [staleopt.corrections.WeightPrediction("adam", state="own", betas=(0.5, 0.9), eps=1e-2)]),
+    (lambda: [staleopt.corrections.WeightPrediction("sgdm")],
+     lambda: [staleopt.corrections.WeightPrediction("sgdm", momentum=0.5)]),
+    (lambda: [staleopt.corrections.Stashing(), DelayCompensation(2.0, 0.95)],
+     lambda: [staleopt.corrections.Stashing(), DelayCompensation(2.0, 0.95, eps=1e-2)])])
+def test_a_checkpoint_is_refused_by_a_correction_with_other_settings(saved_with, loaded_into):
+    """WeightPrediction's own momentum, betas and eps and DelayCompensation's eps were not in their repr (the
+    checkpoint's signature): a checkpoint loaded into other settings without a word. At their defaults they stay out
+    of it, so that checkpoints written before still load."""
+    from staleopt.errors import OptimizerMismatchError
+
+    def build(corrections):
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(4, 5), nn.Tanh(), nn.Linear(5, 2)).double()
+        return staleopt.PipelineOptimizer(model, torch.optim.SGD(model.parameters(), lr=0.05), stages=2,
+                                          schedule="1f1b", corrections=corrections)
+    state = build(saved_with()).state_dict()
+    build(saved_with()).load_state_dict(state)
+    with pytest.raises(OptimizerMismatchError):
+        build(loaded_into()).load_state_dict(state)
+    assert repr(saved_with()[-1]) in ("WeightPrediction(rule='adam', state='own')",
+                                      "WeightPrediction(rule='sgdm', state='auto')",
+                                      "DelayCompensation(lam=2.0, mean_square_decay=0.95)")

@@ -125,5 +125,6 @@ class DelayCompensation(Correction):
     def extra_bytes(self):
         return self._stale.nbytes() + sum(f.numel() * f.element_size() for f, _ in self._ms.values())
 
-    def __repr__(self):
-        return f"DelayCompensation(lam={self.lam}, mean_square_decay={self.mean_square_decay})"
+    def __repr__(self):  # (the signature a checkpoint is checked against; eps at its default left out, as before)
+        eps = "" if self.eps == 1e-7 else f", eps={self.eps!r}"
+        return f"DelayCompensation(lam={self.lam}, mean_square_decay={self.mean_square_decay}{eps})"

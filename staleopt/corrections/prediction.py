@@ -351,5 +351,9 @@ class WeightPrediction(Correction):
     def extra_bytes(self):
         return sum(b.numel() * b.element_size() for bufs in self._buffers.values() for b in bufs)
 
-    def __repr__(self):
-        return f"WeightPrediction(rule={self.rule!r}, state={self.state!r})"
+    def __repr__(self):  # (the signature a checkpoint is checked against: settings at their defaults left out,
+        # as before they were listed, so that checkpoints written then still load)
+        extra = "".join(f", {k}={v!r}" for k, v, d in (("momentum", self.momentum, 0.9),
+                                                       ("betas", self.betas, (0.9, 0.999)), ("eps", self.eps, 1e-8))
+                        if v != d)
+        return f"WeightPrediction(rule={self.rule!r}, state={self.state!r}{extra})"
