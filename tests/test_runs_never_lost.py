@@ -76,6 +76,7 @@ def _train_args(tmp_path, config, *extra):
 def test_rerunning_a_finished_train_out_trains_nothing_and_rewrites_nothing(tmp_path, monkeypatch, capsys):
     args = _train_args(tmp_path, cfg())
     assert main(args) == 0
+    table = capsys.readouterr().out.splitlines()[1:]  # (the header line names the run)
     out = tmp_path / "rec.csv"
     written, marker = out.read_text(), json.loads((tmp_path / "rec.csv.done").read_text())
     assert marker["status"] == "ok" and marker["rows"] == 3 and not (tmp_path / "rec.csv.ckpt").exists()
@@ -84,7 +85,9 @@ def test_rerunning_a_finished_train_out_trains_nothing_and_rewrites_nothing(tmp_
     capsys.readouterr()
     assert main(args) == 0  # a retried job: prints the finished records, trains nothing
     assert not calls and out.read_text() == written
-    assert "finished earlier" in capsys.readouterr().out
+    printed = capsys.readouterr().out.splitlines()
+    assert "finished earlier" in printed[0]
+    assert printed[1].split() == table[0].split()  # the columns the run printed (no NaN test_ppl, best_loss)
     def fails(*a, **k):  # (e.g. a batch larger than the data, --device cuda without a GPU)
         raise ConfigError("fails at once")
     monkeypatch.setattr(train, "run", fails)

@@ -235,7 +235,9 @@ def run(args) -> int:
             finished = _finished(config, checkpoint)
             if finished is not None:
                 print(_header(config, f", finished earlier: {checkpoint.done}; --rerun trains it again"))
-                print(finished.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+                show = _printer()  # (the table the run printed as it trained)
+                for record in finished.to_dict("records"):
+                    show(record)
                 return 0
     if args.download:
         data.load(config.data, download=True, **config.data_kwargs)
