@@ -226,8 +226,6 @@ def _from_records(args) -> int:
     out = Path(args.out)
     if not (out / "records.csv").is_file():
         raise ConfigError(f"--from-records reads {out / 'records.csv'}, which does not exist: run the demo first")
-    if args.figures:
-        output_dir(args.figures, "--figures")
     fix = "copy the demo's output again, or run the demo without --from-records (it trains what is not done)"
     info = {}
     if (out / "run.json").is_file():
@@ -321,6 +319,8 @@ def run(args) -> int:
                           "(experiments/demo-lm.toml, about 10 minutes on 2 cores): pass one of the two")
     if args.out is None:
         args.out = "runs/demo-lm" if args.task == "lm" else "runs/demo-quick" if args.quick else "runs/demo"
+    if args.figures:  # (before any work: training, or rebuilding the tables)
+        output_dir(args.figures, "--figures")
     if args.from_records:
         return _from_records(args)
     path = _sweep_file(args)
@@ -329,8 +329,6 @@ def run(args) -> int:
                           "(experiments/demo.toml) or pass --sweep FILE")
     check_int("--workers", args.workers, 1)
     check_int("--worker-threads", args.worker_threads, 1)
-    if args.figures:  # (before training)
-        output_dir(args.figures, "--figures")
     spec = sweep.load_sweep(path)
     if args.target is not None and (args.task == "lm" or not args.sweep):  # (before training: the metric is known)
         from .. import metrics
