@@ -349,8 +349,9 @@ def plot_accuracy_vs_stages(source, metric: Optional[str] = None, level: float =
         total_ax.set_ylabel("total memory (x GPipe)")
         total_ax.set_title("memory with activations in flight", fontsize=10)
     # per cell, the values its interval is over (a range below 4): NaN is left out of it, as stats.interval does
-    seeds = table.groupby([*keys, "stages"], dropna=False)[metric].count()
-    seeds = seeds[seeds > 0] if (seeds > 0).any() else table.groupby([*keys, "stages"], dropna=False).size()
+    cells = table.groupby([*keys, "stages"], dropna=False)
+    seeds = cells[metric].count()
+    seeds = seeds[seeds > 0] if (seeds > 0).any() else cells.size()
     if not hardware:
         util_ax.set_ylabel("pipeline utilization")
         util_ax.set_ylim(0, 1.05)
