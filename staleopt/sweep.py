@@ -88,7 +88,7 @@ from .validate import check_int
 from .stats import check_level, divergence_count, interval, per_run, status_text, t_interval
 
 __all__ = ["Sweep", "load_sweep", "expand", "few", "load_data", "shard", "parse_shard", "run_sweep", "SweepReport",
-           "run_state", "damage", "read_done", "runs", "collect", "summarize", "varies", "varying_keys", "config_key",
+           "run_state", "damage", "read_done", "runs", "collect", "summarize", "interval_sizes", "varies", "varying_keys", "config_key",
            "t_interval", "RECORD_COLUMNS",
            "DEFAULT_TRAIN_FN", "MAX_THREADS"]
 
@@ -825,6 +825,14 @@ def varying_keys(records: pd.DataFrame) -> List[str]:
     return [k for k in keys if any(varies(g[k]) for _, g in groups)]
 
 
+def interval_sizes(summary: pd.DataFrame, columns: Sequence[str]) -> List[int]:
+    """The number of values each interval of ``columns`` in a :func:`summarize` table is over (its ``*_n``:
+    a NaN value is left out), for :func:`staleopt.stats.interval_caption`; the ``runs`` where no cell has a
+    value or the table predates those columns."""
+    sizes = [int(n) for c in columns if f"{c}_n" in summary.columns for n in summary[f"{c}_n"] if n > 0]
+    return sizes or [int(n) for n in summary["runs"]]
+
+
 def summarize(records: pd.DataFrame, by: Optional[Sequence[str]] = None, level: float = 0.95,
               metric=None) -> pd.DataFrame:
     """Mean and ``level`` CI over seeds of each group's best and final test ``metric``.
@@ -841,6 +849,8 @@ def summarize(records: pd.DataFrame, by: Optional[Sequence[str]] = None, level: 
     for ``final_acc``, ``best_acc_interval`` and ``final_acc_interval``
     (:func:`staleopt.stats.interval`'s kind of each column's interval: ``t``, or
     ``range`` below the t-interval's seeds or where a value is infinite),
+    ``best_acc_n`` and ``final_acc_n`` (the values each interval is over: the
+    runs but those whose value is NaN),
     ``final_loss``, ``excess_loss`` (the mean lowest test loss above the dataset's
     best achievable ``best_loss``; only where the records know it), ``diverged`` (count) and ``status`` (``ok``, ``diverged`` or ``k/n
     diverged``). ``*_lo``, ``*_hi``: the interval every table and figure shows
@@ -871,11 +881,11 @@ def summarize(records: pd.DataFrame, by: Optional[Sequence[str]] = None, level: 
         key = key if isinstance(key, tuple) else (key,)
         nd, n = divergence_count(g["diverged"])
         row = {**dict(zip(keep, key)), "runs": n}
-        kinds = {}
+        kinds, counts = {}, {}
         for col in (metric.best_column, metric.final_column):
-            mean, lo, hi, _, kinds[f"{col}_interval"] = interval(g[col], level, metric.limits)
+            mean, lo, hi, counts[f"{col}_n"], kinds[f"{col}_interval"] = interval(g[col], level, metric.limits)
             row.update({col: mean, f"{col}_lo": lo, f"{col}_hi": hi, f"{col}_ci": t_interval(g[col], level)[1]})
-        row.update({**kinds, "final_loss": t_interval(g["final_loss"], level)[0]})
+        row.update({**kinds, **counts, "final_loss": t_interval(g["final_loss"], level)[0]})
         if "excess_loss" in g.columns:
             row["excess_loss"] = t_interval(g["excess_loss"], level)[0]
         rows.append({**row, "diverged": nd, "status": status_text(nd, n)})

@@ -225,3 +225,27 @@ def test_the_quality_caption_counts_the_values_each_interval_is_over(tmp_path):
     fig = plots.plot_accuracy_vs_stages(sweep.collect(tmp_path / "sweep"), "final_acc")
     label = next(a for a in fig.axes if a.get_title() == "model quality").get_ylabel()
     assert "[min, max] where a cell has 3 seeds" in label
+
+
+def test_the_printed_captions_count_the_values_each_interval_is_over(tmp_path, capsys):
+    """`staleopt results`, compare and the demo named the interval from the runs per cell while stats.interval
+    leaves a NaN value out: a cell of 4 runs whose one run recorded NaN was printed as [min, max] of 3 under
+    '95% t-interval over 4 seeds'."""
+    import math
+    from staleopt.cli import main
+
+    def train_fn(config, progress=False):
+        df = fake_train(config)
+        if config.method == "pipemare" and config.seed == 3:
+            df.loc[df.index[-1], "test_acc"] = math.nan
+        return df
+    base = dict(model="mlp", data="synthetic", epochs=3, batch_size=20, microbatches=4)
+    sweep.run_sweep([RunConfig(**base, stages=3, method=m, seed=s) for m in ("gpipe", "pipemare") for s in range(4)],
+                    tmp_path / "sweep", train_fn=train_fn, bar=False)
+    summary = sweep.summarize(sweep.collect(tmp_path / "sweep")).set_index("method")
+    assert summary["runs"].tolist() == [4, 4] and summary["final_acc_n"].to_dict() == {"gpipe": 4, "pipemare": 3}
+    assert sweep.interval_sizes(summary, ["best_acc"]) == [4, 4]
+    assert sweep.interval_sizes(summary, ["final_acc"]) == [4, 3]
+    capsys.readouterr()
+    assert main(["results", str(tmp_path / "sweep")]) == 0
+    assert "t-interval within [0, 1]] over 4 seeds, [min, max] where a cell has 3 seeds" in capsys.readouterr().out

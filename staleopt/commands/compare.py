@@ -83,7 +83,9 @@ def run(args) -> int:
                      stages=stages, seeds=seeds, out=args.out, target=args.target, workers=args.workers,
                      threads=args.worker_threads, bar=not args.no_bar, metric=args.metric, **_settings(args.set))
     from ..stats import interval_caption
-    seeds, m = result.summary["runs"], result.metric
+    from ..sweep import interval_sizes
+    m = result.metric
+    seeds = interval_sizes(result.summary, [m.best_column])
     print(f"best {m.label} over epochs ({interval_caption(seeds, bounds=m.bounds)}; 'div' = runs that diverged):")
     print(result.table().to_string())
     if result.target is not None:

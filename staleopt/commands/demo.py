@@ -172,7 +172,7 @@ def _show(result) -> None:
     from ..stats import interval_caption
     import pandas as pd
     from ..config import field_names
-    from ..sweep import config_key
+    from ..sweep import config_key, interval_sizes
     summary, records, memory = result.summary, result.records, result.memory
     keys = [k for k in summary.columns if k in records.columns and k in field_names() and k not in ("stages", "seed")]
     mem_keys = [k for k in keys if memory is not None and k in memory.columns]
@@ -192,7 +192,7 @@ def _show(result) -> None:
     hw = pd.DataFrame(rows).set_index(["method", "stages"])
     largest = int(summary["stages"].max())
     m = result.metric
-    print(f"\nbest {m.label} over epochs ({interval_caption(summary['runs'], bounds=m.bounds)}; "
+    print(f"\nbest {m.label} over epochs ({interval_caption(interval_sizes(summary, [m.best_column]), bounds=m.bounds)}; "
           "'div' = runs that diverged):")
     table = result.table()
     print(table.to_string())
@@ -368,12 +368,13 @@ def markdown(directory) -> str:
     import pandas as pd
     from .. import claims, metrics
     from ..stats import interval_caption
+    from ..sweep import interval_sizes
     directory = Path(directory)
     summary = pd.read_csv(directory / "summary.csv")
     info = json.loads((directory / "run.json").read_text())
     verdicts = pd.read_csv(directory / "claims.csv")
     m = next((x for x in metrics.METRICS.values() if x.best_column in summary.columns), metrics.ACCURACY)
-    seeds = summary["runs"]
+    seeds = interval_sizes(summary, [m.best_column])
     took = (f"{info['seconds'] / 60:.1f} minutes" if info["runs_trained_now"] == info["runs"] else
             f"{info['runs']} runs trained over several launches")
     lines = [f"Best test {m.noun} over epochs ({'higher' if m.higher_is_better else 'lower'} is better), "

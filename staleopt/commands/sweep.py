@@ -206,6 +206,7 @@ def run_results_command(args) -> int:
     from ..config import field_names
     from .. import metrics
     from ..stats import interval_caption, interval_text
+    from ..sweep import interval_sizes
 
     sweep_dir = Path(args.sweep_dir)
     if not (sweep_dir / "runs").is_dir():
@@ -247,9 +248,10 @@ def run_results_command(args) -> int:
     for col in values:
         shown[col] = [interval_text(m, lo, hi, 4) for m, lo, hi in
                       zip(summary[col], summary[f"{col}_lo"], summary[f"{col}_hi"])]
-    shown = shown.drop(columns=[f"{c}_{s}" for c in values for s in ("lo", "hi", "ci", "interval")] + ["diverged"])
+    shown = shown.drop(columns=[f"{c}_{s}" for c in values for s in ("lo", "hi", "ci", "interval", "n")
+                              if f"{c}_{s}" in shown.columns] + ["diverged"])
     print(shown.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
-    caption = interval_caption(summary['runs'], args.level, metric.bounds)
+    caption = interval_caption(interval_sizes(summary, values), args.level, metric.bounds)
     if any(math.isinf(v) for c in values for v in summary[c]):  # (stats.interval: no t-interval holds an infinite mean)
         caption += "; a mean of inf shows the range [min, inf]"
     what = "accuracies" if metric is metrics.ACCURACY else \
