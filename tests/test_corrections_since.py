@@ -531,3 +531,36 @@ def test_a_checkpoint_is_refused_by_a_correction_with_other_settings(saved_with,
     assert repr(saved_with()[-1]) in ("WeightPrediction(rule='adam', state='own')",
                                       "WeightPrediction(rule='sgdm', state='auto')",
                                       "DelayCompensation(lam=2.0, mean_square_decay=0.95)")
+
+
+@pytest.mark.parametrize("method", ["pipeoptim", "gap-aware", "dc-asgd-a"])
+def test_a_correction_reads_the_groups_load_state_dict_puts_in_place(method):
+    """The corrections read the base's groups once per change of them (Correction.group_of); load_state_dict keeps
+    each group's params list but puts new group dicts in place, whose lr a correction then reads: a run loaded into
+    an optimizer that had stepped at another lr continues as the run it was saved from."""
+    g = torch.Generator().manual_seed(2)
+    data = [(torch.randn(8, 4, generator=g, dtype=torch.float64), torch.randn(8, 2, generator=g, dtype=torch.float64))
+            for _ in range(6)]
+
+    def build(lr):
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(4, 5), nn.Tanh(), nn.Linear(5, 5), nn.Tanh(), nn.Linear(5, 2)).double()
+        base = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
+        return model, staleopt.PipelineOptimizer(model, base, stages=3, schedule=method)
+
+    def run(model, opt, batches):
+        for x, y in batches:
+            opt.zero_grad()
+            ((model(x) - y) ** 2).mean().backward()
+            opt.step()
+
+    model, opt = build(0.05)
+    run(model, opt, data[:3])
+    saved = copy.deepcopy({"model": model.state_dict(), "opt": opt.state_dict()})
+    run(model, opt, data[3:])
+    other, opt2 = build(0.5)
+    run(other, opt2, data[:2])  # (its corrections have read its groups, at lr 0.5)
+    other.load_state_dict(saved["model"])
+    opt2.load_state_dict(saved["opt"])
+    run(other, opt2, data[3:])
+    assert all(torch.equal(a, b) for a, b in zip(model.parameters(), other.parameters()))

@@ -32,7 +32,7 @@ below); the engine refuses combinations that contradict each other and serves th
 """
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Sequence, Set, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 __all__ = ["Correction"]
 
@@ -72,21 +72,24 @@ class Correction:
     #: engine refuses sparse gradients (``nn.Embedding(sparse=True)``) at the first step
     dense_gradients: bool = False
 
-    _held_key: Optional[tuple] = None
+    _seen: Optional[list] = None  # (group, its params list, its length) of the groups group_of was read from
 
     def bind(self, engine) -> None:
         """Called once by the engine after it is built; allocate per-stage state here."""
         self.engine = engine
 
-    def held(self) -> Set[int]:
-        """Ids of the parameters the base optimizer holds, read afresh when its groups change (``add_param_group``,
-        ``load_state_dict``). A model parameter it does not hold is not stepped, and its gradient, which the base's
+    def group_of(self) -> Dict[int, int]:
+        """Parameter id -> the index of the base optimizer's group that holds it, read afresh when its groups change
+        (``add_param_group``, ``load_state_dict``'s new group dicts, a group's ``params`` replaced or grown). A
+        model parameter no group holds is absent: the base does not step it, and its gradient, which the base's
         ``zero_grad`` never clears, adds up over the steps: no correction's input (nor part of a checkpoint)."""
         groups = self.engine.base_optimizer.param_groups
-        key = tuple((id(g["params"]), len(g["params"])) for g in groups)
-        if key != self._held_key:
-            self._held_key, self._held = key, {id(p) for g in groups for p in g["params"]}
-        return self._held
+        seen = self._seen
+        if seen is None or len(seen) != len(groups) or any(
+                s is not g or ps is not g["params"] or n != len(ps) for (s, ps, n), g in zip(seen, groups)):
+            self._seen = [(g, g["params"], len(g["params"])) for g in groups]
+            self._group_of = {id(p): k for k, g in enumerate(groups) for p in g["params"]}
+        return self._group_of
 
     def delays(self, tau_fwd: List[int], tau_bkwd: List[int], step: Optional[int]) -> Delays:
         """Delays of ``step`` given the schedule's (and earlier corrections') delays.

@@ -78,7 +78,7 @@ class DelayCompensation(Correction):
         tf = delays[0]
         m = self.mean_square_decay
         grads, ws, ss, mss, delayed = [], [], [], [], []
-        held = self.held()
+        held = self.group_of()
         for c in self._stale.views:
             tau = tf[c.stage]
             stale = self._stale.version(c, step, tau)

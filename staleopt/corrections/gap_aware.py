@@ -99,12 +99,11 @@ class GapAware(Correction):
                 for p, v, k in zip(view.params, self._v[view.index][1], self._steps(view))]
 
     def _groups(self) -> Dict[int, int]:
-        """Parameter id -> the index of its base-optimizer group, read afresh (``add_param_group`` adds groups,
-        whose ``eta_max`` starts at their ``lr``). A parameter of the model that no group holds is absent: the
-        base step does not move it, so its gradient is left as it is."""
+        """:meth:`group_of`, with an ``eta_max`` for each group ``add_param_group`` added (it starts at their
+        ``lr``). A parameter no group holds is absent: its gradient is left as it is."""
         groups = self.engine.base_optimizer.param_groups
         self._max_lr += [float(g["lr"]) for g in groups[len(self._max_lr):]]
-        return {id(p): k for k, g in enumerate(groups) for p in g["params"]}
+        return self.group_of()
 
     def gap(self, view, step: int, tau: int):
         """Per-parameter Gaps ``G`` of ``view`` for a gradient ``tau`` steps stale, at ``before_update`` of ``step``

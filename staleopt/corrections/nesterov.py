@@ -89,7 +89,7 @@ class NesterovLookahead(Correction):
     def before_update(self, delays, step):
         """``m = gamma_i m + g``, ``g += gamma_i m``: three foreach calls over all stages."""
         ms, grads, gammas, gamma0 = [], [], [], []
-        held = self.held()
+        held = self.group_of()
         for c in self.engine.chunks:
             gamma, g0 = self.gammas[c.stage], self._gamma0[c.index]
             for p, m in zip(c.params, self._m[c.index][1]):

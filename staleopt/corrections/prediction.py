@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import math
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 import torch
 
@@ -128,6 +128,7 @@ class WeightPrediction(Correction):
         if self._own:
             self._buffers.update({"m": []} if self.rule == "sgdm" else {"m": [], "v": []})
         self._own_step = 0
+        self._groups_of: Optional[dict] = None  # the group_of map _by_param was built from
         self._chunks = [c for c in engine.chunks if c.H]  # the views with a history
         # the stage whose T1 factor a parameter's update takes: its owner's (a replica of a tied weight enters
         # its using stage's view as the tied parameter, which steps once, with the owner's factor)
@@ -154,8 +155,12 @@ class WeightPrediction(Correction):
         return self._split[key][ci]
 
     def _groups(self) -> Dict[int, dict]:
-        """Parameter id -> its base-optimizer group, read afresh (groups may be added or reloaded)."""
-        return {id(p): g for g in self.engine.param_groups for p in g["params"]}
+        """Parameter id -> the base-optimizer group that holds it (:meth:`group_of`, rebuilt when that is)."""
+        held = self.group_of()
+        if self._groups_of is not held:
+            live = self.engine.base_optimizer.param_groups
+            self._groups_of, self._by_param = held, {i: live[k] for i, k in held.items()}
+        return self._by_param
 
     # ------------------------------------------------------------------ hooks
     # Every hook is a fixed number of foreach calls over all stages (the per-tensor loops only build
