@@ -88,8 +88,8 @@ from .validate import check_int
 from .stats import check_level, divergence_count, interval, per_run, status_text, t_interval
 
 __all__ = ["Sweep", "load_sweep", "expand", "few", "load_data", "shard", "parse_shard", "run_sweep", "SweepReport",
-           "run_state", "damage", "read_done", "runs", "collect", "summarize", "interval_sizes", "varies", "varying_keys", "config_key",
-           "t_interval", "RECORD_COLUMNS",
+           "run_state", "damage", "read_done", "runs", "collect", "summarize", "interval_sizes", "varies",
+           "varying_keys", "config_key", "t_interval", "RECORD_COLUMNS",
            "DEFAULT_TRAIN_FN", "MAX_THREADS"]
 
 #: Columns every records DataFrame must have (one row per epoch).
@@ -852,8 +852,8 @@ def summarize(records: pd.DataFrame, by: Optional[Sequence[str]] = None, level: 
     ``best_acc_n`` and ``final_acc_n`` (the values each interval is over: the
     runs but those whose value is NaN),
     ``final_loss``, ``excess_loss`` (the mean lowest test loss above the dataset's
-    best achievable ``best_loss``; only where the records know it), ``diverged`` (count) and ``status`` (``ok``, ``diverged`` or ``k/n
-    diverged``). ``*_lo``, ``*_hi``: the interval every table and figure shows
+    best achievable ``best_loss``; only where the records know it), ``diverged``
+    (count) and ``status`` (``ok``, ``diverged`` or ``k/n diverged``). ``*_lo``, ``*_hi``: the interval every table and figure shows
     (within the metric's bounds, [0, 1] for an accuracy; the seeds' range below
     :data:`~staleopt.stats.MIN_SEEDS_FOR_T` seeds); ``*_ci``: the Student-t
     half-width, unclipped (NaN for one seed).

@@ -192,8 +192,8 @@ def _show(result) -> None:
     hw = pd.DataFrame(rows).set_index(["method", "stages"])
     largest = int(summary["stages"].max())
     m = result.metric
-    print(f"\nbest {m.label} over epochs ({interval_caption(interval_sizes(summary, [m.best_column]), bounds=m.bounds)}; "
-          "'div' = runs that diverged):")
+    caption = interval_caption(interval_sizes(summary, [m.best_column]), bounds=m.bounds)
+    print(f"\nbest {m.label} over epochs ({caption}; 'div' = runs that diverged):")
     table = result.table()
     print(table.to_string())
     print(f"\npipeline utilization, weight+optimizer memory and total memory with the activations in flight "
