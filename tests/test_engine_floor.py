@@ -323,6 +323,30 @@ def test_no_host_reads_per_step_with_fused_adam_and_a_tensor_lr(make_base, metho
     assert _syncs(make_base, method) == [0, 0, 0]
 
 
+@pytest.mark.parametrize("method", ["gap-aware", "dc-asgd-a", "pipemare-stash-nesterov", "staleness-aware"])
+def test_no_host_reads_per_step_with_fused_sgd_and_a_tensor_lr(method):
+    """Gap-aware's eta_max (the largest lr so far, a factor of its C over SGD) was float(lr): a host read per group
+    per step. With a Tensor lr it is a 0-d tensor (torch.maximum)."""
+    make = _tensor_lr(torch.optim.SGD, momentum=0.9, fused=True)
+    assert _syncs(make, None) == [0, 0, 0]
+    assert _syncs(make, method) == [0, 0, 0]
+
+
+def test_gap_aware_with_a_tensor_lr_steps_as_with_a_float_lr():
+    """eta_max as a 0-d tensor multiplies C as the float did, bit for bit (two groups: one factor per group)."""
+    runs = []
+    for lr in (0.05, torch.tensor(0.05, dtype=torch.float64)):
+        model = mlp(SIZES, seed=2)
+        params = list(model.parameters())
+        base = torch.optim.SGD([{"params": params[::2]}, {"params": params[1::2], "lr": lr * 2}], lr=lr,
+                               momentum=0.9, weight_decay=1e-3)
+        opt = staleopt.PipelineOptimizer(model, base, stages=4, schedule="gap-aware")
+        for x, y in batches(8, in_dim=SIZES[0], out_dim=SIZES[-1]):
+            _step(model, opt, x, y)
+        runs.append(torch.cat([p.detach().flatten() for p in model.parameters()]))
+    assert torch.equal(runs[0], runs[1])
+
+
 def test_weight_prediction_reads_no_tensor_lr_back_with_any_optimizer():
     """The generic rule (the last update over the lr) with a Tensor lr adds no host read to the optimizer's own."""
     make = _tensor_lr(torch.optim.RMSprop)

@@ -83,7 +83,7 @@ class GapAware(Correction):
         base = engine.base_optimizer
         #: C from the update direction (the authors' SGD rule), else from the applied step
         self.from_direction = type(base) is torch.optim.SGD
-        self._max_lr = [float(g["lr"]) for g in base.param_groups]
+        self._max_lr = [_larger(None, g["lr"]) for g in base.param_groups]
         self._wd0: Dict[tuple, torch.Tensor] = {}  # (weight decay, device) -> 0-d tensor
 
     def _steps(self, view) -> List[int]:
@@ -102,7 +102,7 @@ class GapAware(Correction):
         """:meth:`group_of`, with an ``eta_max`` for each group ``add_param_group`` added (it starts at their
         ``lr``). A parameter no group holds is absent: its gradient is left as it is."""
         groups = self.engine.base_optimizer.param_groups
-        self._max_lr += [float(g["lr"]) for g in groups[len(self._max_lr):]]
+        self._max_lr += [_larger(None, g["lr"]) for g in groups[len(self._max_lr):]]
         return self.group_of()
 
     def gap(self, view, step: int, tau: int):
@@ -116,7 +116,7 @@ class GapAware(Correction):
         """The authors' SGD statistics, at the start of a step: ``eta_max`` and ``v`` from the direction
         (``groups``: :meth:`_groups`)."""
         base = self.engine.base_optimizer
-        self._max_lr = [max(m, float(g["lr"])) for m, g in zip(self._max_lr, base.param_groups)]
+        self._max_lr = [_larger(m, g["lr"]) for m, g in zip(self._max_lr, base.param_groups)]
         vs, moved, ds = [], [], []
         for c in self._stale.views:
             counts = self._counts[c.index]
@@ -166,7 +166,7 @@ class GapAware(Correction):
             torch._foreach_sqrt_(scale)
             torch._foreach_add_(scale, self.eps)
             if self.from_direction:
-                torch._foreach_mul_(scale, lrs[a:b])
+                _scale_by(scale, lrs[a:b])
             G = torch._foreach_sub(ws[a:b], ss[a:b])
             if widen:  # G in the statistics' dtype: |w - s| / C overflows float16
                 G = [x.to(v.dtype) for x, v in zip(G, vs[a:b])]
@@ -219,10 +219,33 @@ class GapAware(Correction):
             counts = {i: [self._k] * len(n) for i, n in self._counts.items()}
         for i, n in counts.items():
             self._counts[int(i)][:] = [int(x) for x in n]
-        self._max_lr = [float(x) for x in state.get("max_lr", self._max_lr)]
+        self._max_lr = [x if isinstance(x, torch.Tensor) else float(x) for x in state.get("max_lr", self._max_lr)]
 
     def extra_bytes(self):
         return self._stale.nbytes() + sum(f.numel() * f.element_size() for f, _ in self._v.values())
 
     def __repr__(self):
         return f"GapAware(beta={self.beta}, eps={self.eps})"
+
+
+def _larger(m, lr):
+    """``max(m, lr)`` (``m = None``: ``lr``), a 0-d tensor where either is one: a Tensor lr is never read back to
+    the host (on a GPU, a sync per step)."""
+    if not isinstance(lr, torch.Tensor) and not isinstance(m, torch.Tensor):
+        return float(lr) if m is None else max(m, float(lr))
+    ref = lr if isinstance(lr, torch.Tensor) else m
+    lr = torch.as_tensor(lr, dtype=ref.dtype, device=ref.device).detach().clone()
+    return lr if m is None else torch.maximum(torch.as_tensor(m, dtype=ref.dtype, device=ref.device), lr)
+
+
+def _scale_by(tensors: List[torch.Tensor], factors: list) -> None:
+    """``t *= f`` per pair: one foreach call with Python-number factors, else one per distinct factor (a 0-d
+    tensor, the ``eta_max`` of a group with a Tensor lr; as many calls as groups, not stages)."""
+    if not any(isinstance(f, torch.Tensor) for f in factors):
+        torch._foreach_mul_(tensors, factors)
+        return
+    by: Dict[int, tuple] = {}
+    for t, f in zip(tensors, factors):
+        by.setdefault(id(f), (f, []))[1].append(t)
+    for f, ts in by.values():
+        torch._foreach_mul_(ts, f)
