@@ -96,7 +96,7 @@ from .partition import Partition, dataflow, partition_model, refuse_shared
 from .recompute import RecomputeWindow, reached_parameters
 from .replicas import EngineHook, Replica, Replicas, plan_replicas, refuse_with_replicas
 from .schedules import Schedule
-from .stage_lr import StageGroups, stepping_optimizers
+from .stage_lr import StageGroups, refuse_compiled, stepping_optimizers
 from .validate import check_int
 
 __all__ = ["PipelineOptimizer"]
@@ -1269,6 +1269,8 @@ class PipelineOptimizer(torch.optim.Optimizer):
         delays = self._step_plans()[0].delays  # microbatch 0's: the step's nominal delays
         self._check_recomputed()
         self._check_maximize()
+        if self._per_stage_lr:
+            refuse_compiled([self._base])  # (compiled after the wrapper was built)
         if self._dense:
             self._check_dense()
         self._warn_if_unseen(delays)

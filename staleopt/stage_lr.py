@@ -43,7 +43,23 @@ def stepping_optimizers(base: torch.optim.Optimizer) -> List[torch.optim.Optimiz
                 f"itself, or use a method without per-stage step sizes")
         out.append(opt)
         todo += _inner(opt)
+    refuse_compiled(out)
     return out
+
+
+def refuse_compiled(optimizers: List[torch.optim.Optimizer]) -> None:
+    """:class:`~staleopt.errors.OptimizerMismatchError` where one of ``optimizers`` has a ``torch.compile``d
+    ``step``: dynamo cannot trace it over the per-stage groups (:class:`_Group`, a dict subclass: torch raised an
+    internal error in the middle of the wrapper's step), and T1's ``lr`` changes at every step, a recompile each."""
+    for opt in optimizers:
+        step = getattr(opt, "step", None)
+        if step is not None and hasattr(step, "_torchdynamo_orig_callable") and \
+                not getattr(step, "_torchdynamo_disable", False):
+            raise OptimizerMismatchError(
+                f"the {type(opt).__name__}'s step is torch.compile'd, which per-stage step sizes (T1: pipemare, "
+                "pipemare-t1, staleness-aware, ...) cannot step through (their per-stage parameter groups, and an lr "
+                "that changes at every step): leave the base optimizer's step uncompiled (compile the model), or "
+                "use a method without per-stage step sizes")
 
 
 class _Group(dict):

@@ -407,6 +407,43 @@ def test_compiled_step_runs_the_engine_eagerly(method):
     assert torch.equal(runs[0], runs[1])
 
 
+@pytest.mark.parametrize("method", ["pipemare", "staleness-aware"])
+def test_a_compiled_base_step_with_per_stage_step_sizes_is_refused_before_anything_moves(method):
+    """``base.step = torch.compile(base.step)`` (the recipe for compiling the update) raised torch's internal
+    dynamo error in the middle of the wrapper's step under T1 (the per-stage groups are a dict subclass dynamo
+    cannot trace), after the history had kept w_t: refused, at construction or (compiled later) before the step
+    changes anything; a method without per-stage step sizes compiles and steps as in eager."""
+    pytest.importorskip("torch._dynamo")
+    from staleopt.errors import OptimizerMismatchError
+    model = mlp()
+    base = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    eager_step = base.step
+    base.step = torch.compile(eager_step, backend="aot_eager")
+    with pytest.raises(OptimizerMismatchError, match="leave the base optimizer's step uncompiled"):
+        staleopt.PipelineOptimizer(model, base, stages=3, schedule=method)
+    runs = []
+    for compile_later in (False, True):
+        model = mlp()
+        base = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+        opt = staleopt.PipelineOptimizer(model, base, stages=3, schedule=method)
+        for i, (x, y) in enumerate(batches(4)):
+            if compile_later and i == 2:
+                eager_step = base.step
+                base.step = torch.compile(eager_step, backend="aot_eager")
+                opt.zero_grad()
+                mse(model(x), y).backward()
+                with pytest.raises(OptimizerMismatchError):
+                    opt.step()
+                del base.step  # back to the eager step: the refused step changed nothing, so step() again
+                opt.step()
+                continue
+            opt.zero_grad()
+            mse(model(x), y).backward()
+            opt.step()
+        runs.append(torch.cat([p.detach().flatten() for p in model.parameters()]))
+    assert torch.equal(runs[0], runs[1])
+
+
 def test_opt_checkpoint_in_a_compiled_model_compiles_once():
     """``opt.checkpoint`` is kept out of dynamo (a graph break at each call, the segment runs eagerly with its
     recompute view): the compiled model under ``pipemare-recompute`` compiles in the first step only and
