@@ -641,8 +641,10 @@ class PipelineOptimizer(torch.optim.Optimizer):
         return self._history.nbytes
 
     def memory_bytes(self) -> int:
-        """Bytes held by the history, the replicas of tied parameters and every correction's buffers."""
-        return self.history_bytes() + self._replicas.nbytes + sum(c.extra_bytes() for c in self._corrections)
+        """Bytes held by the history, the replicas of tied parameters, every correction's buffers and the
+        schedule's (a random schedule's table to draw delays from)."""
+        return (self.history_bytes() + self._replicas.nbytes + sum(c.extra_bytes() for c in self._corrections)
+                + self._schedule.extra_bytes())
 
     @property
     def replicas(self) -> Tuple[Replica, ...]:

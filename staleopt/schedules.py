@@ -107,6 +107,11 @@ class Schedule:
         """Delays for one step. Deterministic schedules return :meth:`delays`."""
         return self.delays(stages, microbatches)
 
+    def extra_bytes(self) -> int:
+        """Bytes of the tensors the schedule keeps to draw delays (a random schedule's table); in the wrapper's
+        ``memory_bytes()``."""
+        return 0
+
     def microbatch_delays(self, stages: int, microbatches: int) -> Tuple[List[List[int]], List[List[int]]]:
         """``tau[i][j]``: the delay microbatch ``j`` of a minibatch sees at stage ``i``.
 
@@ -694,6 +699,10 @@ class Hogwild(Schedule):
         u = torch.rand(stages, 1, generator=generator, dtype=torch.float64)
         tau = (self._cdf[key] < u).sum(1).clamp(max=tau_max).tolist()
         return tau, list(tau)
+
+    def extra_bytes(self) -> int:
+        """The per-stage CDFs :meth:`sample` keeps (float64, ``P x (tau_max + 1)``, made at the first draw)."""
+        return sum(t.numel() * t.element_size() for t in self._cdf.values())
 
     def __repr__(self):
         return f"Hogwild(tau_max={self.tau_max}, means={self.means})"

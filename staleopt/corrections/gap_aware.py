@@ -222,7 +222,8 @@ class GapAware(Correction):
         self._max_lr = [x if isinstance(x, torch.Tensor) else float(x) for x in state.get("max_lr", self._max_lr)]
 
     def extra_bytes(self):
-        return self._stale.nbytes() + sum(f.numel() * f.element_size() for f, _ in self._v.values())
+        return self._stale.nbytes() + sum(f.numel() * f.element_size() for f, _ in self._v.values()) + \
+            sum(t.element_size() for t in self._wd0.values())
 
     def __repr__(self):
         return f"GapAware(beta={self.beta}, eps={self.eps})"

@@ -118,7 +118,8 @@ class NesterovLookahead(Correction):
             self._m[int(i)][0].copy_(flat)
 
     def extra_bytes(self):
-        return sum(f.numel() * f.element_size() for f, _ in self._m.values())
+        return sum(f.numel() * f.element_size() for f, _ in self._m.values()) + \
+            sum(t.element_size() for t in self._gamma0.values())
 
     def __repr__(self):
         return f"NesterovLookahead(momentum={self.momentum}, max_momentum={self.max_momentum})"
