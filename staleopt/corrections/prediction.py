@@ -303,7 +303,7 @@ class WeightPrediction(Correction):
                 torch._foreach_add_(bc2, 1)
                 torch._foreach_sqrt_(bc2)
             else:
-                steps = [float(st["step"]) for _, st in items]
+                steps = torch.stack([st["step"] for _, st in items]).tolist()  # (one host read, not one per tensor)
                 bc1 = [1 - betas[0] ** k for k in steps]
                 bc2 = [math.sqrt(1 - betas[1] ** k) for k in steps]
             for a, b in history.blocks(ds):  # (the temporaries: at most a block, not the model)
