@@ -1,4 +1,4 @@
-"""Throughput of the CIFAR input pipeline: per-sample PIL transforms against batched uint8 tensors (issue 14).
+"""Throughput of the CIFAR input pipeline: per-sample PIL transforms against batched uint8 tensors.
 
     python experiments/bench_data.py --out runs/bench_data            # about a minute on one CPU thread
     python experiments/bench_data.py --out /tmp/bd --quick            # smoke run: seconds, measures nothing
@@ -8,7 +8,7 @@ with 4 pixels of zero padding, horizontal flip with probability 1/2,
 ``ToTensor`` scaling to [0, 1], per-channel ``Normalize`` (He et al. 2016
 §4.2), shuffled batches of ``--batch-size`` with the last incomplete one dropped:
 
-* **before** (the pipeline staleopt had until issue 14, kept here only to be
+* **before** (the pipeline staleopt had before, kept here only to be
   measured): torchvision's ``CIFAR10`` dataset with the transforms
   ``Compose([RandomCrop(32, padding=4), RandomHorizontalFlip(), ToTensor(),
   Normalize(mean, std)])`` applied to one PIL image at a time, collated by a

@@ -1,4 +1,4 @@
-"""Cost of simulating a pipeline with :class:`staleopt.PipelineOptimizer`: time, memory, growth (issue 7).
+"""Cost of simulating a pipeline with :class:`staleopt.PipelineOptimizer`: time, memory, growth.
 
     python experiments/bench_overhead.py --out runs/bench            # `make bench`: a few minutes
     python experiments/bench_overhead.py --out /tmp/bench --quick    # smoke run: seconds, measures nothing
@@ -84,7 +84,7 @@ and history are on the GPU and a duration is the wall time between two
    update, T1's per-stage groups (pipemare's floor), then the wrapper; per
    rung the median over interleaved rounds of its step over the plain step
    and what it adds (:func:`budget`, ``budget.csv``).
-7. **Goals** of issue 23, measured in the engine-bound setting (:func:`goals`):
+7. **Goals** of the engine (docs/performance.md), measured in the engine-bound setting (:func:`goals`):
    weight copies per step, ``pipemare``'s whole step against the plain step
    (target <= 1.10), its engine ops at ``P`` = 39 and 214, and the overhead
    ratio against the hand-rolled deque (target >= 5).
@@ -152,7 +152,7 @@ def _cuda_clock() -> float:
     """Wall seconds once the GPU has finished the work queued so far (``--device cuda``): a duration between two
     readings covers the kernels launched in it. Each reading is a host-device synchronization: the timers of the
     base step and of the wrapper's hooks add theirs to the steps they time (a pair per hook, so the wrapper's
-    whole step more than the plain one's; issue 23 item 6 asks for these numbers, not yet recorded)."""
+    whole step more than the plain one's; no GPU run is recorded yet)."""
     torch.cuda.synchronize()
     return time.perf_counter()
 
@@ -202,13 +202,13 @@ MODELS = {
     "transformer": ModelSpec("Transformer, 2 blocks dim 128, 64 tokens (batch 64)", "transformer", 64,
                              {"input_shape": (1, 256), "dim": 128, "heads": 4, "layers": 2, "patch": 4}),
 }
-#: The model-size axis of the growth section (issue 23): a 12-layer GPT (windows of 64 tokens, GPT-2's
+#: The model-size axis of the growth section: a 12-layer GPT (windows of 64 tokens, GPT-2's
 #: vocabulary) of width 128 to 768, the last GPT-2 small's shape (124M parameters, tied head), at ``P`` = 4.
 SIZES = {d: ModelSpec(f"GPT d_model {d}", "gpt", 1, {"num_classes": 50257, "input_shape": (64,), "d_model": d,
                                                     "layers": 12, "heads": max(2, d // 64)}) for d in (128, 256, 512, 768)}
 SIZE_STAGES = 4
 #: Interleaved rounds of the models timed in steps of a few milliseconds (the engine-bound ResNet-20, whose
-#: whole-step ratios are issue 23's goals, and the MNIST-1D CNN): their per-round ratios spread by several
+#: whole-step ratios are the engine's goals, and the MNIST-1D CNN): their per-round ratios spread by several
 #: percent on a shared machine, so their medians take 25 rounds by default (5 gave interquartile ranges of
 #: 3-7 % around goals 10 % wide); a round costs well under a second there.
 SHORT_STEP_ROUNDS = 25
@@ -490,7 +490,7 @@ class HooksFloor(DataMovementFloor):
         pass
 
 
-#: ``pipemare``'s whole step (issue 23's 1.10 goal) piece by piece, each rung adding one piece to the one
+#: ``pipemare``'s whole step (the engine's 1.10 goal) piece by piece, each rung adding one piece to the one
 #: before: (label, the floor that times it). The wrapper itself is the last rung (:func:`budget`).
 LADDER = (("hooks (no data movement)", HooksFloor),
           ("+ stale forward views: pointing, two copies (dataflow's floor)", DataMovementFloor),
@@ -1280,7 +1280,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         maxP = spec.max_stages
         Ps = sorted({p for p in ((1, maxP) if args.quick else (1, 2, 4, 8, 16, 32, maxP)) if p <= maxP})
         widths = (2,) if args.quick else (8, 16, 32)
-        deep = () if args.quick else ((56, 111), (110, 214))  # issue 23: growth up to 214 stages
+        deep = () if args.quick else ((56, 111), (110, 214))  # growth up to 214 stages
         sizes = (QUICK_SIZES if args.quick else SIZES).values()  # and up to GPT-2 small's size
         growth = pd.DataFrame(bench_growth(spec, Ps, widths, batch=min(spec.batch, 8), steps=2 if args.quick else 4,
                                            log=log, deep=deep, sizes=sizes))
@@ -1319,7 +1319,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
           "one before;\n   ratio = median over rounds of step / plain step [IQR], adds = its difference to the rung "
           "before")
     print(_table(ladder, ["stages", "rung", "plain_ms", "step_ms", "ratio", "ratio_q1", "ratio_q3", "adds"]))
-    print("\n7. goals (issue 23)")
+    print("\n7. goals")
     print(_table(goal, ["goal", "target", "measured", "met"]) if len(goal) else "(none measured in this run)")
     print("\n8. recompute (max P, dataflow-recompute segments): (a) no checkpointing, (b) torch's checkpoint, "
           "(c) opt.checkpoint\n   ratio_x = median over rounds of step / step of x; memory_bytes = opt.memory_bytes()")

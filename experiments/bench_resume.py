@@ -1,4 +1,4 @@
-"""What a kill -9 costs a sweep: the relaunch after a SIGKILL at a fraction of a run, against a full run (issue 14).
+"""What a kill -9 costs a sweep: the relaunch after a SIGKILL at a fraction of a run, against a full run.
 
     python experiments/bench_resume.py --out runs/bench_resume            # about a minute
     python experiments/bench_resume.py --out /tmp/br --quick              # smoke run: seconds, measures little
@@ -17,7 +17,7 @@ trained, the wall time of the relaunch divided by the full launch's (both
 include starting Python and loading torch), and the same ratio for the time
 inside the run (``seconds`` of the ``done`` files: loading the data and the
 checkpoint, training, evaluating, checkpointing). Without checkpoints the relaunch
-retrained every step (issue 14 measured 0.95x a full run for a kill at 70 %).
+retrained every step (measured before: 0.95x a full run for a kill at 70 %).
 
 Outputs in ``--out``: ``resume.csv`` and ``meta.json`` (date, machine, load average, command).
 """

@@ -165,7 +165,7 @@ BENCH_RUNS = ("docs/bench/25c5cec/run-1", "docs/bench/dc9a20d/run-1", "docs/benc
 
 def bench_costs(runs: Sequence[str] = BENCH_RUNS) -> str:
     """README's cost paragraph from recorded ``make bench`` runs (:data:`BENCH_RUNS`; tables 1, 6, 7 and 8 of
-    each): ranges over the runs, each run named by its date, CPU and commit, and the goals of issue 23 (table 7)
+    each): ranges over the runs, each run named by its date, CPU and commit, and the engine's goals (table 7)
     that some run did not meet, with that run's value."""
     import json
 
@@ -196,8 +196,8 @@ def bench_costs(runs: Sequence[str] = BENCH_RUNS) -> str:
     missed = [f"{goal(g.goal, g.target)}: {g.measured:.{decisive_digits(g.measured, g.target, 2)}f} on the {cpu(m)} "
               f"(commit {Path(r).parent.name})" for gs, m, r in zip(goals, metas, runs) for g in gs.itertuples()
               if not g.met]
-    goal_text = (f"issue 23's goals (table 7) held in every run except {'; '.join(missed)}" if missed
-                 else "issue 23's goals (table 7) held in every run")
+    goal_text = (f"the engine's goals (table 7) held in every run except {'; '.join(missed)}" if missed
+                 else "the engine's goals (table 7) held in every run")
     floor_rung = [float(b[b["rung"].str.contains("pipemare's floor", regex=False)]["ratio"].iloc[0]) for b in budgets]
     gpt = [g[g["model"] == "GPT d_model 768"].iloc[0] for g in growths]
     big = max(at(s, v, "engine_ratio", "resnet20") for s in steps for v in ("dataflow", "pipemare"))

@@ -109,7 +109,8 @@ def in_flight_counts(method, stages: int, microbatches: int = 1) -> List[int]:
     GPipe ``N``; PipeDream-Flush ``min(P - i, N)``; 1F1B, PipeDream, 2BW ``P - i``
     (2BW paper §3.1: at most the pipeline depth); dataflow ``2(P-1-i) + 1``
     (PipeMare App. A.2, 0-based ``i``); pipelined backprop ``2(P-1-i)``
-    (stale-weights §3, the degree of staleness). Equal to
+    (stale-weights §3, the degree of staleness), and 1 at the last stage (its
+    forward and backward in one cycle). Equal to
     :attr:`staleopt.timeline.Timeline.peak_in_flight` of a long run (tested).
     """
     return methods.build(method, stages, microbatches).in_flight()

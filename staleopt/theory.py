@@ -214,8 +214,8 @@ def max_stable_lr(curvature: float, tau_fwd: int, tau_bkwd: Optional[int] = None
 
     Edge cases of the non-monotone stable set (``Delta < 0``, recompute):
     stable islands above the first unstable step size are ignored, and an
-    unstable gap narrower than the grid spacing (about 13% at the default) can be
-    missed. Returns ``0.0`` when the system is unstable for arbitrarily small
+    unstable gap narrower than the grid spacing (a ratio ``(hi/lo)**(1/(grid-1))``
+    between neighbours: about 17-23% at the default) can be missed. Returns ``0.0`` when the system is unstable for arbitrarily small
     step sizes (e.g. ``momentum=1``), and ``inf`` when no unstable step size
     exists below ``2**64 * 4/curvature``.
     """

@@ -1,4 +1,4 @@
-"""PipelineOptimizer with torch.amp: GradScaler on the wrapper, skipped steps, CPU bfloat16 autocast (issue 7)."""
+"""PipelineOptimizer with torch.amp: GradScaler on the wrapper, skipped steps, CPU bfloat16 autocast."""
 import contextlib
 import copy
 import math

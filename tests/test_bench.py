@@ -278,7 +278,7 @@ def test_quick_run_writes_tables_and_plot(bench, tmp_path):
     fast = mem[mem.method.str.endswith("(memory=fast)")]  # one more version per delayed stage
     assert len(fast) == 2 and (fast.measured_bytes > fast.minimum_bytes).all() and (hand.fast_engine_ms >= 0).all()
     growth = pd.read_csv(tmp_path / "growth.csv")
-    assert set(growth.axis) == {"stages", "width", "size"}  # (size: a GPT language model, issue 23)
+    assert set(growth.axis) == {"stages", "width", "size"}  # (size: a GPT language model)
     size = growth[growth.axis == "size"]
     assert len(size) == 1 and size.model.iloc[0].startswith("GPT") and (size.dataflow_engine_ms > 0).all()
     stages = growth[growth.axis == "stages"].sort_values("value")
@@ -290,7 +290,7 @@ def test_quick_run_writes_tables_and_plot(bench, tmp_path):
     assert md.main([str(tmp_path)]) == 0
     assert md.step_table(step).count("\n| cnn1d (9) |") == 2
     assert md.growth_table(growth).count("\n| size | 32 | 4 |") == 1
-    goals = pd.read_csv(tmp_path / "goals.csv")  # issue 23's, on the engine-bound ResNet-20 (absent with --models cnn1d)
+    goals = pd.read_csv(tmp_path / "goals.csv")  # the engine's, on the engine-bound ResNet-20 (absent with --models cnn1d)
     assert md.goals_table(goals).startswith("| goal | target | measured | met |")
     assert md.budget_table(ladder).count("\n| ") == len(bench.LADDER) + 1  # (the rungs, the wrapper)
     table = md.recompute_table(pd.read_csv(tmp_path / "recompute.csv")).splitlines()

@@ -1,4 +1,4 @@
-"""PipelineOptimizer with a ``torch.compile``'d model (issue 7).
+"""PipelineOptimizer with a ``torch.compile``'d model.
 
 Supported way: give the wrapper the *compiled* module, ``PipelineOptimizer(torch.compile(model), base)``.
 Its hooks then run in eager mode around the compiled forward, the weight views are in-place

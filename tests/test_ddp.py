@@ -1,4 +1,4 @@
-"""PipelineOptimizer under DistributedDataParallel: 2 gloo processes on CPU equal 1 process (issue 7).
+"""PipelineOptimizer under DistributedDataParallel: 2 gloo processes on CPU equal 1 process.
 
 Each rank trains on its half of every minibatch; DDP averages the gradients,
 so the update equals the one of a single process on the full batch (mean

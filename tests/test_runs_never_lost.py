@@ -1,4 +1,4 @@
-"""Runs that are never lost or silently wrong (issue 24), and files that cannot run code (issue 22, item 5).
+"""Runs that are never lost or silently wrong , and files that cannot run code.
 
 Each test stands for one case of the fault-injection study: a kill at a dangerous moment (simulated in
 process by an exception raised exactly there, or a real SIGKILL), a damaged or hostile file, a full or
