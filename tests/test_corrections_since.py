@@ -391,8 +391,9 @@ def test_extra_bytes_count_each_buffer():
         opt = staleopt.PipelineOptimizer(model, torch.optim.SGD(model.parameters(), lr=LR), stages=P,
                                          corrections=[make()])
         sizes[key] = opt.corrections[0].extra_bytes()
-    # DC: the kept oldest version per delayed stage; DC-a and GA: plus one statistic each; NAG: the momentum
-    assert sizes == {"dc": 3 * 16, "dc-a": 6 * 16, "ga": 6 * 16, "nag": 3 * 16, "sa": 0}
+    # DC: the kept oldest version per delayed stage; DC-a and GA: plus one statistic each; NAG: the momentum and
+    # its 0-d gamma per view (float64)
+    assert sizes == {"dc": 3 * 16, "dc-a": 6 * 16, "ga": 6 * 16, "nag": 3 * 16 + 3 * 8, "sa": 0}
 
 
 # ----------------------------------------------------------------------------- bad input

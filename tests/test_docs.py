@@ -142,3 +142,21 @@ def test_api_reference_has_every_public_function_with_its_signature():
         if inspect.isfunction(obj):
             assert f"`def {name}{docgen._signature(obj)}`" in text, name
     assert "`def compare(" in text and "`def register_model(" in text and "### `staleopt.registry`" in text
+
+
+def test_the_corrections_sweep_numbers_are_its_committed_records():
+    """docs/performance.md's corrections sweep states what its committed records give (not retyped): the summary is
+    the records' and each method's best accuracy on the page is the summary's."""
+    import pandas as pd
+    from staleopt import stats, sweep
+    folder = REPO / "docs" / "corrections-sweep"
+    summary = sweep.summarize(pd.read_csv(folder / "records.csv"))
+    pd.testing.assert_frame_equal(summary, pd.read_csv(folder / "summary.csv"), check_dtype=False)
+    section = (REPO / "docs" / "performance.md").read_text().split("## The corrections sweep")[1].split("\n## ")[0]
+    text = " ".join(section.split())
+    names = {"gpipe": "GPipe", "pipemare-w": "PipeMareW", "pipemare-stash": "dataflow + stashing",
+             "pipemare-t1": "T1 alone", "pipemare": "PipeMare (T1 + T2)"}
+    for r in summary.itertuples():
+        if r.method in names:
+            assert f"{names[r.method]} {stats.interval_text(r.best_acc, r.best_acc_lo, r.best_acc_hi)}" in text
+    assert (summary.loc[summary["method"] == "dataflow", "status"] == "diverged").all()
