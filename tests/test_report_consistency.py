@@ -208,20 +208,24 @@ def test_the_title_counts_the_seeds_of_a_line_whose_key_is_unset(tmp_path):
     assert (runs.min(), runs.max()) == (2, 3) and plots.describe(records).endswith("2-3 seeds")
 
 
+NAN_BASE = dict(model="mlp", data="synthetic", epochs=3, batch_size=20, microbatches=4)
+
+
+def _a_nan_in_seed_3(config, progress=False):
+    """fake_train, but pipemare's seed 3 records NaN as its last accuracy (a user's train function may, without
+    diverging)."""
+    df = fake_train(config)
+    if config.method == "pipemare" and config.seed == 3:
+        df.loc[df.index[-1], "test_acc"] = np.nan
+    return df
+
+
 def test_the_quality_caption_counts_the_values_each_interval_is_over(tmp_path):
     """The caption named the interval from the runs per cell, but stats.interval leaves a NaN value out (a user's
     train function may record one without a divergence): a cell of 4 runs with one NaN was drawn as [min, max] of
     3 under '95% t-interval over 4 seeds'."""
-    import math
-
-    def train_fn(config, progress=False):
-        df = fake_train(config)
-        if config.method == "pipemare" and config.seed == 3:
-            df.loc[df.index[-1], "test_acc"] = math.nan
-        return df
-    base = dict(model="mlp", data="synthetic", epochs=3, batch_size=20, microbatches=4)
-    sweep.run_sweep([RunConfig(**base, stages=p, method=m, seed=s) for m in ("gpipe", "pipemare") for p in (1, 3)
-                     for s in range(4)], tmp_path / "sweep", train_fn=train_fn, bar=False)
+    sweep.run_sweep([RunConfig(**NAN_BASE, stages=p, method=m, seed=s) for m in ("gpipe", "pipemare") for p in (1, 3)
+                     for s in range(4)], tmp_path / "sweep", train_fn=_a_nan_in_seed_3, bar=False)
     fig = plots.plot_accuracy_vs_stages(sweep.collect(tmp_path / "sweep"), "final_acc")
     label = next(a for a in fig.axes if a.get_title() == "model quality").get_ylabel()
     assert "[min, max] where a cell has 3 seeds" in label
@@ -231,17 +235,9 @@ def test_the_printed_captions_count_the_values_each_interval_is_over(tmp_path, c
     """`staleopt results`, compare and the demo named the interval from the runs per cell while stats.interval
     leaves a NaN value out: a cell of 4 runs whose one run recorded NaN was printed as [min, max] of 3 under
     '95% t-interval over 4 seeds'."""
-    import math
     from staleopt.cli import main
-
-    def train_fn(config, progress=False):
-        df = fake_train(config)
-        if config.method == "pipemare" and config.seed == 3:
-            df.loc[df.index[-1], "test_acc"] = math.nan
-        return df
-    base = dict(model="mlp", data="synthetic", epochs=3, batch_size=20, microbatches=4)
-    sweep.run_sweep([RunConfig(**base, stages=3, method=m, seed=s) for m in ("gpipe", "pipemare") for s in range(4)],
-                    tmp_path / "sweep", train_fn=train_fn, bar=False)
+    sweep.run_sweep([RunConfig(**NAN_BASE, stages=3, method=m, seed=s) for m in ("gpipe", "pipemare") for s in range(4)],
+                    tmp_path / "sweep", train_fn=_a_nan_in_seed_3, bar=False)
     summary = sweep.summarize(sweep.collect(tmp_path / "sweep")).set_index("method")
     assert summary["runs"].tolist() == [4, 4] and summary["final_acc_n"].to_dict() == {"gpipe": 4, "pipemare": 3}
     assert sweep.interval_sizes(summary, ["best_acc"]) == [4, 4]
