@@ -248,8 +248,7 @@ def run_results_command(args) -> int:
     for col in values:
         shown[col] = [interval_text(m, lo, hi, 4) for m, lo, hi in
                       zip(summary[col], summary[f"{col}_lo"], summary[f"{col}_hi"])]
-    shown = shown.drop(columns=[f"{c}_{s}" for c in values for s in ("lo", "hi", "ci", "interval", "n")
-                              if f"{c}_{s}" in shown.columns] + ["diverged"])
+    shown = shown.drop(columns=[f"{c}_{s}" for c in values for s in ("lo", "hi", "ci", "interval", "n")] + ["diverged"])
     print(shown.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
     caption = interval_caption(interval_sizes(summary, values), args.level, metric.bounds)
     if any(math.isinf(v) for c in values for v in summary[c]):  # (stats.interval: no t-interval holds an infinite mean)
