@@ -219,17 +219,37 @@ REPORT_FILES = ("records.csv", "summary.csv", "claims.csv", "speedup.csv", "memo
 def check_report_folder(out: Union[str, os.PathLike]) -> None:
     """Refuse an ``out`` whose files a report would overwrite without having written them: report files in a
     folder that is neither an earlier report's (``report.json``) nor a sweep's (``runs/``), or a finished
-    ``staleopt train --out OUT/records.csv`` run (its ``records.csv.done``). Checked before training."""
+    ``staleopt train --out OUT/records.csv`` run (its ``records.csv.done``), or a ``records.csv`` holding runs that
+    ``OUT/runs`` cannot rebuild (a copied report). Checked before training."""
     out = Path(out)
     if (out / "records.csv.done").is_file():
         raise ConfigError(f"{out} holds a finished staleopt train run (records.csv and records.csv.done), whose "
                           "records a report would overwrite: choose another --out")
     if (out / "report.json").is_file() or (out / "runs").is_dir():
+        lost = _unrebuildable_runs(out)
+        if lost:
+            raise ConfigError(f"{out / 'records.csv'} holds {len(lost)} run(s) that {out / 'runs'} does not (run "
+                              f"{lost[0]}), whose records the report would overwrite and lose: choose another "
+                              "--out, or move records.csv")
         return
     theirs = [f for f in REPORT_FILES if (out / f).exists()]
     if theirs:
         raise ConfigError(f"{out} holds {', '.join(theirs)}, which the report would overwrite, and is no earlier "
                           "report's or sweep's folder: choose another --out, or move those files")
+
+
+def _unrebuildable_runs(out: Path) -> List[str]:
+    """The runs ``out/records.csv`` holds that no finished run folder ``out/runs/<id>`` can rebuild (a copied
+    report keeps only the records). A ``records.csv`` that does not read as records is refused: it is no report's."""
+    path = out / "records.csv"
+    if not path.is_file():
+        return []
+    try:
+        ids = sorted(set(pd.read_csv(path, usecols=["run"], dtype=str)["run"]))
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"{path} does not read as a report's records ({e}), and the report would overwrite it: "
+                          "choose another --out, or move records.csv") from None
+    return [i for i in ids if not (out / "runs" / i / "done").is_file()]
 
 
 def _listed(path: Path) -> tuple:

@@ -4,6 +4,7 @@ import json
 import math
 import textwrap
 import warnings
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -176,7 +177,6 @@ def test_time_to_accuracy_needs_no_registration_of_the_model():
 
 def test_tutorial_shows_the_code_of_its_file():
     """docs/tutorial.md's model and data are experiments/tutorial_models.py's, which its sweep file and commands name."""
-    from pathlib import Path
     from staleopt import docgen
     repo = Path(__file__).resolve().parents[1]
     code = (repo / "experiments" / "tutorial_models.py").read_text()
@@ -394,6 +394,32 @@ def test_compare_out_never_overwrites_files_no_report_wrote(tmp_path, capsys):
         check_report_folder(tmp_path)
     (tmp_path / "records.csv.done").unlink()
     check_report_folder(tmp_path)  # a sweep's folder: its report files are its own
+
+
+def test_compare_out_never_overwrites_records_its_runs_cannot_rebuild(tmp_path):
+    """A copy of a report (report.json, records.csv, no runs/) counted as an earlier report's folder: compare --out
+    it replaced the records of 42 finished runs with its own, exit 0. Refused before training while records.csv
+    holds a run without a finished runs/<id>, or does not read as records; passes once every run is there."""
+    from staleopt.compare import check_report_folder
+    repo = Path(__file__).resolve().parents[1]
+    for name in ("records.csv", "report.json"):
+        (tmp_path / name).write_bytes((repo / "docs" / "demo" / name).read_bytes())
+    before = (tmp_path / "records.csv").read_bytes()
+    assert main(["compare", "--model", "mlp", "--data", "synthetic", "--stages", "1", "--seeds", "0",
+                 "--out", str(tmp_path)]) == 2
+    assert (tmp_path / "records.csv").read_bytes() == before and not (tmp_path / "runs").exists()
+    ids = sorted(set(pd.read_csv(tmp_path / "records.csv")["run"].astype(str)))
+    for run_id in ids[:-1]:
+        (tmp_path / "runs" / run_id).mkdir(parents=True)
+        (tmp_path / "runs" / run_id / "done").write_text("{}")
+    with pytest.raises(ConfigError, match=f"holds 1 run\\(s\\) that .* does not \\(run {ids[-1]}\\)"):
+        check_report_folder(tmp_path)
+    (tmp_path / "runs" / ids[-1]).mkdir()
+    (tmp_path / "runs" / ids[-1] / "done").write_text("{}")
+    check_report_folder(tmp_path)  # every run rebuildable: the folder is the report's
+    (tmp_path / "records.csv").write_text("not,a\nreport,\n")
+    with pytest.raises(ConfigError, match="does not read as a report's records"):
+        check_report_folder(tmp_path)
 
 
 def _raises(num_classes, input_shape):
