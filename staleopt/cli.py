@@ -9,6 +9,7 @@ import argparse
 import importlib
 import pkgutil
 import sys
+from typing import Optional
 
 from . import commands
 from .errors import StaleoptError
@@ -32,9 +33,15 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    blank = _blank_argument(parser, args)
+    if blank:
+        parser.error(f"argument {blank}: empty (an unset shell variable?), which would read as not given and "
+                     "run on the default: give a value, or leave the argument out")
     if args.threads is not None:
-        if args.threads < 1:
-            parser.error(f"argument --threads: torch's intra-op threads, an int >= 1, got {args.threads}")
+        from .sweep import MAX_THREADS  # (torch cannot start many more: it crashes)
+        if not 1 <= args.threads <= MAX_THREADS:
+            parser.error(f"argument --threads: torch's intra-op threads, an int in [1, {MAX_THREADS}], got "
+                         f"{args.threads}")
         import torch
         torch.set_num_threads(args.threads)
     try:
@@ -45,6 +52,19 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:  # Ctrl-C: one line that says how to go on, no traceback
         print(f"\nstaleopt {args.command}: interrupted. {resume_hint(args)}", file=sys.stderr, flush=True)
         return 130
+
+
+def _blank_argument(parser: argparse.ArgumentParser, args) -> Optional[str]:
+    """The first argument given as an empty or blank string (its flag, or its name if positional), else None:
+    every command reads a missing value as "not given" (``--config ''`` trained on the defaults, ``demo --sweep ''``
+    ran the full demo, ``timeline --out ''`` wrote nothing), so a blank one is refused before any work."""
+    chosen = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices[args.command]
+    for action in parser._actions + chosen._actions:
+        value = getattr(args, action.dest, None)
+        for v in value if isinstance(value, list) else [value]:
+            if isinstance(v, str) and not v.strip():
+                return "/".join(action.option_strings) or action.dest
+    return None
 
 
 def resume_hint(args) -> str:

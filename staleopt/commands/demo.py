@@ -278,7 +278,7 @@ def _check_whole(records, where: Path, sweep_file: Path) -> None:
 
 
 def _sweep_file(args) -> Path:
-    if args.sweep:
+    if args.sweep is not None:
         return Path(args.sweep)
     return LM_SWEEP if args.task == "lm" else QUICK_SWEEP if args.quick else DEFAULT_SWEEP
 

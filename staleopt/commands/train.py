@@ -215,9 +215,6 @@ def _printer():
 
 def run(args) -> int:
     config = config_from_args(args)
-    if args.out is not None and not str(args.out).strip():
-        raise ConfigError("--out is empty (an unset shell variable?), so the run would be saved nowhere: give the "
-                          "records file's path, or leave --out out to print the records only")
     if args.out and Path(args.out).is_dir():
         raise ConfigError(f"--out {args.out} is a folder, but it names the records file (a CSV; OUT.ckpt and "
                           f"OUT.done go beside it): pass a file in it, e.g. --out {Path(args.out) / 'records.csv'}")
