@@ -194,6 +194,21 @@ def test_demo_from_records_refuses_a_cut_records_file(tmp_path, capsys):
         assert main(["demo", "--from-records", "--out", str(out), "--figures", str(tmp_path / "img")]) == 0
 
 
+def test_demo_from_records_refuses_a_sweep_file_that_made_none_of_its_runs(tmp_path, capsys):
+    """--sweep FILE fills the config columns records.csv leaves out: one that trained none of its runs put its
+    model, data and epochs in the tables and rewrote memory.csv, exit 0. Refused, nothing rewritten."""
+    import shutil
+    out = tmp_path / "demo"
+    shutil.copytree(REPO / "docs" / "demo", out)
+    before = {f.name: f.read_bytes() for f in out.iterdir()}
+    other = tmp_path / "other.toml"
+    other.write_text('[base]\nmodel = "mlp"\ndata = "synthetic"\nepochs = 1\n[grid]\nmethod = ["gpipe"]\n')
+    assert main(["demo", "--from-records", "--sweep", str(other), "--out", str(out),
+                 "--figures", str(tmp_path / "img")]) == 2
+    assert "holds none of the runs of" in capsys.readouterr().err
+    assert {f.name: f.read_bytes() for f in out.iterdir()} == before
+
+
 @pytest.mark.parametrize("damage", ["run.json: {", "run.json: [1]", "records.csv: ", "records.csv: head",
                                     "records.csv: cut", "records.csv: binary", "figures"])
 def test_demo_from_records_names_an_unreadable_input(tmp_path, capsys, damage):

@@ -236,9 +236,10 @@ def _from_records(args) -> int:
         if not isinstance(info, dict):
             raise RunFileError(f"{out / 'run.json'} holds a {type(info).__name__}, not a demo's run record: {fix}")
     raw = read_records(out / "records.csv", columns=("run", "method", "stages", "seed", "epoch", "status"), fix=fix)
+    claims_ = _claims(args, raw, out / "records.csv")  # (first: another task's sweep file made none of its runs)
+    _check_sweep_file(raw, out / "records.csv", _sweep_file(args))
     records = complete(raw, _sweep_file(args))
-    claims_ = _claims(args, records, out / "records.csv")  # (first: another task's sweep file fills other epochs)
-    _check_whole(records, out / "records.csv", _sweep_file(args))
+    _check_whole(records, out / "records.csv")
     default = _default_target(args, records)
     target = args.target if args.target is not None else info.get("target", default)
     result = write_report(records, out, target=target, figures=args.figures, write_records=False, claims=claims_)
@@ -250,15 +251,32 @@ def _from_records(args) -> int:
     return 0
 
 
-def _check_whole(records, where: Path, sweep_file: Path) -> None:
-    """A records file holds finished runs only (a demo records a run once it is done): a run that stops before
-    its last epoch without diverging or reaching ``max_steps`` means the file was cut (a partial copy), and its
-    tables would count a short run as a finished one: refused. Runs of the sweep file missing from it (runs that
-    failed, or a cut at a run's end) are warned about."""
-    import math
+def _check_sweep_file(records, where: Path, sweep_file: Path) -> None:
+    """The sweep file fills the config columns ``records`` leaves out (:func:`complete`), so it must be the one that
+    trained them: one that made none of their runs is refused (its model, data and epochs would stand in the
+    tables and memory.csv). Runs of it missing from the records (runs that failed, or a cut at a run's end) are
+    warned about."""
     import warnings
 
     from .. import sweep
+    expected = {c.run_id() for c in sweep.load_sweep(sweep_file).configs}
+    missing = expected - set(records["run"])
+    if missing == expected:
+        raise ConfigError(f"{where} holds none of the runs of {sweep_file}, which would fill its config columns "
+                          "(model, data, epochs) and memory.csv: pass the --sweep FILE (or --task, --quick) that "
+                          "trained them")
+    if missing:
+        warnings.warn(f"{where} holds {len(expected) - len(missing)} of the {len(expected)} runs of "
+                      f"{sweep_file.name} ({len(missing)} missing: failed, or the file was cut at a run's end); "
+                      "the tables count the runs it holds", stacklevel=2)
+
+
+def _check_whole(records, where: Path) -> None:
+    """A records file holds finished runs only (a demo records a run once it is done): a run that stops before
+    its last epoch without diverging or reaching ``max_steps`` means the file was cut (a partial copy), and its
+    tables would count a short run as a finished one: refused."""
+    import math
+
     last = records.sort_values(["run", "epoch"], kind="stable").groupby("run").tail(1)
     capped = last["max_steps"].map(lambda m: m is not None and not (isinstance(m, float) and math.isnan(m)))
     short = last[(last["status"] != "diverged") & (last["epoch"] < last["epochs"])
@@ -269,12 +287,6 @@ def _check_whole(records, where: Path, sweep_file: Path) -> None:
                           f"{int(short['epochs'].iloc[0])}), as a partial copy does: copy the file again, or "
                           "rebuild it from the demo's run folder (staleopt demo without --from-records resumes "
                           "and trains nothing that finished)")
-    expected = {c.run_id() for c in sweep.load_sweep(sweep_file).configs}
-    missing = expected - set(records["run"])
-    if missing and expected & set(records["run"]):
-        warnings.warn(f"{where} holds {len(expected) - len(missing)} of the {len(expected)} runs of "
-                      f"{sweep_file.name} ({len(missing)} missing: failed, or the file was cut at a run's end); "
-                      "the tables count the runs it holds", stacklevel=2)
 
 
 def _sweep_file(args) -> Path:
