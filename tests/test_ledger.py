@@ -117,6 +117,15 @@ def test_unknown_names_and_bad_files_raise_typed_errors(tmp_path):
     assert cli.main(["reproduce", "--workers", "0", "--list"]) == 2     # a ConfigError, reported by the CLI
 
 
+def test_reproduce_doc_a_folder_is_refused_before_any_run_trains(tmp_path, capsys):
+    """--doc DIR trained every run, then died with an IsADirectoryError traceback writing the page."""
+    out = tmp_path / "out"
+    for doc, why in ((tmp_path, "is a folder"), (tmp_path / "f.txt" / "page.md", "is a file, not a folder")):
+        (tmp_path / "f.txt").write_text("")
+        assert cli.main(["reproduce", "--claim", "t2-at-max-p", "--out", str(out), "--doc", str(doc)]) == 2
+        assert why in capsys.readouterr().err and not out.exists()
+
+
 # ------------------------------------------------------------------ verdict rules on hand-made scores
 
 def _runs(method, values, stages=4, recipe="r", diverged=()):

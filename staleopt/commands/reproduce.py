@@ -2,10 +2,11 @@
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 
 from ..errors import ConfigError
-from ..validate import check_int
+from ..validate import check_int, output_dir
 
 __all__ = ["register", "run"]
 
@@ -72,6 +73,8 @@ def run(args) -> int:
     from ..ledger.report import table
 
     check_int("--workers", args.workers, 1)
+    if args.doc is not None:  # (before training: the page is written after every run)
+        _check_doc(Path(args.doc))
     shard = sweep.parse_shard(args.shard) if args.shard else None
     experiments = spec.load_all(args.scale, Path(args.ledger_dir) if args.ledger_dir else spec.LEDGER_DIR)
     selection = ([spec.find(experiments, name) for name in args.claim] if args.claim
@@ -115,3 +118,13 @@ def run(args) -> int:
             print(f"failed: {out / 'runs' / run_id / 'error.txt'}")
         return 0 if report.ok else 1
     return 0
+
+
+def _check_doc(doc: Path) -> None:
+    """``--doc`` as a page to write (with its CSV and figures beside it), or a :class:`ConfigError`: checked before
+    any run trains, where a folder or a read-only place failed after every run had."""
+    if doc.is_dir():
+        raise ConfigError(f"--doc {doc} is a folder: give the markdown page to write, e.g. {doc / 'reproductions.md'}")
+    output_dir(str(doc.parent), "--doc's folder")
+    if not os.access(doc.parent, os.W_OK) or (doc.exists() and not os.access(doc, os.W_OK)):
+        raise ConfigError(f"--doc {doc} cannot be written (no write permission): give a writable path")
