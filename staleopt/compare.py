@@ -117,6 +117,11 @@ def compare(model: Union[str, Callable], data: Union[str, Callable] = "mnist1d",
             **config}
     grid = {"method": list(methods), "stages": list(stages), "seed": list(seeds)}
     spec = sweep.from_spec({"name": Path(out).name, "base": base, "grid": grid}, source="compare()")
+    # a metric the runs will not record, a target out of its range: refused before training (they were after it)
+    planned = metrics_module.planned(datasets.task(base["data"], **spec.configs[0].data_kwargs), metric)
+    if target is not None:
+        from .speedup import check_target
+        check_target(target, planned)
     out = Path(out)
     check_report_folder(out)
     report = sweep.run_sweep(spec, out, workers=workers, threads=threads, bar=bar)

@@ -141,6 +141,24 @@ METRICS: Dict[str, Metric] = {m.column: m for m in (ACCURACY, PERPLEXITY, TEST_L
 TASKS: Dict[str, Metric] = {"classification": ACCURACY, "lm": PERPLEXITY, "regression": TEST_LOSS}
 
 
+#: The metrics each task's runs record (:func:`staleopt.train.evaluate`; the others are NaN).
+TASK_METRICS: Dict[str, Tuple[str, ...]] = {"classification": ("test_acc", "test_loss"),
+                                            "lm": ("test_ppl", "test_acc", "test_loss"), "regression": ("test_loss",)}
+
+
+def planned(task: Optional[str], metric: Union[Metric, str, None] = None) -> Optional[Metric]:
+    """The metric runs of ``task`` will be judged by, known before they train: ``metric`` (:func:`get`), refused
+    when ``task``'s runs do not record it, else the task's primary one; None when both are unknown (a user's
+    dataset, whose task is known once loaded)."""
+    if metric is not None:
+        m = get(metric)
+        if task is not None and m.column not in TASK_METRICS[task]:
+            raise ConfigError(f"a {task} run records no {m.label} ({m.column!r}): pass one of "
+                              f"{', '.join(TASK_METRICS[task])} (metric=, --metric)")
+        return m
+    return for_task(task) if task is not None else None
+
+
 def get(metric: Union[Metric, str]) -> Metric:
     """A :class:`Metric` from itself or its record column (``"test_acc"``, ``"test_ppl"``, ``"test_loss"``)."""
     if isinstance(metric, Metric):

@@ -200,7 +200,13 @@ def shared_target(sweep_dir=None, records: Optional[pd.DataFrame] = None, metric
 def check_target(target: float, metric) -> None:
     """:class:`~staleopt.errors.ConfigError` for a target ``metric`` cannot take: outside an accuracy's [0, 1] (a
     percentage, 85 for 0.85, would make no run reach it; -1 every run at its first epoch), below 1 for a
-    perplexity, negative for a loss, or infinite."""
+    perplexity, negative for a loss, or not a finite number. ``metric`` None (not known before a user's dataset
+    loads): only the last."""
+    if isinstance(target, bool) or not isinstance(target, numbers.Real) or not math.isfinite(target):
+        raise ConfigError(f"a target is a finite number in the runs' metric, got {target!r}: pass a value a run can "
+                          "reach (--target)")
+    if metric is None:
+        return
     low, high = metric.bounds if metric.bounds is not None else (1.0 if metric is metrics.PERPLEXITY else 0.0,
                                                                  math.inf)
     if not (low <= target <= high and math.isfinite(target)):

@@ -426,6 +426,19 @@ def _raises(num_classes, input_shape):
     raise KeyError("no such layer")
 
 
+@pytest.mark.parametrize("extra, why", [
+    (["--target", "-3"], "lies in [0, 1], got -3.0"), (["--target", "85"], "0.85 for 85%"),
+    (["--target", "nan"], "a finite number"), (["--metric", "test_ppl"], "a classification run records no")])
+def test_compare_refuses_a_target_or_metric_no_run_records_before_training(tmp_path, capsys, extra, why):
+    """Each was refused only after every run of the comparison had trained."""
+    out = tmp_path / "c"
+    assert main(["compare", "--model", "mlp", "--data", "synthetic", "--stages", "1", "--seeds", "0",
+                 "--no-bar", "--out", str(out)] + extra) == 2
+    assert why in capsys.readouterr().err and not out.exists()
+    with pytest.raises(ConfigError, match="a finite number"):
+        speedup.check_target(math.inf, None)  # (a user's dataset: its metric is not known before it loads)
+
+
 def test_a_users_factory_that_raises_is_a_config_error_naming_it_and_its_arguments():
     staleopt.register_model("raising_net", _raises)
     try:

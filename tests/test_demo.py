@@ -194,6 +194,14 @@ def test_demo_from_records_refuses_a_cut_records_file(tmp_path, capsys):
         assert main(["demo", "--from-records", "--out", str(out), "--figures", str(tmp_path / "img")]) == 0
 
 
+def test_demo_of_a_users_sweep_file_refuses_a_bad_target_before_training(tmp_path, capsys):
+    """demo --sweep FILE checked --target only after every run had trained (its metric is the FILE's data's)."""
+    sweep_file = tmp_path / "mine.toml"
+    sweep_file.write_text('[base]\nmodel = "mlp"\ndata = "synthetic"\nepochs = 1\n[grid]\nmethod = ["gpipe"]\n')
+    assert main(["demo", "--sweep", str(sweep_file), "--out", str(tmp_path / "d"), "--target", "85"]) == 2
+    assert "0.85 for 85%" in capsys.readouterr().err and not (tmp_path / "d").exists()
+
+
 def test_demo_from_records_refuses_a_sweep_file_that_made_none_of_its_runs(tmp_path, capsys):
     """--sweep FILE fills the config columns records.csv leaves out: one that trained none of its runs put its
     model, data and epochs in the tables and rewrote memory.csv, exit 0. Refused, nothing rewritten."""

@@ -342,10 +342,11 @@ def run(args) -> int:
     check_int("--workers", args.workers, 1)
     check_int("--worker-threads", args.worker_threads, 1)
     spec = sweep.load_sweep(path)
-    if args.target is not None and (args.task == "lm" or not args.sweep):  # (before training: the metric is known)
-        from .. import metrics
+    if args.target is not None:  # (before training: the metric is known from the data, unless it is a user's)
+        from .. import data, metrics
         from ..speedup import check_target
-        check_target(args.target, metrics.PERPLEXITY if args.task == "lm" else metrics.ACCURACY)
+        first = spec.configs[0]
+        check_target(args.target, metrics.planned(data.task(first.data, **first.data_kwargs)))
     out = Path(args.out)
     check_report_folder(out)
     t0 = time.perf_counter()
