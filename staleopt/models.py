@@ -287,9 +287,10 @@ class TransformerClassifier(nn.Module):
                  layers: int = 4, patch: int = 4, mlp_ratio: int = 2):
         super().__init__()
         c, length = _shape(input_shape, 2, "transformer")
-        if length % patch or dim % heads or min(dim, heads, layers, patch, mlp_ratio) < 1:
-            raise ConfigError(f"transformer needs patch | L ({patch} | {length}), heads | dim ({heads} | {dim}) "
-                              "and positive sizes")
+        for name, v in (("dim", dim), ("heads", heads), ("layers", layers), ("patch", patch), ("mlp_ratio", mlp_ratio)):
+            check_int(f"transformer {name}", v, 1)  # (before the modulos: heads = 0 was a ZeroDivisionError)
+        if length % patch or dim % heads:
+            raise ConfigError(f"transformer needs patch | L ({patch} | {length}) and heads | dim ({heads} | {dim})")
         self.patch = patch
         self.embed = nn.Linear(c * patch, dim)
         self.pos = _Positions(length // patch, dim)

@@ -84,6 +84,9 @@ def test_models_accept_other_input_shapes():
         models.get("resnet1d", input_shape=(3, 32, 32))
     with pytest.raises(ConfigError, match="patch"):
         models.get("transformer", patch=3)
+    for size in ("heads", "patch", "dim"):  # (0 heads or patches was a ZeroDivisionError)
+        with pytest.raises(ConfigError, match=f"transformer {size} = 0"):
+            models.get("transformer", **{size: 0})
 
 
 def test_seeded_init_is_deterministic_and_private():
