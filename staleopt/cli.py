@@ -12,7 +12,7 @@ import sys
 from typing import Optional
 
 from . import commands
-from .errors import StaleoptError
+from .errors import ConfigError, StaleoptError
 
 __all__ = ["main", "build_parser", "resume_hint"]
 
@@ -33,10 +33,6 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    blank = _blank_argument(parser, args)
-    if blank:
-        parser.error(f"argument {blank}: empty (an unset shell variable?), which would read as not given and "
-                     "run on the default: give a value, or leave the argument out")
     if args.threads is not None:
         from .sweep import MAX_THREADS  # (torch cannot start many more: it crashes)
         if not 1 <= args.threads <= MAX_THREADS:
@@ -45,6 +41,10 @@ def main(argv=None) -> int:
         import torch
         torch.set_num_threads(args.threads)
     try:
+        blank = _blank_argument(parser, args)
+        if blank:
+            raise ConfigError(f"argument {blank}: empty (an unset shell variable?), which would read as not given "
+                              "and run on the default: give a value, or leave the argument out")
         return int(args.func(args) or 0)
     except StaleoptError as e:
         print(f"staleopt {args.command}: error: {e}", file=sys.stderr)

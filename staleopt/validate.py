@@ -9,6 +9,9 @@ from .errors import ConfigError, StaleoptError
 
 __all__ = ["check_int"]
 
+#: The highest ``--dpi`` a command takes: a figure at 100000 dpi asks matplotlib for terabytes (a MemoryError).
+MAX_DPI = 2400
+
 
 def check_int(name: str, value, minimum: Optional[int] = None, maximum: Optional[int] = None, *,
               optional: bool = False, why: str = "", error: Type[StaleoptError] = ConfigError) -> Optional[int]:

@@ -342,7 +342,7 @@ def test_command_line_output_and_argument_mistakes_are_one_line_errors(tmp_path,
         (["hardware", "--model", "mlp", "--compare", ",", "--stages", "2"], "--compare names no method"),
         (["hardware", "--model", "mlp", "--compare", "gpipe,pipemare", "--stages", "2", "--total-steps", "100"],
          "--total-steps would change nothing"),
-        (["hardware", "--model", "mlp", "--method", " ", "--stages", "2"], "--method names no method"),
+        (["hardware", "--model", "mlp", "--method", " ", "--stages", "2"], "--method: empty"),
         (["hardware", "--model", "mlp", "--method", "pipemare", "--stages", "2", "--out", str(a_file)], "is a file"),
         (["hardware", "--model", "mlp", "--method", "pb-hybrid", "--stages", "2", "--total-steps", "0",
           "--pipelined-steps", "0"], "positive and finite"),
@@ -351,6 +351,7 @@ def test_command_line_output_and_argument_mistakes_are_one_line_errors(tmp_path,
         (["timeline", "--method", "custom"], "tau_fwd=\\[...\\]"),
         (["theory", "--out", str(a_file)], "is a file"),
         (["theory", "--out", str(tmp_path / "th"), "--dpi", "0"], "--dpi = 0"),
+        (["theory", "--out", str(tmp_path / "th"), "--dpi", "100000"], "--dpi = 100000"),  # (was a MemoryError)
     ]
     for argv, message in cases:
         assert main(argv) == 2, argv

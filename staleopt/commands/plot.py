@@ -69,8 +69,8 @@ def run(args) -> int:
                           "of `staleopt sweep` or `staleopt demo`")
     from .. import speedup
     from ..sweep import collect
-    from ..validate import check_int, output_dir, output_image
-    check_int("--dpi", args.dpi, 1, 2400, why="dots per inch of the PNG")
+    from ..validate import MAX_DPI, check_int, output_dir, output_image
+    check_int("--dpi", args.dpi, 1, MAX_DPI, why="dots per inch of the PNG")
     if args.out:  # (before any drawing: a path matplotlib cannot write would lose the figure)
         output_image(args.out)
     else:

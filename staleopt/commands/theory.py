@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import argparse
 
-from ..validate import check_int, output_dir
+from ..validate import MAX_DPI, check_int, output_dir
 
 __all__ = ["register", "run"]
 
@@ -39,7 +39,7 @@ def register(subparsers) -> None:
 def run(args) -> int:
     from ..plot.theory import write_figures
 
-    check_int("--dpi", args.dpi, 1, why="dots per inch of the PNG files")
+    check_int("--dpi", args.dpi, 1, MAX_DPI, why="dots per inch of the PNG files")
     output_dir(args.out)
     for path in write_figures(args.figure, args.out, dpi=args.dpi):
         print(path)
