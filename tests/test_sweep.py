@@ -559,16 +559,24 @@ def test_a_grid_that_varies_a_key_some_methods_ignore_says_they_train_once_per_v
 
 def test_results_outputs_are_checked_before_any_file_is_written(tmp_path, capsys):
     """--csv and --records naming a folder or a path in a missing folder, and a file where results/ goes, were raw
-    OSErrors, some after results/records.csv had been rewritten."""
+    OSErrors, some after results/records.csv had been rewritten; two outputs on one path, or one in a run's folder,
+    were written over each other or over the run."""
     path = _write(tmp_path)
     sweep.run_sweep(path, tmp_path / "s", train_fn=fake_train, bar=False)
+    run = next((tmp_path / "s" / "runs").iterdir())
     (tmp_path / "afile").write_text("")
     for extra, says in ((["--csv", str(tmp_path)], "--csv .* is a folder"),
                         (["--records", str(tmp_path / "no" / "r.csv")], "--records .* does not exist"),
-                        (["--csv", str(tmp_path / "afile" / "x.csv")], "does not exist \\(or is a file\\)")):
+                        (["--csv", str(tmp_path / "afile" / "x.csv")], "does not exist \\(or is a file\\)"),
+                        # (the summary overwrote the records; a run's own records.csv left the run damaged)
+                        (["--csv", str(tmp_path / "x.csv"), "--records", str(tmp_path / "x.csv")],
+                         "--csv and --records both write"),
+                        (["--records", str(run / "records.csv")], "--records .* is inside .*runs")):
+        before = (run / "records.csv").read_bytes()
         assert main(["results", str(tmp_path / "s"), *extra]) == 2
         assert re.search(says, capsys.readouterr().err)
-        assert not (tmp_path / "s" / "results").exists()
+        assert not (tmp_path / "s" / "results").exists() and not (tmp_path / "x.csv").exists()
+        assert (run / "records.csv").read_bytes() == before
     (tmp_path / "s" / "results").write_text("")
     assert main(["results", str(tmp_path / "s")]) == 2
     assert "is a file" in capsys.readouterr().err

@@ -201,6 +201,22 @@ def failed_runs_note(sweep_dir: Path, what: str) -> Optional[str]:
             "over the runs that finished, so a configuration with fewer runs than the others lacks them")
 
 
+def _check_outputs(sweep_dir: Path, outputs: dict) -> None:
+    """Refuse ``results`` outputs (flag -> path) that overwrite one another (``--csv X --records X`` kept only the
+    summary) or a file of a run (``--records RUN/records.csv`` left the run damaged): before anything is written."""
+    runs = (sweep_dir / "runs").resolve()
+    seen = {}
+    for flag, path in outputs.items():
+        where = Path(path).resolve()
+        if where == runs or runs in where.parents:
+            raise ConfigError(f"{flag} {path} is inside {sweep_dir / 'runs'}, whose files are the runs' own (a run "
+                              "rewritten is damaged): write elsewhere")
+        if where in seen:
+            raise ConfigError(f"{flag} and {seen[where]} both write {path}, so one table would be lost: give each "
+                              "its own file")
+        seen[where] = flag
+
+
 def run_results_command(args) -> int:
     from .. import speedup, sweep
     from ..config import field_names
@@ -215,7 +231,10 @@ def run_results_command(args) -> int:
     for flag, path in (("--records", args.records), ("--csv", args.csv)):  # (before any file is written)
         if path:
             output_file(str(path), flag)
-    mine = Path(output_dir(str(sweep_dir / "results"), f"{sweep_dir}'s results folder"))  # (not the demo's files)
+    mine = sweep_dir / "results"  # (not the demo's files)
+    _check_outputs(sweep_dir, {"--records": args.records or mine / "records.csv",
+                               "--csv": args.csv or mine / "summary.csv", "the time table": mine / "speedup.csv"})
+    output_dir(str(mine), f"{sweep_dir}'s results folder")
     damaged = {}
     records = sweep.collect(sweep_dir, partial=args.partial, damaged=damaged)
     states = sweep.runs(sweep_dir)["state"].value_counts().to_dict()
