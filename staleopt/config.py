@@ -6,7 +6,8 @@ directory in a sweep (:mod:`staleopt.sweep`). Execution details that do not
 change the result (threads, progress bars, where data lives) are not fields.
 
 Correction hyperparameters left at ``None`` take the method's defaults
-(:mod:`staleopt.methods`); they are ignored by methods without that correction.
+(:mod:`staleopt.methods`); they are ignored by methods without that correction (a sweep's grid
+may set them for every method), and ``staleopt train``, given one method, refuses them there.
 """
 from __future__ import annotations
 

@@ -258,6 +258,28 @@ def test_a_setting_without_effect_is_refused_at_its_default_too_where_the_user_w
                                inherited=["momentum"]).configs) == 2
     nesterov = [c for e in spec.load_all("cpu") for c in e.configs if c.method == "pipemare-stash-nesterov"]
     assert nesterov and all(c.optimizer == "sgd" for c in nesterov)
+    path.write_text(json.dumps({"optimizer": "sgd", "momentum": 0.9}))  # a file of some fields: all the user's
+    with pytest.raises(ConfigError, match="momentum = 0.9 has no effect"):
+        config_from_args(build_parser().parse_args(["train", "--config", str(path)]))
+
+
+def test_a_correction_setting_the_method_does_not_take_is_refused_in_train(tmp_path):
+    """--decay 0.5 --method gpipe (and anneal/warmup/pipelined steps on methods without them) gave a new run id and
+    the same training, silently. A saved config.json (every field) of a run with them unset passes."""
+    from staleopt.cli import build_parser
+    from staleopt.commands.train import config_from_args
+    for flags, key in ((["--decay", "0.5", "--method", "gpipe"], "decay is a setting of pipemare"),
+                       (["--anneal-steps", "10", "--method", "pipedream"], "anneal_steps is a setting of .*pipemare"),
+                       (["--pipelined-steps", "10", "--method", "pipemare"], "method 'pipemare' does not take")):
+        with pytest.raises(ConfigError, match=key):
+            config_from_args(build_parser().parse_args(["train", *flags]))
+    assert config_from_args(build_parser().parse_args(["train", "--decay", "0.5", "--method", "pipemare"])).decay == 0.5
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps({"method": "gpipe", "warmup_steps": 5}))
+    with pytest.raises(ConfigError, match="warmup_steps is a setting of"):
+        config_from_args(build_parser().parse_args(["train", "--config", str(path)]))
+    path.write_text(json.dumps(RunConfig(method="gpipe").to_dict()))
+    assert config_from_args(build_parser().parse_args(["train", "--config", str(path)])).method == "gpipe"
 
 
 def test_milestones_at_or_after_the_last_epoch_are_refused_and_decay_invariant_is_a_flag():
@@ -271,7 +293,7 @@ def test_milestones_at_or_after_the_last_epoch_are_refused_and_decay_invariant_i
     assert RunConfig(**SMALL, lr_schedule="step", lr_milestones=[1, 2]).lr_milestones == [1, 2]
     args = build_parser().parse_args(["train", "--method", "pipemare", "--decay", "invariant"])
     assert config_from_args(args).decay == "invariant"
-    assert config_from_args(build_parser().parse_args(["train", "--decay", "0.3"])).decay == 0.3
+    assert config_from_args(build_parser().parse_args(["train", "--method", "pipemare", "--decay", "0.3"])).decay == 0.3
     with pytest.raises(SystemExit):
         build_parser().parse_args(["train", "--decay", "half"])
 

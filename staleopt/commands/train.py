@@ -10,9 +10,9 @@ import time
 import tomllib
 from pathlib import Path
 
-from .. import data, train
+from .. import data, methods, train
 from ..checkpoint import Checkpoint, check_writable, read_done, read_records
-from ..config import CHOICES, RunConfig, field_names, refuse_ineffective
+from ..config import CHOICES, CORRECTION_FIELDS, RunConfig, field_names, refuse_ineffective
 from ..errors import ConfigError
 from ..validate import check_int
 
@@ -151,8 +151,21 @@ def config_from_args(args):
             raise ConfigError(f"--config {path} must hold a table of RunConfig fields, got {type(given).__name__}")
     flags = {k: None if v is _NONE else v for k in field_names() if (v := getattr(args, k, None)) is not None}
     config = RunConfig.from_dict({**given, **flags}).resolve()
-    refuse_ineffective(config, flags)  # (a --config file may be a run's config.json, which lists every field)
+    # the keys the user wrote: the flags, and a --config file's unless it lists every field (a run's config.json)
+    written = {*flags, *(given if set(field_names()) - set(given) else ())}
+    refuse_ineffective(config, written)
+    _refuse_ignored_corrections(config, written)
     return config
+
+
+def _refuse_ignored_corrections(config: RunConfig, written) -> None:
+    """A correction setting (``decay``, ``anneal_steps``, ...) the run's method does not take changed nothing but the
+    run's id (``--decay 0.5 --method gpipe`` trained GPipe): refused, naming the methods that take it."""
+    for key in CORRECTION_FIELDS:
+        if key in written and getattr(config, key) is not None and key not in methods.hyperparameters(config.method):
+            takers = [m for m in methods.names() if key in methods.hyperparameters(m)]
+            raise ConfigError(f"{key} is a setting of {', '.join(takers)}; method {config.method!r} does not take "
+                              "it, so it would change nothing: leave it out, or pick one of those methods")
 
 
 def checkpoint_of(out: Path, every=None, keep: bool = False):
