@@ -8,6 +8,7 @@ import pytest
 from staleopt import hardware, speedup, stats, sweep
 from staleopt.compare import write_report
 from staleopt.config import RunConfig
+from staleopt.errors import ConfigError
 from staleopt.plot import sweep as plots
 
 ACCS = {"gpipe": [0.5, 0.8, 0.9], "pipemare": [0.6, 0.85, 0.92], "pipedream": [0.55, 0.82, 0.9]}
@@ -245,3 +246,15 @@ def test_the_printed_captions_count_the_values_each_interval_is_over(tmp_path, c
     capsys.readouterr()
     assert main(["results", str(tmp_path / "sweep")]) == 0
     assert "t-interval within [0, 1]] over 4 seeds, [min, max] where a cell has 3 seeds" in capsys.readouterr().out
+
+
+def test_a_method_missing_only_at_the_figures_p_is_not_called_missing_from_the_sweep():
+    """plot --curves --stages 2 --methods pipemare said pipemare was "not in the sweep" when it only had no run at
+    P = 2; a method in no run at all is still named as not in the sweep."""
+    every = pd.DataFrame({"method": ["gpipe", "pipemare", "gpipe"], "stages": [2, 1, 1], "run": ["a", "b", "c"]})
+    at = every[every["stages"] == 2]
+    with pytest.raises(ConfigError, match=r"methods \['pipemare'\] have no run at P = 2"):
+        plots._lines(at, ["method"], ["pipemare"], every)
+    with pytest.raises(ConfigError, match=r"methods \['nope'\] are not in the sweep"):
+        plots._lines(at, ["method"], ["pipemare", "nope"], every)
+    assert [label for label, _, _ in plots._lines(at, ["method"], ["gpipe"], every)] == ["gpipe"]

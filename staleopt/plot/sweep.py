@@ -131,8 +131,13 @@ def _lines(table: pd.DataFrame, keys: Sequence[str], methods: Optional[Sequence[
     from matplotlib import colormaps
     if methods is not None:
         missing = sorted(set(methods) - set(table["method"]))
-        if missing:
-            raise ConfigError(f"methods {missing} are not in the sweep; it has {sorted(set(table['method']))}")
+        swept = set((table if every is None else every)["method"])
+        if set(missing) - swept:
+            raise ConfigError(f"methods {sorted(set(missing) - swept)} are not in the sweep; it has {sorted(swept)}")
+        if missing:  # (in the sweep, at other stage counts: the epoch figures draw one P)
+            stages = sorted(set(table["stages"])) if "stages" in table.columns else []
+            raise ConfigError(f"methods {missing} have no run at P = {', '.join(map(str, stages))}; the runs there "
+                              f"are of {sorted(set(table['method']))}: pick another --stages, or leave them out")
 
     def grouped(t):
         return {k if isinstance(k, tuple) else (k,): v for k, v in t.groupby(list(keys), sort=False, dropna=False)}
