@@ -39,6 +39,7 @@ import torch
 from torch import nn
 
 from . import methods, theory
+from .corrections import LRReschedule, NesterovLookahead
 from .errors import ConfigError
 from .partition import Partition, partition_model
 from .validate import check_fraction, check_int
@@ -235,8 +236,8 @@ def advise(model: nn.Module, loss_fn: Callable, batch, method: Union[str, object
         print(advice)            # table + verdict
         advice.max_lr            # largest base lr every stage tolerates
     """
-    if not float(lr) > 0.0:
-        raise ConfigError(f"lr must be > 0, got {lr!r}")
+    if not (float(lr) > 0.0 and math.isfinite(float(lr))):
+        raise ConfigError(f"lr must be a finite number > 0, got {lr!r}")
     if not 0.0 <= float(momentum) <= 1.0:
         raise ConfigError(f"momentum must lie in [0, 1] (heavy-ball beta), got {momentum!r}")
     check_int("step", step, minimum=0, why="T1's step counter k")
@@ -248,7 +249,10 @@ def advise(model: nn.Module, loss_fn: Callable, batch, method: Union[str, object
     tf, tb = pipeline.delays                    # the asynchronous phase's, after the method's corrections
     tr, recomputes = pipeline.recompute_delays, bool(pipeline.schedule.segments(P))
     factors = pipeline.asynchronous_lr_factors(step)
-    from .corrections import NesterovLookahead
+    if step and factors == pipeline.asynchronous_lr_factors(0) \
+            and not any(isinstance(c, LRReschedule) for c in pipeline.corrections):
+        raise ConfigError(f"step is the step counter of T1's lr rescheduling, which method {pipeline.name!r} does "
+                          f"not have, so step = {step} would change nothing: leave it out, or pick a method with T1")
     held = [k for k in pipeline.corrections if isinstance(k, NesterovLookahead)]
     if held and momentum:
         raise ConfigError(f"method {pipeline.name!r} holds Nesterov momentum in its correction ({held[0]!r}), to be "

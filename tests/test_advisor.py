@@ -1,5 +1,6 @@
 """staleopt.advise on models whose Hessian is known in closed form."""
 import math
+import re
 
 import numpy as np
 import pytest
@@ -253,6 +254,13 @@ def test_advise_cli(capsys):
     for bad in ("100000", "0"):  # (100000 measured on the whole training set without a word)
         assert main(args[:-1] + [bad]) == 2
         assert f"--batch-size = {bad} must be an int in 1..800" in capsys.readouterr().err
+    # accepted, where train refuses them: an infinite lr ("expect divergence"), a negative seed, a T1 step for a
+    # method without T1 (ignored)
+    for bad, says in ((["--lr", "inf"], "lr must be a finite number > 0"), (["--seed", "-1"], "--seed = -1"),
+                      (["--method", "gpipe", "--step", "10"], "method 'gpipe' does not\\s+have")):
+        assert main(args + bad) == 2
+        assert re.search(says, capsys.readouterr().err)
+    assert main(args + ["--method", "pipemare-t1", "--step", "10"]) == 0
 
 
 def test_curvature_is_the_larger_of_the_two_runs_lower_bounds_and_bad_settings_are_refused():

@@ -57,6 +57,7 @@ def register(subparsers) -> None:
 
 def run(args) -> int:
     check_int("--warmup-steps", args.warmup_steps, minimum=0)
+    check_int("--seed", args.seed, minimum=0)
     d = datasets.load(args.data)
     models.check_task(args.model, d.task, f"dataset {args.data!r}")
     model = models.get(args.model, num_classes=d.num_classes, input_shape=d.input_shape, seed=args.seed)
