@@ -172,6 +172,10 @@ def run(args) -> int:
     if not methods:
         raise ConfigError(f"{'--compare' if args.compare else '--method'} names no method: give NAME (--method) or "
                           "NAME,NAME,... (--compare), names from staleopt.methods.names()")
+    twice = sorted({m for m in methods if methods.count(m) > 1})
+    if twice:
+        raise ConfigError(f"--compare names {', '.join(twice)} more than once (its column would be printed twice): "
+                          "name each method once")
     stages_list = _stages(args.stages)
     kwargs = {} if args.num_classes is None else {"num_classes": check_int("--num-classes", args.num_classes, 1)}
     data = None
