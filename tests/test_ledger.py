@@ -69,6 +69,12 @@ def test_cli_lists_and_dry_runs_the_paper_scale(tmp_path, capsys):
     assert cli.main(["reproduce", "--claim", "t2-at-max-p", "--out", str(tmp_path), "--dry-run"]) == 0
     lines = [l for l in capsys.readouterr().out.splitlines() if "pending" in l]
     assert len(lines) == 10 and all("pipemare" in l and "P=39" in l for l in lines)
+    shards = []  # --shard K/N --dry-run listed every run, not the shard's (sweep --dry-run --shard lists its own)
+    for k in (1, 2):
+        argv = ["reproduce", "--claim", "t2-at-max-p", "--out", str(tmp_path), "--dry-run", "--shard", f"{k}/2"]
+        assert cli.main(argv) == 0
+        shards.append({l.split()[0] for l in capsys.readouterr().out.splitlines() if "pending" in l})
+    assert len(shards[0]) == len(shards[1]) == 5 and shards[0] | shards[1] == {l.split()[0] for l in lines}
 
 
 def test_a_missing_dataset_is_refused_before_any_run_and_download_fetches_it(tmp_path, capsys, monkeypatch):
@@ -111,10 +117,15 @@ def test_unknown_names_and_bad_files_raise_typed_errors(tmp_path):
         (tmp_path / "x.toml").write_text(_EXPERIMENT.replace(old, new))
         with pytest.raises(SweepConfigError, match="bigger|selects none"):
             spec.load_experiment(tmp_path / "x.toml")
+    (tmp_path / "recipes.toml").write_text(_RECIPES + "\n[tiny.gpu]\nseeds = [0]\n")
+    with pytest.raises(SweepConfigError, match=r"\[tiny.gpu\], which no scale reads"):
+        spec.load_recipes(tmp_path / "recipes.toml", "cpu")
     (tmp_path / "recipes.toml").write_text(_RECIPES.replace("[tiny.paper]", "[tiny.other]"))
     with pytest.raises(SweepConfigError, match=r"\[tiny.paper\]"):
         spec.load_recipes(tmp_path / "recipes.toml", "cpu")
     assert cli.main(["reproduce", "--workers", "0", "--list"]) == 2     # a ConfigError, reported by the CLI
+    with pytest.raises(SweepConfigError, match="ledger folder .* is a file"):  # (was: "FILE/recipes.toml does not
+        spec.load_all("cpu", tmp_path / "recipes.toml")                     # exist")
 
 
 def test_reproduce_doc_a_folder_is_refused_before_any_run_trains(tmp_path, capsys):

@@ -88,13 +88,14 @@ def run(args) -> int:
                 print(f"  {c.id:32s} {c.rule:9s} {len(e.configs_for(c)):3d} runs  {c.source}")
         print(f"{len(ledger.plan([(e, None) for e in experiments])[0])} distinct runs at scale {args.scale}")
         return 0
+    mine = sweep.shard(configs, *shard) if shard else configs  # (this launch's runs: what it lists and costs)
     if args.dry_run:
-        for c in configs:
+        for c in mine:
             state = sweep.run_state(out / "runs" / c.run_id())
             print(f"{c.run_id()}  {state:10s}  {c.method:15s} P={c.stages:<3d} {c.optimizer:12s} "
                   f"{c.model}/{c.data} seed={c.seed}")
-        print(f"{len(configs)} runs into {out}")
-        print(ledger.estimate(configs, out, args.workers))
+        print(f"{len(mine)} runs into {out}" + (f" (shard {args.shard} of {len(configs)})" if shard else ""))
+        print(ledger.estimate(mine, out, args.workers))
         return 0
     report = None
     if args.report_only and not any(sweep.run_state(out / "runs" / c.run_id()) == "done" for c in configs):
@@ -103,9 +104,9 @@ def run(args) -> int:
                           "were trained into, or train them first (without --report-only)")
     if not args.report_only:
         if args.download or args.executor == "local":   # Ray's workers may hold data this machine lacks
-            sweep.load_data([c for c in configs if sweep.run_state(out / "runs" / c.run_id()) != "done"],
+            sweep.load_data([c for c in mine if sweep.run_state(out / "runs" / c.run_id()) != "done"],
                             download=args.download)
-        print(ledger.estimate(configs, out, args.workers), flush=True)
+        print(ledger.estimate(mine, out, args.workers), flush=True)
         report = ledger.train(configs, out, args.workers, bar=not args.no_bar, shard=shard, executor=args.executor)
         print(f"{len(configs)} runs: {len(report.skipped)} already done, {len(report.finished)} trained now, "
               f"{len(report.failed)} failed, {len(report.claimed)} left to another launch")

@@ -218,6 +218,11 @@ def load_recipes(path: Path, scale: str) -> Dict[str, Recipe]:
         if not isinstance(scales, dict) or missing:
             raise SweepConfigError(f"{path}: recipe [{name}] needs the tables {', '.join(f'[{name}.{s}]' for s in SCALES)}"
                                    f"; missing: {', '.join(missing) or 'all'}")
+        other = sorted(set(scales) - set(SCALES))
+        if other:  # (a third scale's table was ignored without a word)
+            tables = ", ".join(f"[{name}.{s}]" for s in other)
+            raise SweepConfigError(f"{path}: recipe [{name}] has the table(s) {tables}, which no scale reads; the "
+                                   f"scales are {', '.join(SCALES)}: rename or remove them")
         table = dict(scales[scale])
         seeds = table.pop("seeds", None)
         description = table.pop("description", "")
@@ -377,6 +382,10 @@ def _one_run_per_seed(where: str, hit: Sequence[Dict[str, Any]], by_stages: bool
 def load_all(scale: str = "cpu", directory: Path = LEDGER_DIR) -> List[Experiment]:
     """Every experiment file of ``directory`` (all but ``recipes.toml``), sorted by ``order``, then name."""
     directory = Path(directory)
+    if not directory.is_dir():
+        raise SweepConfigError(f"the ledger folder {directory} " + ("is a file" if directory.exists() else
+                               "does not exist") + ": give the folder of recipes.toml and the experiment files "
+                               "(--ledger-dir)")
     recipes = load_recipes(directory / "recipes.toml", scale)
     files = sorted(p for p in directory.glob("*.toml") if p.name != "recipes.toml")
     if not files:
