@@ -42,6 +42,7 @@ import functools
 import hashlib
 import inspect
 import json
+import math
 import os
 import pickle
 import random
@@ -432,6 +433,9 @@ def _synthetic(root=None, download=False, task="classification", num_samples=100
                           f"and num_samples >= 2; got {input_shape}, {num_classes}, {num_samples}")
     if not 0.0 < train_split < 1.0:
         raise ConfigError(f"train_split must lie in (0, 1), got {train_split!r}")
+    for name, v in (("separation", separation), ("noise", noise)):  # (-1 gave the data of 1: another run id)
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not (math.isfinite(v) and v >= 0):
+            raise ConfigError(f"synthetic {name} is a standard deviation, a finite number >= 0; got {v!r}")
     g = torch.Generator().manual_seed(int(seed))
     d = int(np.prod(input_shape))
     if task == "classification":

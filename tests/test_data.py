@@ -1,4 +1,5 @@
 """Datasets: MNIST-1D generation and cache, CIFAR through torchvision's real loader, synthetic data, batching."""
+import math
 import pickle
 
 import numpy as np
@@ -317,6 +318,10 @@ def test_synthetic_bad_arguments():
         data.load("synthetic", task="regresion")
     with pytest.raises(ConfigError, match="unknown argument.*classes.*allowed.*num_classes"):
         data.load("synthetic", classes=3)
+    for name, bad in (("noise", -1.0), ("separation", -2.0), ("noise", math.nan)):  # (-1 acted as 1: a new run id)
+        with pytest.raises(ConfigError, match=f"synthetic {name} is a standard deviation"):
+            data.load("synthetic", **{name: bad})
+    assert data.load("synthetic", noise=0.0, num_samples=10).train  # (noiseless data is allowed)
 
 
 # --------------------------------------------------------------------------------- batching
