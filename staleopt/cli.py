@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import pkgutil
 import sys
+import warnings
 from typing import Optional
 
 from . import commands
@@ -40,6 +42,8 @@ def main(argv=None) -> int:
                          f"{args.threads}")
         import torch
         torch.set_num_threads(args.threads)
+    shown = warnings.formatwarning
+    warnings.formatwarning = _one_line(args.command, shown)
     try:
         blank = _blank_argument(parser, args)
         if blank:
@@ -52,6 +56,20 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:  # Ctrl-C: one line that says how to go on, no traceback
         print(f"\nstaleopt {args.command}: interrupted. {resume_hint(args)}", file=sys.stderr, flush=True)
         return 130
+    finally:
+        warnings.formatwarning = shown
+
+
+def _one_line(command: str, other):
+    """A ``warnings`` formatter: staleopt's own warnings as ``staleopt COMMAND: warning: ...`` lines, as its errors
+    are (not a file:line and a source line); others' (torch's) as ``other`` shows them."""
+    package = os.path.dirname(os.path.abspath(__file__))
+
+    def show(message, category, filename, lineno, line=None):
+        if os.path.abspath(filename).startswith(package + os.sep):
+            return f"staleopt {command}: warning: {message}\n"
+        return other(message, category, filename, lineno, line)
+    return show
 
 
 def _blank_argument(parser: argparse.ArgumentParser, args) -> Optional[str]:

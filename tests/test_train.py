@@ -389,3 +389,18 @@ def test_an_empty_argument_is_refused_not_read_as_not_given(tmp_path, monkeypatc
     err = capsys.readouterr().err
     assert f"argument {flag}: empty" in err
     assert not list(tmp_path.iterdir())
+
+
+def test_the_cli_shows_its_own_warnings_as_one_line_and_others_as_python_does(tmp_path):
+    """A sweep grid's warning printed Python's file:line and a source line under the message."""
+    import warnings
+
+    import staleopt.cli as cli
+    import staleopt.sweep
+    before = warnings.formatwarning
+    show = cli._one_line("sweep", before)
+    assert show("the grid varies decay", UserWarning, staleopt.sweep.__file__, 9) == \
+        "staleopt sweep: warning: the grid varies decay\n"
+    assert show("x", UserWarning, torch.__file__, 9) == before("x", UserWarning, torch.__file__, 9)
+    assert main(["timeline", "--method", "1f1b", "--out", str(tmp_path / "t.png")]) == 0
+    assert warnings.formatwarning is before  # (restored after each command)
