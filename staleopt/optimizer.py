@@ -362,7 +362,7 @@ class PipelineOptimizer(torch.optim.Optimizer):
         self._device_type = self._views[0].params[0].device.type
         self._autocast_outside = False  # autocast that casts weights was on when the latest training forward began
         self._param_dtypes = frozenset(p.dtype for p in self._ptr_params)  # (autocast copies the others' weights)
-        self._stage_of_param = {id(p): s.index for s in self._partition for p in s.params}
+        self._stage_of_param = self._partition.stage_index()
         self._check_renormalizing([max(f, b) for f, b in zip(tf, tb)])
         self._warn_parametrized([f != b for f, b in zip(tf, tb)])
         self._per_stage_lr = any(type(c).lr_factors is not Correction.lr_factors for c in self._corrections)

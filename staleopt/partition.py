@@ -302,6 +302,10 @@ class Partition:
             out.append(k)
         return out
 
+    def stage_index(self) -> Dict[int, int]:
+        """``id(param) -> stage index`` of every parameter: :meth:`stage_of` for lookups every step."""
+        return {id(p): s.index for s in self.stages for p in s.params}
+
     def stage_of(self, param: torch.Tensor) -> int:
         for s in self.stages:
             if any(p is param for p in s.params):

@@ -132,7 +132,7 @@ class WeightPrediction(Correction):
         self._chunks = [c for c in engine.chunks if c.H]  # the views with a history
         # the stage whose T1 factor a parameter's update takes: its owner's (a replica of a tied weight enters
         # its using stage's view as the tied parameter, which steps once, with the owner's factor)
-        self._owner = {id(p): s.index for s in engine.partition for p in s.params}
+        self._owner = engine.partition.stage_index()
         self._split: Dict[str, List[List[torch.Tensor]]] = {key: [] for key in self._buffers}
         for c in self._chunks:
             for key in self._buffers:  # (own Adam moments: float32 for half parameters, StageView.zeros)
