@@ -344,6 +344,28 @@ def test_page_from_synthetic_results(tmp_path):
     assert "| an analytic claim (`a1`) |" in page
 
 
+def test_another_machines_verdicts_are_compared_from_its_table_not_typed_in(tmp_path):
+    """The page's "another machine" paragraph was typed in, and went stale when the page was rebuilt on another
+    CPU: it is computed from that machine's table (PAGE-another-cpu.csv and .json beside the page)."""
+    def row(check, horizon, v):
+        return verdict.Row("e", check, "claim", "s", "n", "set", "ours", v, horizon=horizon)
+    here = [row("a", 1, REPRODUCED), row("a", 2, REPRODUCED), row("b", 1, PARTLY), row("b", 2, NOT),
+            row("c", 1, NOT_RUN)]
+    theirs = [{"experiment": "e", "id": i, "horizon": str(h), "verdict": v} for i, h, v in
+              (("a", 1, PARTLY), ("a", 2, REPRODUCED), ("b", 1, PARTLY), ("b", 2, NOT), ("c", 1, NOT))]
+    text = report.another_machine(here, theirs, {"date": "D", "machine": "M", "commit": "C"}, "x.csv")
+    assert "At 1x, 1 of the 2 checks both evaluate kept their verdict; 1 moved (`a` partly there, reproduced " \
+           "here)" in text and "At each check's longest horizon, 2 of the 2 checks both evaluate kept" in text
+    page = tmp_path / "page.md"
+    assert ledger._another_machine(page, here) == ""  # (no table beside the page: no paragraph)
+    pd.DataFrame(theirs).to_csv(tmp_path / "page-another-cpu.csv", index=False)
+    (tmp_path / "page-another-cpu.json").write_text('{"date": "D", "machine": "M", "commit": "C"}')
+    assert ledger._another_machine(page, here) == text.replace("x.csv", "page-another-cpu.csv")
+    (tmp_path / "page-another-cpu.json").write_text('{"date": "D"}')
+    with pytest.raises(RunFileError, match="date, machine and commit"):
+        ledger._another_machine(page, here)
+
+
 def test_table_escapes_pipes():
     row = verdict.Row("e", "x", "a | b", "s", "n", "set", "ours", NOT, "why | not")
     assert "a \\| b" in report.table([row]) and "**not reproduced**: why \\| not" in report.table([row])

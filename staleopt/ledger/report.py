@@ -61,19 +61,7 @@ estimated cost first, and the provenance below gives the measured time of the
 runs this page is built from);
 `make reproduce-ladder` runs every horizon and writes this page.
 
-**Another machine, other numbers at 1x.** A run is bit-for-bit deterministic
-on one machine, not across CPUs. The 1x runs of the PipeMare, PipeDream,
-stale-weights, PipeOptim and 2BW experiments were also trained on 2026-11-23
-on another 2-core AMD EPYC VM (Linux 6.18.44-fc-v595) with the same configs
-and training code (a one-off comparison: that machine's runs are not in the
-repository): 27 of the 32 checks both runs evaluate kept their 1x verdict, and five moved by one step (`1f1b-no-stash-degrades` and
-`hogwild-t1-helps` partly there, not reproduced here;
-`prediction-beats-1f1b-sgdm` and `prediction-matches-stash-adamw` reproduced
-there, partly here; `prediction-beats-1f1b-adamw` partly there, not
-reproduced here). Those checks sit at the edge of their rule at 1x; read a
-1x verdict together with its interval and with the longer horizons. Every
-
-experiment also runs at the papers' scale, CIFAR-10 ResNet-20 on a GPU, with
+Every experiment also runs at the papers' scale, CIFAR-10 ResNet-20 on a GPU, with
 `staleopt reproduce --scale paper`.
 
 Run one claim or one experiment alone:
@@ -179,15 +167,37 @@ def _counts(rows: Sequence[Row]) -> str:
     return ", ".join(f"{counts.get(v, 0)} {v}" for v in VERDICTS)
 
 
+def another_machine(rows: Sequence[Row], theirs: Sequence[Dict], info: Dict[str, str], link: str) -> str:
+    """The paragraph that sets this page's verdicts beside the same ladder's on another machine (``theirs``: rows
+    of its CSV, ``experiment``, ``id``, ``horizon``, ``verdict``; ``info``: its ``date``, ``machine``, ``commit``;
+    ``link``: its CSV relative to the page): how many checks kept their verdict at 1x and at their longest
+    horizon, and which moved. Runs are bit-identical on one machine, not across CPUs."""
+    there = {(r["experiment"], r["id"], int(r["horizon"])): r["verdict"] for r in theirs}
+
+    def compare(pick) -> str:
+        both = [(g, there[k]) for g in group(rows) if (k := (g[0].experiment, g[0].id, pick(g).horizon))
+                in there and pick(g).verdict != NOT_RUN and there[k] != NOT_RUN]
+        moved = [f"`{g[0].id}` {v} there, {pick(g).verdict} here" for g, v in both if v != pick(g).verdict]
+        return (f"{len(both) - len(moved)} of the {len(both)} checks both evaluate kept their verdict"
+                + (f"; {len(moved)} moved ({'; '.join(moved)})" if moved else ""))
+    return (f"**Another machine, other numbers.** A run is bit-for-bit deterministic on one machine, not across "
+            f"CPUs. The same ladder (same configs) was also trained on {info['date']} on {info['machine']} (commit "
+            f"{info['commit']}; its table: [{link}]({link})). At 1x, {compare(lambda g: g[0])}. At each check's "
+            f"longest horizon, {compare(lambda g: g[-1])}. A check that moved sits at the edge of its rule there: "
+            "read a verdict together with its interval and with the other horizons.\n")
+
+
 def markdown(rows: Sequence[Row], provenance: Dict[str, str], sections: Dict[str, Tuple[str, str]],
-             checks: Optional[Dict[Tuple[str, str], Check]] = None, figures: Optional[Dict[str, str]] = None) -> str:
+             checks: Optional[Dict[Tuple[str, str], Check]] = None, figures: Optional[Dict[str, str]] = None,
+             other: str = "") -> str:
     """The whole page: intro, provenance, verdict counts, then per experiment its table, the per-horizon tables of
     its laddered checks and its figure.
 
     ``sections``: experiment name -> (title, the text under it), in page order; ``checks``: (experiment, check id)
-    -> the check (for the paper's ratio); ``figures``: experiment name -> the figure's path relative to the page."""
+    -> the check (for the paper's ratio); ``figures``: experiment name -> the figure's path relative to the page;
+    ``other``: the paragraph of another machine's run (:func:`another_machine`), after the intro."""
     groups = group(rows)
-    out = [_INTRO, "## The run\n"]
+    out = [_INTRO] + ([other] if other else []) + ["## The run\n"]
     out += [f"* {k}: {v}" for k, v in provenance.items()]
     laddered = [g for g in groups if len(g) > 1]
     if laddered:

@@ -303,7 +303,7 @@ def write_page(path: Path, experiments: Sequence[Experiment], out: Path, extra: 
             f"`{n}`: {e.recipes[n].description}, seeds {', '.join(map(str, e.recipes[n].seeds))}" for n in used) + ".")
     sections["analytic"] = ("Analytic rows (no training)", "")
     Path(path).parent.mkdir(parents=True, exist_ok=True)
-    Path(path).write_text(markdown(result, info, sections, checks, figures))
+    Path(path).write_text(markdown(result, info, sections, checks, figures, _another_machine(Path(path), result)))
     rows_csv(result, Path(path).with_suffix(".csv"))
     return result
 
@@ -317,6 +317,26 @@ def _json_number(x: float):
     """``x``, or ``"inf"`` / ``"-inf"`` / ``"nan"`` where it is not finite: strict JSON has no such numbers
     (Python's ``Infinity`` is read by Python alone); ``float()`` reads both forms back."""
     return x if math.isfinite(x) else str(x)
+
+
+def _another_machine(page: Path, result: Sequence[Row]) -> str:
+    """The paragraph comparing ``result`` with the same ladder on another machine, when its table lies beside the
+    page: ``PAGE-another-cpu.csv`` (a copy of that run's :func:`rows_csv`) and ``PAGE-another-cpu.json`` (its
+    ``date``, ``machine`` and ``commit``); "" without them."""
+    import csv
+
+    from .report import another_machine
+    table, about = (page.with_name(f"{page.stem}-another-cpu{suffix}") for suffix in (".csv", ".json"))
+    if not table.is_file():
+        return ""
+    try:
+        with table.open(newline="") as f:
+            theirs = list(csv.DictReader(f))
+        info = json.loads(about.read_text())
+        return another_machine(result, theirs, {k: str(info[k]) for k in ("date", "machine", "commit")}, table.name)
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise RunFileError(f"{table} (and {about.name}) must be another machine's ledger table and its date, "
+                           f"machine and commit ({type(e).__name__}: {e}): copy them again, or remove both") from None
 
 
 def rows_csv(result: Sequence[Row], path: Path) -> None:
