@@ -123,7 +123,7 @@ def compare(model: Union[str, Callable], data: Union[str, Callable] = "mnist1d",
         from .speedup import check_target
         check_target(target, planned)
     out = Path(out)
-    check_report_folder(out)
+    check_report_folder(out, [c.run_id() for c in spec.configs])
     report = sweep.run_sweep(spec, out, workers=workers, threads=threads, bar=bar)
     ids = {c.run_id() for c in spec.configs}
     records = sweep.collect(out)
@@ -221,17 +221,18 @@ def write_report(records: pd.DataFrame, out: Union[str, os.PathLike], target: Op
 REPORT_FILES = ("records.csv", "summary.csv", "claims.csv", "speedup.csv", "memory.csv", "report.json")
 
 
-def check_report_folder(out: Union[str, os.PathLike]) -> None:
+def check_report_folder(out: Union[str, os.PathLike], runs: Sequence[str] = ()) -> None:
     """Refuse an ``out`` whose files a report would overwrite without having written them: report files in a
     folder that is neither an earlier report's (``report.json``) nor a sweep's (``runs/``), or a finished
     ``staleopt train --out OUT/records.csv`` run (its ``records.csv.done``), or a ``records.csv`` holding runs that
-    ``OUT/runs`` cannot rebuild (a copied report). Checked before training."""
+    ``OUT/runs`` cannot rebuild (a copied report) and that are not among ``runs``, the ids the report is about to
+    train (a damaged run's folder deleted to train it again). Checked before training."""
     out = Path(out)
     if (out / "records.csv.done").is_file():
         raise ConfigError(f"{out} holds a finished staleopt train run (records.csv and records.csv.done), whose "
                           "records a report would overwrite: choose another --out")
     if (out / "report.json").is_file() or (out / "runs").is_dir():
-        lost = _unrebuildable_runs(out)
+        lost = [i for i in _unrebuildable_runs(out) if i not in set(runs)]
         if lost:
             raise ConfigError(f"{out / 'records.csv'} holds {len(lost)} run(s) that {out / 'runs'} does not (run "
                               f"{lost[0]}), whose records the report would overwrite and lose: choose another "

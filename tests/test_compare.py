@@ -414,6 +414,7 @@ def test_compare_out_never_overwrites_records_its_runs_cannot_rebuild(tmp_path):
         (tmp_path / "runs" / run_id / "done").write_text("{}")
     with pytest.raises(ConfigError, match=f"holds 1 run\\(s\\) that .* does not \\(run {ids[-1]}\\)"):
         check_report_folder(tmp_path)
+    check_report_folder(tmp_path, runs=[ids[-1]])  # (a damaged run's folder deleted: the report trains it again)
     (tmp_path / "runs" / ids[-1]).mkdir()
     (tmp_path / "runs" / ids[-1] / "done").write_text("{}")
     check_report_folder(tmp_path)  # every run rebuildable: the folder is the report's

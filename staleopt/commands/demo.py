@@ -348,7 +348,7 @@ def run(args) -> int:
         first = spec.configs[0]
         check_target(args.target, metrics.planned(data.task(first.data, **first.data_kwargs)))
     out = Path(args.out)
-    check_report_folder(out)
+    check_report_folder(out, [c.run_id() for c in spec.configs])
     t0 = time.perf_counter()
     report = sweep.run_sweep(spec, out, workers=args.workers, threads=args.worker_threads, bar=not args.no_bar)
     elapsed = time.perf_counter() - t0
