@@ -232,7 +232,8 @@ def check_report_folder(out: Union[str, os.PathLike], runs: Sequence[str] = ()) 
         raise ConfigError(f"{out} holds a finished staleopt train run (records.csv and records.csv.done), whose "
                           "records a report would overwrite: choose another --out")
     if (out / "report.json").is_file() or (out / "runs").is_dir():
-        lost = [i for i in _unrebuildable_runs(out) if i not in set(runs)]
+        # (runs about to be trained are not lost where their folders live: a sweep's; a copy has none)
+        lost = [i for i in _unrebuildable_runs(out) if not ((out / "runs").is_dir() and i in set(runs))]
         if lost:
             raise ConfigError(f"{out / 'records.csv'} holds {len(lost)} run(s) that {out / 'runs'} does not (run "
                               f"{lost[0]}), whose records the report would overwrite and lose: choose another "

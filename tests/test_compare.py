@@ -409,6 +409,9 @@ def test_compare_out_never_overwrites_records_its_runs_cannot_rebuild(tmp_path):
                  "--out", str(tmp_path)]) == 2
     assert (tmp_path / "records.csv").read_bytes() == before and not (tmp_path / "runs").exists()
     ids = sorted(set(pd.read_csv(tmp_path / "records.csv")["run"].astype(str)))
+    with pytest.raises(ConfigError, match="holds 42 run"):  # (the same runs retrained into a copy: still lost)
+        check_report_folder(tmp_path, runs=ids)
+    ids = sorted(set(pd.read_csv(tmp_path / "records.csv")["run"].astype(str)))
     for run_id in ids[:-1]:
         (tmp_path / "runs" / run_id).mkdir(parents=True)
         (tmp_path / "runs" / run_id / "done").write_text("{}")

@@ -258,6 +258,9 @@ def test_a_setting_without_effect_is_refused_at_its_default_too_where_the_user_w
                                inherited=["momentum"]).configs) == 2
     nesterov = [c for e in spec.load_all("cpu") for c in e.configs if c.method == "pipemare-stash-nesterov"]
     assert nesterov and all(c.optimizer == "sgd" for c in nesterov)
+    old = {k: v for k, v in RunConfig(optimizer="sgd").to_dict().items() if k not in ("unit_order", "lr_warmup_steps")}
+    path.write_text(json.dumps(old))  # a config.json written before the later fields: still a saved run's
+    assert config_from_args(build_parser().parse_args(["train", "--config", str(path)])).optimizer == "sgd"
     path.write_text(json.dumps({"optimizer": "sgd", "momentum": 0.9}))  # a file of some fields: all the user's
     with pytest.raises(ConfigError, match="momentum = 0.9 has no effect"):
         config_from_args(build_parser().parse_args(["train", "--config", str(path)]))

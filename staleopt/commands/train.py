@@ -12,7 +12,7 @@ from pathlib import Path
 
 from .. import data, methods, train
 from ..checkpoint import Checkpoint, check_writable, read_done, read_records
-from ..config import CHOICES, CORRECTION_FIELDS, RunConfig, field_names, refuse_ineffective
+from ..config import _LATER_FIELDS, CHOICES, CORRECTION_FIELDS, RunConfig, field_names, refuse_ineffective
 from ..errors import ConfigError
 from ..validate import check_int
 
@@ -152,7 +152,7 @@ def config_from_args(args):
     flags = {k: None if v is _NONE else v for k in field_names() if (v := getattr(args, k, None)) is not None}
     config = RunConfig.from_dict({**given, **flags}).resolve()
     # the keys the user wrote: the flags, and a --config file's unless it lists every field (a run's config.json)
-    written = {*flags, *(given if set(field_names()) - set(given) else ())}
+    written = {*flags, *(given if set(field_names()) - set(given) - set(_LATER_FIELDS) else ())}
     refuse_ineffective(config, written)
     _refuse_ignored_corrections(config, written)
     return config
