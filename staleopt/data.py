@@ -43,6 +43,7 @@ import hashlib
 import inspect
 import json
 import math
+import numbers
 import os
 import pickle
 import random
@@ -416,6 +417,11 @@ def _cifar(name: str, root=None, download=False, augment=True, verify=True) -> D
 # ---------------------------------------------------------------------------------------------
 # synthetic
 
+def _check_synthetic_task(task) -> None:
+    if task not in ("classification", "regression"):
+        raise ConfigError(f"synthetic task must be 'classification' or 'regression', got {task!r}")
+
+
 def _synthetic(root=None, download=False, task="classification", num_samples=1000, input_shape=(1, 40),
                num_classes=10, separation=1.0, noise=1.0, train_split=0.8, seed=0) -> Data:
     """Gaussian data from a private generator seeded by ``seed``.
@@ -425,8 +431,7 @@ def _synthetic(root=None, download=False, task="classification", num_samples=100
     ``y = W x / sqrt(d) + noise * eps`` with ``W ~ N(0, 1)`` of shape
     ``(num_classes, d)``, ``d = prod(input_shape)``.
     """
-    if task not in ("classification", "regression"):
-        raise ConfigError(f"synthetic task must be 'classification' or 'regression', got {task!r}")
+    _check_synthetic_task(task)
     input_shape = tuple(int(s) for s in input_shape)
     if not input_shape or min(input_shape) < 1 or num_classes < 1 or num_samples < 2:
         raise ConfigError("synthetic needs a non-empty input_shape of positive sizes, num_classes >= 1 "
@@ -434,7 +439,7 @@ def _synthetic(root=None, download=False, task="classification", num_samples=100
     if not 0.0 < train_split < 1.0:
         raise ConfigError(f"train_split must lie in (0, 1), got {train_split!r}")
     for name, v in (("separation", separation), ("noise", noise)):  # (-1 gave the data of 1: another run id)
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not (math.isfinite(v) and v >= 0):
+        if isinstance(v, bool) or not isinstance(v, numbers.Real) or not (math.isfinite(v) and v >= 0):
             raise ConfigError(f"synthetic {name} is a standard deviation, a finite number >= 0; got {v!r}")
     g = torch.Generator().manual_seed(int(seed))
     d = int(np.prod(input_shape))
@@ -837,6 +842,7 @@ def task(name: str, **kwargs) -> Optional[str]:
     if _user(name) is not None:
         return None
     if name == "synthetic":
+        _check_synthetic_task(kwargs.get("task", "classification"))
         return kwargs.get("task", "classification")
     return "lm" if name == "text-markov" or name in TEXT_CORPORA else "classification"
 

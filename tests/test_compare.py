@@ -432,7 +432,8 @@ def _raises(num_classes, input_shape):
 
 @pytest.mark.parametrize("extra, why", [
     (["--target", "-3"], "lies in [0, 1], got -3.0"), (["--target", "85"], "0.85 for 85%"),
-    (["--target", "nan"], "a finite number"), (["--metric", "test_ppl"], "a classification run records no")])
+    (["--target", "nan"], "a finite number"), (["--metric", "test_ppl"], "a classification run records no"),
+    (["--metric", "test_loss", "--set", 'data_kwargs={"task": "regresion"}'], "'regresion'")])  # (a KeyError)
 def test_compare_refuses_a_target_or_metric_no_run_records_before_training(tmp_path, capsys, extra, why):
     """Each was refused only after every run of the comparison had trained."""
     out = tmp_path / "c"

@@ -322,6 +322,10 @@ def test_synthetic_bad_arguments():
         with pytest.raises(ConfigError, match=f"synthetic {name} is a standard deviation"):
             data.load("synthetic", **{name: bad})
     assert data.load("synthetic", noise=0.0, num_samples=10).train  # (noiseless data is allowed)
+    import numpy as np  # (NumPy numbers, as a generated sweep passes them, were refused as "not a number")
+    assert data.load("synthetic", noise=np.int64(1), separation=np.float32(0.5), num_samples=10).train
+    with pytest.raises(ConfigError, match="'regresion'"):  # (the task is known before loading: same check)
+        data.task("synthetic", task="regresion")
 
 
 # --------------------------------------------------------------------------------- batching

@@ -217,6 +217,21 @@ def test_demo_from_records_refuses_a_sweep_file_that_made_none_of_its_runs(tmp_p
     assert {f.name: f.read_bytes() for f in out.iterdir()} == before
 
 
+def test_demo_from_records_of_whole_records_reads_no_sweep_file(tmp_path):
+    """Records that hold every config column take nothing from the sweep file: one edited since (or another one)
+    was refused as "made none of its runs" though it fills nothing."""
+    import shutil
+    out = tmp_path / "demo"
+    shutil.copytree(REPO / "docs" / "demo", out)
+    whole = complete(pd.read_csv(out / "records.csv"))
+    whole.to_csv(out / "records.csv", index=False)
+    other = tmp_path / "other.toml"
+    other.write_text('[base]\nmodel = "mlp"\ndata = "synthetic"\nepochs = 1\n[grid]\nmethod = ["gpipe"]\n')
+    assert main(["demo", "--from-records", "--sweep", str(other), "--out", str(out),
+                 "--figures", str(tmp_path / "img")]) == 0
+    assert (out / "claims.csv").is_file()
+
+
 @pytest.mark.parametrize("damage", ["run.json: {", "run.json: [1]", "records.csv: ", "records.csv: head",
                                     "records.csv: cut", "records.csv: binary", "figures"])
 def test_demo_from_records_names_an_unreadable_input(tmp_path, capsys, damage):

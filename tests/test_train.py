@@ -1,6 +1,7 @@
 """Training one config: the documented recipe by hand, determinism, divergence, defaults, hardware columns, CLI."""
 import json
 import math
+import sys
 
 import pandas as pd
 import pytest
@@ -283,6 +284,16 @@ def test_a_correction_setting_the_method_does_not_take_is_refused_in_train(tmp_p
         config_from_args(build_parser().parse_args(["train", "--config", str(path)]))
     path.write_text(json.dumps(RunConfig(method="gpipe").to_dict()))
     assert config_from_args(build_parser().parse_args(["train", "--config", str(path)])).method == "gpipe"
+    # a file's settings under another --method: ignored (docs/experiments.md), not refused, and not kept in the run
+    # id (a pipemare run's config.json under --method gpipe kept decay: a gpipe run under another id)
+    plain = RunConfig(method="gpipe").run_id()
+    for table in ({"method": "pipemare", "decay": 0.5}, RunConfig(method="pipemare", decay=0.5).to_dict()):
+        path.write_text(json.dumps(table))
+        with pytest.warns(UserWarning, match="--config's decay = 0.5 ignored: method 'gpipe' does not take it"):
+            assert config_from_args(build_parser().parse_args(
+                ["train", "--config", str(path), "--method", "gpipe"])).run_id() == plain
+    assert config_from_args(build_parser().parse_args(
+        ["train", "--config", str(path), "--method", "pipemare-w"])).decay == 0.5  # (taken: kept)
 
 
 def test_milestones_at_or_after_the_last_epoch_are_refused_and_decay_invariant_is_a_flag():
@@ -394,13 +405,23 @@ def test_an_empty_argument_is_refused_not_read_as_not_given(tmp_path, monkeypatc
     assert not list(tmp_path.iterdir())
 
 
-def test_the_cli_shows_its_own_warnings_as_one_line_and_others_as_python_does(tmp_path):
+def test_the_cli_shows_its_own_warnings_as_one_line_and_others_as_python_does(tmp_path, monkeypatch, capsys):
     """A sweep grid's warning printed Python's file:line and a source line under the message."""
     import warnings
 
     import staleopt.cli as cli
     import staleopt.sweep
     before = warnings.formatwarning
+    # through main, shown as Python shows a warning (pytest records them instead): one line on stderr
+    monkeypatch.setattr(warnings, "showwarning", lambda message, category, filename, lineno, file=None, line=None:
+                        sys.stderr.write(warnings.formatwarning(message, category, filename, lineno, line)))
+    config = tmp_path / "c.json"
+    config.write_text(json.dumps({"method": "pipemare", "decay": 0.5, **SMALL, "max_steps": 1}))
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        assert main(["train", "--config", str(config), "--method", "gpipe", "--no-progress"]) == 0
+    assert "staleopt train: warning: --config's decay = 0.5 ignored: method 'gpipe' does not take it\n" \
+        in capsys.readouterr().err
     show = cli._one_line("sweep", before)
     assert show("the grid varies decay", UserWarning, staleopt.sweep.__file__, 9) == \
         "staleopt sweep: warning: the grid varies decay\n"

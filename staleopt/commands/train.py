@@ -12,7 +12,8 @@ from pathlib import Path
 
 from .. import data, methods, train
 from ..checkpoint import Checkpoint, check_writable, read_done, read_records
-from ..config import _LATER_FIELDS, CHOICES, CORRECTION_FIELDS, RunConfig, field_names, refuse_ineffective
+from ..config import (_LATER_FIELDS, CHOICES, CORRECTION_FIELDS, RunConfig, field_names, refuse_ineffective,
+                      validate_field)
 from ..errors import ConfigError
 from ..validate import check_int
 
@@ -150,17 +151,32 @@ def config_from_args(args):
         if not isinstance(given, dict):
             raise ConfigError(f"--config {path} must hold a table of RunConfig fields, got {type(given).__name__}")
     flags = {k: None if v is _NONE else v for k in field_names() if (v := getattr(args, k, None)) is not None}
-    config = RunConfig.from_dict({**given, **flags}).resolve()
+    kept = _without_ignored_corrections(given, flags) if "method" in flags else given
+    config = RunConfig.from_dict({**kept, **flags}).resolve()
     # the keys the user wrote: the flags, and a --config file's unless it lists every field (a run's config.json)
-    written = {*flags, *(given if set(field_names()) - set(given) - set(_LATER_FIELDS) else ())}
+    written = {*flags, *(kept if set(field_names()) - set(given) - set(_LATER_FIELDS) else ())}
     refuse_ineffective(config, written)
     _refuse_ignored_corrections(config, written)
     return config
 
 
+def _without_ignored_corrections(given: dict, flags: dict) -> dict:
+    """``--config``'s table without the correction settings that ``--method`` does not take (a pipemare run's
+    ``decay`` under ``--method gpipe``): they would change only the run's id, so they are ignored, with a warning
+    naming them. (A flag of such a setting is refused: :func:`_refuse_ignored_corrections`.)"""
+    import warnings
+    takes = methods.hyperparameters(validate_field("method", flags["method"]))  # (an unknown name: refused first)
+    dropped = [k for k in CORRECTION_FIELDS if given.get(k) is not None and k not in flags and k not in takes]
+    if dropped:
+        warnings.warn(f"--config's {', '.join(f'{k} = {given[k]!r}' for k in dropped)} ignored: method "
+                      f"{flags['method']!r} does not take {'it' if len(dropped) == 1 else 'them'}", stacklevel=3)
+    return {k: v for k, v in given.items() if k not in dropped}
+
+
 def _refuse_ignored_corrections(config: RunConfig, written) -> None:
     """A correction setting (``decay``, ``anneal_steps``, ...) the run's method does not take changed nothing but the
-    run's id (``--decay 0.5 --method gpipe`` trained GPipe): refused, naming the methods that take it."""
+    run's id (``--decay 0.5 --method gpipe`` trained GPipe): refused, naming the methods that take it. (A
+    ``--config`` file's under another ``--method`` are dropped before: :func:`_without_ignored_corrections`.)"""
     for key in CORRECTION_FIELDS:
         if key in written and getattr(config, key) is not None and key not in methods.hyperparameters(config.method):
             takers = [m for m in methods.names() if key in methods.hyperparameters(m)]
