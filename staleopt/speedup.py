@@ -222,8 +222,8 @@ def time_to_target(records: pd.DataFrame, target: float, keys: Sequence[str] = (
     ``time_to_target`` (``T(steps_to_target)``; NaN where the run never reached ``target``)."""
     metric = metrics.of(records, metric)
     _check(records, metric)
-    if isinstance(target, bool) or not isinstance(target, numbers.Real) or math.isnan(target):
-        raise ConfigError(f"time to a target needs the target {metric.label} as a number, got {target!r}: pass "
+    if target is None:  # (the other non-numbers: check_target)
+        raise ConfigError(f"time to a target needs the target {metric.label} as a number, got None: pass "
                           "one, or speedup.default_target(records) (the GPipe runs' mean best made worse by 1%), "
                           "or shared_target(sweep_dir, records) (the one a report was written with); None means "
                           "the records set none (no GPipe run with a finite best): no time table then")

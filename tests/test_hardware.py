@@ -341,6 +341,8 @@ def test_command_line_output_and_argument_mistakes_are_one_line_errors(tmp_path,
         (["hardware", "--model", "mlp", "--method", "pipemare", "--compare", "gpipe", "--stages", "2"], "not both"),
         (["hardware", "--model", "mlp", "--compare", ",", "--stages", "2"], "--compare names no method"),
         (["hardware", "--model", "mlp", "--compare", "gpipe,gpipe", "--stages", "2"], "gpipe more than once"),
+        (["hardware", "--model", "mlp", "--compare", "pipedream-flush,1f1b-flush", "--stages", "2"],
+         "pipedream-flush more than once"),  # (an alias: the same column twice)
         (["hardware", "--model", "mlp", "--compare", "gpipe,pipemare", "--stages", "2", "--total-steps", "100"],
          "--total-steps would change nothing"),
         (["hardware", "--model", "mlp", "--method", " ", "--stages", "2"], "--method: empty"),

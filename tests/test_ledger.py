@@ -123,6 +123,13 @@ def test_unknown_names_and_bad_files_raise_typed_errors(tmp_path):
     (tmp_path / "recipes.toml").write_text(_RECIPES.replace("[tiny.paper]", "[tiny.other]"))
     with pytest.raises(SweepConfigError, match=r"\[tiny.paper\]"):
         spec.load_recipes(tmp_path / "recipes.toml", "cpu")
+    # a plain key above the scales' tables was called "the table [tiny.epochs]"; tiny.cpu = 3 a TypeError
+    for text, says in (("[tiny]\nepochs = 3\n" + _RECIPES, r"recipe \[tiny\] sets epochs outside its scales' tables"),
+                       (_RECIPES.replace("[tiny.cpu]", "[tiny]\ncpu = 3\n[x.cpu]"), "missing \\(or not a table\\): cpu"),
+                       ("tiny = 3\n", r"needs the tables \[tiny.cpu\], \[tiny.paper\], not tiny = 3")):
+        (tmp_path / "recipes.toml").write_text(text)
+        with pytest.raises(SweepConfigError, match=says):
+            spec.load_recipes(tmp_path / "recipes.toml", "cpu")
     assert cli.main(["reproduce", "--workers", "0", "--list"]) == 2     # a ConfigError, reported by the CLI
     with pytest.raises(SweepConfigError, match="ledger folder .* is a file"):  # (was: "FILE/recipes.toml does not
         spec.load_all("cpu", tmp_path / "recipes.toml")                     # exist")
@@ -135,6 +142,11 @@ def test_reproduce_doc_a_folder_is_refused_before_any_run_trains(tmp_path, capsy
         (tmp_path / "f.txt").write_text("")
         assert cli.main(["reproduce", "--claim", "t2-at-max-p", "--out", str(out), "--doc", str(doc)]) == 2
         assert why in capsys.readouterr().err and not out.exists()
+        assert cli.main(["reproduce", "--claim", "t2-at-max-p", "--out", str(out), "--doc", str(doc), "--dry-run"]) == 2
+        assert why in capsys.readouterr().err
+    for flag in ("--list", "--dry-run"):  # (they write nothing: --doc's folder was made)
+        assert cli.main(["reproduce", flag, "--out", str(out), "--doc", str(tmp_path / "new" / "page.md")]) == 0
+        assert not (tmp_path / "new").exists()
 
 
 # ------------------------------------------------------------------ verdict rules on hand-made scores

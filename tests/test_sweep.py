@@ -577,6 +577,10 @@ def test_results_outputs_are_checked_before_any_file_is_written(tmp_path, capsys
         assert re.search(says, capsys.readouterr().err)
         assert not (tmp_path / "s" / "results").exists() and not (tmp_path / "x.csv").exists()
         assert (run / "records.csv").read_bytes() == before
+    (tmp_path / "s" / "results").mkdir()  # (a collision with a default path named "--records", not given)
+    assert main(["results", str(tmp_path / "s"), "--csv", str(tmp_path / "s" / "results" / "records.csv")]) == 2
+    assert "--csv and the records (default) both write" in capsys.readouterr().err
+    (tmp_path / "s" / "results").rmdir()
     (tmp_path / "s" / "results").write_text("")
     assert main(["results", str(tmp_path / "s")]) == 2
     assert "is a file" in capsys.readouterr().err

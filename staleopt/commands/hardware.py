@@ -7,8 +7,9 @@ import os
 
 import torch
 
+from .. import methods as methods_module
 from .. import models
-from ..errors import ConfigError
+from ..errors import ConfigError, ScheduleError
 from ..hardware import activation_sizes, memory_report
 from ..methods import PHASE_LENGTHS, build
 from ..partition import partition_model
@@ -160,6 +161,14 @@ def format_table(rows, model_name: str = "model") -> str:
     return "\n".join(lines)
 
 
+def _method_name(name: str) -> str:
+    """The method ``name`` (or its alias) names; a schedule's name as given."""
+    try:
+        return methods_module.get(name).name
+    except ScheduleError:  # (a schedule's name, or none: rows_for names the error)
+        return name
+
+
 def run(args) -> int:
     if not args.method and not args.compare:
         raise ConfigError("give --method NAME or --compare NAME,NAME,...")
@@ -172,10 +181,11 @@ def run(args) -> int:
     if not methods:
         raise ConfigError(f"{'--compare' if args.compare else '--method'} names no method: give NAME (--method) or "
                           "NAME,NAME,... (--compare), names from staleopt.methods.names()")
-    twice = sorted({m for m in methods if methods.count(m) > 1})
+    named = [_method_name(m) for m in methods]  # (an alias names its method: "1f1b-flush" is "pipedream-flush")
+    twice = sorted({m for m in named if named.count(m) > 1})
     if twice:
-        raise ConfigError(f"--compare names {', '.join(twice)} more than once (its column would be printed twice): "
-                          "name each method once")
+        raise ConfigError(f"--compare names {', '.join(twice)} more than once (its column would be printed twice; "
+                          "an alias names its method): name each method once")
     stages_list = _stages(args.stages)
     kwargs = {} if args.num_classes is None else {"num_classes": check_int("--num-classes", args.num_classes, 1)}
     data = None

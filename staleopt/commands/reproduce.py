@@ -74,7 +74,7 @@ def run(args) -> int:
 
     check_int("--workers", args.workers, 1)
     if args.doc is not None:  # (before training: the page is written after every run)
-        _check_doc(Path(args.doc))
+        _check_doc(Path(args.doc), make=not (args.list or args.dry_run))
     shard = sweep.parse_shard(args.shard) if args.shard else None
     experiments = spec.load_all(args.scale, Path(args.ledger_dir) if args.ledger_dir else spec.LEDGER_DIR)
     selection = ([spec.find(experiments, name) for name in args.claim] if args.claim
@@ -121,11 +121,18 @@ def run(args) -> int:
     return 0
 
 
-def _check_doc(doc: Path) -> None:
+def _check_doc(doc: Path, make: bool = True) -> None:
     """``--doc`` as a page to write (with its CSV and figures beside it), or a :class:`ConfigError`: checked before
-    any run trains, where a folder or a read-only place failed after every run had."""
+    any run trains, where a folder or a read-only place failed after every run had. Its folder is made unless not
+    ``make`` (``--list``, ``--dry-run``: they write nothing)."""
     if doc.is_dir():
         raise ConfigError(f"--doc {doc} is a folder: give the markdown page to write, e.g. {doc / 'reproductions.md'}")
+    if not make:
+        existing = next(p for p in (doc.parent, *doc.parent.parents) if p.exists())
+        if not existing.is_dir():
+            raise ConfigError(f"--doc's folder {str(doc.parent)!r}: {str(existing)!r} is a file, not a folder: give "
+                              "a folder to write into")
+        return
     output_dir(str(doc.parent), "--doc's folder")
     if not os.access(doc.parent, os.W_OK) or (doc.exists() and not os.access(doc, os.W_OK)):
         raise ConfigError(f"--doc {doc} cannot be written (no write permission): give a writable path")

@@ -232,8 +232,9 @@ def run_results_command(args) -> int:
         if path:
             output_file(str(path), flag)
     mine = sweep_dir / "results"  # (not the demo's files)
-    _check_outputs(sweep_dir, {"--records": args.records or mine / "records.csv",
-                               "--csv": args.csv or mine / "summary.csv", "the time table": mine / "speedup.csv"})
+    _check_outputs(sweep_dir, {"--records" if args.records else "the records (default)": args.records or
+                               mine / "records.csv", "--csv" if args.csv else "the summary (default)":
+                               args.csv or mine / "summary.csv", "the time table": mine / "speedup.csv"})
     output_dir(str(mine), f"{sweep_dir}'s results folder")
     damaged = {}
     records = sweep.collect(sweep_dir, partial=args.partial, damaged=damaged)

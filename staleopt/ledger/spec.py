@@ -214,10 +214,17 @@ def load_recipes(path: Path, scale: str) -> Dict[str, Recipe]:
         raise ConfigError(f"scale must be one of {', '.join(SCALES)}, got {scale!r}")
     out = {}
     for name, scales in _read(path).items():
-        missing = [s for s in SCALES if s not in scales]
-        if not isinstance(scales, dict) or missing:
-            raise SweepConfigError(f"{path}: recipe [{name}] needs the tables {', '.join(f'[{name}.{s}]' for s in SCALES)}"
-                                   f"; missing: {', '.join(missing) or 'all'}")
+        needs = f"recipe [{name}] needs the tables {', '.join(f'[{name}.{s}]' for s in SCALES)}"
+        if not isinstance(scales, dict):
+            raise SweepConfigError(f"{path}: {needs}, not {name} = {scales!r}")
+        missing = [s for s in SCALES if not isinstance(scales.get(s), dict)]
+        if missing:
+            raise SweepConfigError(f"{path}: {needs}; missing (or not a table): {', '.join(missing)}")
+        keys = sorted(k for k, v in scales.items() if not isinstance(v, dict))
+        if keys:  # (a key meant for a scale's table, written above it)
+            raise SweepConfigError(f"{path}: recipe [{name}] sets {', '.join(keys)} outside its scales' tables; "
+                                   f"move {'it' if len(keys) == 1 else 'them'} into [{name}.{SCALES[0]}] and "
+                                   f"[{name}.{SCALES[1]}]")
         other = sorted(set(scales) - set(SCALES))
         if other:  # (a third scale's table was ignored without a word)
             tables = ", ".join(f"[{name}.{s}]" for s in other)
