@@ -313,13 +313,13 @@ b = {recipe = "tiny", method = "gpipe"}
 """
 
 
-def _fake_run(out, config: RunConfig, accs, status="ok"):
+def _fake_run(out, config: RunConfig, accs, status="ok", seconds=30.0, finished="2026-11-23T15:00:00+0000"):
     run_dir = Path(out) / "runs" / config.run_id()
     run_dir.mkdir(parents=True)
     (run_dir / "config.json").write_text(json.dumps(config.to_dict()))
     pd.DataFrame({"epoch": range(1, len(accs) + 1), "step": range(1, len(accs) + 1), "train_loss": 0.5,
                   "test_acc": accs, "status": status}).to_csv(run_dir / "records.csv", index=False)
-    (run_dir / "done").write_text(json.dumps({"status": status, "seconds": 30.0, "finished": "2026-11-23T15:00:00+0000"}))
+    (run_dir / "done").write_text(json.dumps({"status": status, "seconds": seconds, "finished": finished}))
 
 
 def test_page_from_synthetic_results(tmp_path):
@@ -332,10 +332,14 @@ def test_page_from_synthetic_results(tmp_path):
     tiny = next(e for e in exps if e.name == "tiny")
     out = tmp_path / "out"
     for c in tiny.configs:   # final accuracy: pipedream 0.9 + seed/100, gpipe 0.8 (the last epoch counts)
-        _fake_run(out, c, [0.95, 0.9 + c.seed / 100] if c.method == "pipedream" else [0.5, 0.8])
-    ledger.record_launch(out, "l1", 0.0, "staleopt reproduce --out out")
-    ledger.record_launch(out, "l1", 0.0, "staleopt reproduce --out out", 90.0, trained=6, cpu=150.0)
-    ledger.record_launch(out, "l2", 100.0, "staleopt reproduce --out out")       # killed: no end
+        if c.method == "pipedream":  # (30 s each, by launch l1; gpipe's 90 s each an hour later, by killed l2)
+            _fake_run(out, c, [0.95, 0.9 + c.seed / 100])
+        else:
+            _fake_run(out, c, [0.5, 0.8], seconds=90.0, finished="2026-11-23T16:00:00+0000")
+    t0 = 1795445940.0  # 2026-11-23 14:59:00 UTC
+    ledger.record_launch(out, "l1", t0, "staleopt reproduce --out out")
+    ledger.record_launch(out, "l1", t0, "staleopt reproduce --out out", t0 + 90, trained=3, cpu=180.0)
+    ledger.record_launch(out, "l2", t0 + 100, "staleopt reproduce --out out")       # killed: no end
     extra = [verdict.Row("analytic", "a1", "an analytic claim", "P §2", "7%", "analytic", "7.0%", REPRODUCED)]
     rows = ledger.write_page(tmp_path / "page.md", exps, out, extra)
     page = (tmp_path / "page.md").read_text()
@@ -344,13 +348,15 @@ def test_page_from_synthetic_results(tmp_path):
     assert "pipedream P=3: 0.910 ± 0.025 (3 runs)" in by_id["tiny-better"].ours
     assert "difference +0.110 [+0.085, +0.135]" in by_id["tiny-better"].ours
     assert by_id["tiny-unrun"].verdict == NOT_RUN
-    assert "1970-01-01 00:00:00 UTC to 1970-01-01 00:01:30 UTC" in page and "1.5 min" in page
-    assert "`staleopt reproduce --out out`" in page and "6 of 9 finished (6 trained" in page
-    assert "2.5 CPU-min (user + system, all workers) for the 6 runs" in page
-    assert "all 9 runs take about 4 CPU-min, i.e. about 2 min on 2 otherwise idle cores" in page
-    assert "started 1970-01-01 00:01:40 UTC" in page and "no end recorded" in page
-    assert "first run started 2026-11-23 14:59:30 UTC, last finished 2026-11-23 15:00:00 UTC" in page
-    assert "add up to 3.0 run-min" in page
+    assert "2026-11-23 14:59:00 UTC to 2026-11-23 15:00:30 UTC" in page and "1.5 min" in page
+    assert "`staleopt reproduce --out out`" in page and "6 of 9 finished (3 trained" in page
+    assert "3.0 CPU-min (user + system, all workers) for the 3 runs" in page
+    # 180 CPU-s over the 90 run-s of l1's runs, for all 6 runs' 360 run-s (by run count: 6 CPU-min, half of it)
+    assert "whose runs' wall times add up to 1.5 run-min; at that rate the 6 finished runs took about 12 CPU-min, " \
+           "i.e. about 6 min on 2 otherwise idle cores" in page
+    assert "started 2026-11-23 15:00:40 UTC" in page and "no end recorded" in page
+    assert "first run started 2026-11-23 14:59:30 UTC, last finished 2026-11-23 16:00:00 UTC" in page
+    assert "add up to 6.0 run-min" in page
     assert "Verdicts: 2 reproduced, 0 partly, 0 not reproduced, 1 not yet run." in page
     assert page.index("## Tiny (A paper)") < page.index("## Analytic rows")
     assert "| an analytic claim (`a1`) |" in page

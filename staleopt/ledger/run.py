@@ -29,7 +29,7 @@ from .report import markdown
 from .spec import Check, Experiment
 from .verdict import Row, evaluate_horizons, scores, setting_text
 
-__all__ = ["plan", "done", "estimate", "train", "rows", "machine", "cpu_seconds", "record_launch", "launches", "run_times", "provenance", "write_page", "command_line"]
+__all__ = ["plan", "done", "estimate", "train", "rows", "machine", "cpu_seconds", "record_launch", "launches", "run_spans", "provenance", "write_page", "command_line"]
 
 
 def plan(selection: Sequence[Tuple[Experiment, Optional[Check]]],
@@ -209,9 +209,9 @@ def launches(out: Path) -> List[Dict]:
     return list(latest.values())
 
 
-def run_times(configs: Sequence[RunConfig], out: Path) -> Optional[Tuple[str, str, float]]:
-    """From the finished runs' ``done`` files: when the first started, when the last finished (UTC), and the sum
-    of their wall times in seconds (a resumed run counts its last launch only); None when none finished."""
+def run_spans(configs: Sequence[RunConfig], out: Path) -> List[Tuple[datetime.datetime, datetime.datetime, float]]:
+    """From the finished runs' ``done`` files: each run's start, end (aware datetimes) and wall seconds (a resumed
+    run counts its last launch only)."""
     spans = []
     for c in configs:
         path = Path(out) / "runs" / c.run_id() / "done"
@@ -219,6 +219,11 @@ def run_times(configs: Sequence[RunConfig], out: Path) -> Optional[Tuple[str, st
             d = sweep.read_done(path)
             end = datetime.datetime.strptime(d["finished"], "%Y-%m-%dT%H:%M:%S%z")
             spans.append((end - datetime.timedelta(seconds=d["seconds"]), end, d["seconds"]))
+    return spans
+
+
+def _times(spans) -> Optional[Tuple[str, str, float]]:
+    """When the first of ``spans`` (:func:`run_spans`) started, when the last ended (UTC), and their seconds."""
     if not spans:
         return None
     fmt = "%Y-%m-%d %H:%M:%S UTC"
@@ -227,43 +232,52 @@ def run_times(configs: Sequence[RunConfig], out: Path) -> Optional[Tuple[str, st
     return first.strftime(fmt), last.strftime(fmt), sum(x for _, _, x in spans)
 
 
-def _cpu_text(cpu: Sequence[Optional[float]], trained: Sequence[int], total_runs: int) -> str:
-    """CPU time of the launches that recorded it (an interrupted launch does not), scaled to all runs."""
-    known = [(c, n) for c, n in zip(cpu, trained) if c is not None]
-    runs = sum(n for _, n in known)
-    if not runs:
+def _cpu_text(ended: Sequence[Dict], spans) -> str:
+    """CPU time of the launches that recorded it (an interrupted launch does not), and the finished runs' CPU time
+    at that rate per run-second: the runs a launch trained are the finished runs that ended within it. (Scaled
+    by run count, the rate of a few long runs, GPT's, stood for every run's and overstated the whole twice.)"""
+    known = [e for e in ended if e.get("cpu_seconds") is not None]
+    if not known:
         return "not recorded (every launch that trained runs was interrupted)"
-    secs = sum(c for c, _ in known)
-    whole = secs / runs * total_runs
-    missing = len(cpu) - len(known)
-    note = (f"; {missing} interrupted launch(es) that trained {sum(trained) - runs} runs did not record theirs"
-            if missing else "")
-    return (f"{secs / 60:.1f} CPU-min (user + system, all workers) for the {runs} runs of the launches that "
-            f"recorded it{note}; at that rate all {total_runs} runs take about {whole / 60:.0f} CPU-min, i.e. about "
-            f"{whole / 120:.0f} min on 2 otherwise idle cores")
+    runs, secs = sum(e["trained"] for e in known), sum(e["cpu_seconds"] for e in known)
+    missing = len(ended) - len(known)
+    note = (f"; {missing} interrupted launch(es) that trained {sum(e['trained'] for e in ended) - runs} runs did "
+            "not record theirs" if missing else "")
+    text = f"{secs / 60:.1f} CPU-min (user + system, all workers) for the {runs} runs of the launches that " \
+           f"recorded it{note}"
+    fmt, utc = "%Y-%m-%d %H:%M:%S UTC", datetime.timezone.utc
+    windows = [(datetime.datetime.strptime(e["started"], fmt).replace(tzinfo=utc) - datetime.timedelta(seconds=1),
+                datetime.datetime.strptime(e["ended"], fmt).replace(tzinfo=utc) + datetime.timedelta(seconds=1))
+               for e in known]
+    theirs = sum(x for _, end, x in spans if any(a <= end <= b for a, b in windows))
+    if not theirs:
+        return text
+    whole = secs / theirs * sum(x for _, _, x in spans)
+    return (f"{text}, whose runs' wall times add up to {theirs / 60:.1f} run-min; at that rate the {len(spans)} "
+            f"finished runs took about {whole / 60:.0f} CPU-min, i.e. about {whole / 120:.0f} min on 2 otherwise "
+            "idle cores")
 
 
-def provenance(out: Path, total_runs: int, finished_runs: int,
-               times: Optional[Tuple[str, str, float]] = None) -> Dict[str, str]:
+def provenance(out: Path, total_runs: int, finished_runs: int, spans: Sequence = ()) -> Dict[str, str]:
     """The page's account of the runs: dates, machines, commands, wall and CPU time of the launches that trained,
-    and ``times`` (:func:`run_times`).
+    and the finished runs' own times (``spans``: :func:`run_spans`).
 
     A launch that has not recorded its end is still running or was killed; its time is not counted."""
     info = {"runs": f"{finished_runs} of {total_runs} finished"}
     ended = [e for e in launches(out) if e["ended"] is not None and e["trained"]]
     open_ = [e for e in launches(out) if e["ended"] is None]
     if ended:
-        cpu = [e.get("cpu_seconds") for e in ended]
         info = {
             "date": f"{ended[0]['started']} to {ended[-1]['ended']}",
             "machine": "; ".join(dict.fromkeys(e["machine"] for e in ended)),
             "command": "; ".join(f"`{c}`" for c in dict.fromkeys(e["command"] for e in ended)),
             "wall time": f"{sum(e['seconds'] for e in ended) / 60:.1f} min in {len(ended)} launch(es) that "
                          f"trained runs ({', '.join(str(round(e['seconds'] / 60, 1)) + ' min' for e in ended)})",
-            "CPU time": _cpu_text(cpu, [e["trained"] for e in ended], total_runs),
+            "CPU time": _cpu_text(ended, spans),
             "runs": f"{finished_runs} of {total_runs} finished ({sum(e['trained'] for e in ended)} trained by "
                     "these launches)",
         }
+    times = _times(spans)
     if times:
         info["runs' own times"] = (f"first run started {times[0]}, last finished {times[1]}; their wall times add "
                                    f"up to {times[2] / 60:.1f} run-min (a resumed run counts its last launch only)")
@@ -286,7 +300,7 @@ def write_page(path: Path, experiments: Sequence[Experiment], out: Path, extra: 
     states = [sweep.run_state(Path(out) / "runs" / c.run_id()) for c in configs]
     result = rows(selection, out, tier) + list(extra)
     # (provenance reads the launch log, which may be damaged: refused before any file is written)
-    info = provenance(out, len(configs), sum(s == "done" for s in states), run_times(configs, out))
+    info = provenance(out, len(configs), sum(s == "done" for s in states), run_spans(configs, out))
     checks = {(e.name, c.id): e.resolved(c) for e in experiments for c in e.checks}
     figures = {}
     for e in experiments:
