@@ -159,8 +159,11 @@ API_MODULES = ("staleopt", "staleopt.optimizer", "staleopt.partition", "staleopt
 #: The recorded ``make bench`` runs README's cost paragraph is generated from (``docs/bench/COMMIT/run-N``, each
 #: a run's ``step.csv``, ``budget.csv``, ``growth.csv``, ``goals.csv`` and ``meta.json``): the same engine on two
 #: CPUs (commit dc9a20d changed only docs/language-models.md after 25c5cec; 131c38b only ``step()``'s early return
-#: when no parameter has a gradient), the Intel one twice.
-BENCH_RUNS = ("docs/bench/25c5cec/run-1", "docs/bench/dc9a20d/run-1", "docs/bench/131c38b/run-1")
+#: when no parameter has a gradient), the Intel one twice; and the engine at 47a783e (the correctness fixes since
+#: 131c38b: Tensor-lr paths, corrections reading the base's groups, memory_bytes counting every buffer) on an AMD
+#: EPYC.
+BENCH_RUNS = ("docs/bench/25c5cec/run-1", "docs/bench/dc9a20d/run-1", "docs/bench/131c38b/run-1",
+              "docs/bench/47a783e/run-1")
 
 
 def bench_costs(runs: Sequence[str] = BENCH_RUNS) -> str:
