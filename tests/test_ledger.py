@@ -596,9 +596,11 @@ def test_report_only_without_runs_and_a_damaged_launch_log_refuse_before_writing
     for c in exps[0].configs:
         _fake_records(out, c, pd.DataFrame({"epoch": [1], "step": [10], "train_loss": 0.5, "test_acc": [0.8],
                                             "status": "ok", "tau_max": 0, "wall_time": [1.0]}))
-    (out / "launches.jsonl").write_text('{"started": "2026-11-23T15:00:00+0000", "trained": 1}\n{"started": \n')
-    with pytest.raises(RunFileError, match=r"launches.jsonl, line 2"):
-        ledger.write_page(page, exps, out, tier="ladder")
+    good = '{"started": "2026-11-23 15:00:00 UTC", "ended": null}\n'
+    for bad in ('{"started": \n', '{"started": "2026-11-23 15:00:00 UTC", "ended": "yesterday"}\n'):
+        (out / "launches.jsonl").write_text(good + bad)  # (a time the page could not read: a ValueError)
+        with pytest.raises(RunFileError, match=r"launches.jsonl, line 2"):
+            ledger.write_page(page, exps, out, tier="ladder")
     assert not page.exists() and not (page.parent / "img").exists()
 
 

@@ -193,6 +193,11 @@ def record_launch(out: Path, launch: str, started: float, command: str, ended: O
         f.write(json.dumps(entry) + "\n")
 
 
+def _utc(text: str) -> datetime.datetime:
+    """A time :func:`record_launch` wrote (``2026-11-28 10:51:54 UTC``)."""
+    return datetime.datetime.strptime(text, "%Y-%m-%d %H:%M:%S UTC").replace(tzinfo=datetime.timezone.utc)
+
+
 def launches(out: Path) -> List[Dict]:
     """Each launch's last entry, in the order they started."""
     path = Path(out) / "launches.jsonl"
@@ -201,10 +206,13 @@ def launches(out: Path) -> List[Dict]:
         if line.strip():
             try:
                 entry = json.loads(line)
+                _utc(entry["started"])  # (the page reads the times)
+                if entry.get("ended") is not None:
+                    _utc(entry["ended"])
                 latest[entry.get("launch", entry["started"])] = entry
             except (ValueError, KeyError, TypeError, AttributeError) as e:
-                raise RunFileError(f"{path}, line {n}, is not a launch entry (a JSON object with 'started'): "
-                                   f"{type(e).__name__}: {e}; repair or delete that line (the runs themselves are "
+                raise RunFileError(f"{path}, line {n}, is not a launch entry (a JSON object with 'started' and "
+                                   f"'ended' times): {type(e).__name__}: {e}; repair or delete that line (the runs themselves are "
                                    "in runs/, each with its own done marker)") from None
     return list(latest.values())
 
@@ -245,10 +253,8 @@ def _cpu_text(ended: Sequence[Dict], spans) -> str:
             "not record theirs" if missing else "")
     text = f"{secs / 60:.1f} CPU-min (user + system, all workers) for the {runs} runs of the launches that " \
            f"recorded it{note}"
-    fmt, utc = "%Y-%m-%d %H:%M:%S UTC", datetime.timezone.utc
-    windows = [(datetime.datetime.strptime(e["started"], fmt).replace(tzinfo=utc) - datetime.timedelta(seconds=1),
-                datetime.datetime.strptime(e["ended"], fmt).replace(tzinfo=utc) + datetime.timedelta(seconds=1))
-               for e in known]
+    second = datetime.timedelta(seconds=1)  # (the times are whole seconds)
+    windows = [(_utc(e["started"]) - second, _utc(e["ended"]) + second) for e in known]
     theirs = sum(x for _, end, x in spans if any(a <= end <= b for a, b in windows))
     if not theirs:
         return text
@@ -264,8 +270,8 @@ def provenance(out: Path, total_runs: int, finished_runs: int, spans: Sequence =
 
     A launch that has not recorded its end is still running or was killed; its time is not counted."""
     info = {"runs": f"{finished_runs} of {total_runs} finished"}
-    ended = [e for e in launches(out) if e["ended"] is not None and e["trained"]]
-    open_ = [e for e in launches(out) if e["ended"] is None]
+    ended = [e for e in launches(out) if e.get("ended") is not None and e.get("trained")]
+    open_ = [e for e in launches(out) if e.get("ended") is None]
     if ended:
         info = {
             "date": f"{ended[0]['started']} to {ended[-1]['ended']}",
