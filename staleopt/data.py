@@ -836,6 +836,12 @@ def option_defaults(name: str) -> Dict[str, Any]:
     return {k: p.default for k, p in params.items() if p.default is not p.empty and k not in ("root", "download")}
 
 
+def _int64_pieces(t, size: int = 1 << 22):
+    """Integer tensor ``t`` flat, in pieces of ``size`` widened to int64 (torch has no min/max for uint16 or
+    uint32, and compares uint8 with -100 as 156); a token file's dataset is not copied whole."""
+    return (piece.long() for piece in torch.as_tensor(t).reshape(-1).split(size) if piece.numel())
+
+
 def task(name: str, **kwargs) -> Optional[str]:
     """The task of ``load(name, **kwargs)`` without loading it: ``"classification"``, ``"regression"`` or
     ``"lm"`` for a built-in dataset; ``None`` for a user's (known once loaded)."""
@@ -944,10 +950,12 @@ def from_datasets(train: Dataset, test: Dataset, name: str = "custom", task: Opt
                 pairs = [ds.tensors[:2]] if isinstance(ds, TensorDataset) else (ds[i] for i in range(len(ds)))
                 lo, hi = 0, 0
                 for a, b in pairs:
-                    b = torch.as_tensor(b)
-                    kept = b[b != -100]
-                    lo = min(lo, int(kept.min())) if kept.numel() else lo
-                    hi = max(hi, int(b.max()), int(torch.as_tensor(a).max()) if tokens else 0)
+                    for piece in _int64_pieces(b):
+                        kept = piece[piece != -100]
+                        lo = min(lo, int(kept.min())) if kept.numel() else lo
+                        hi = max(hi, int(piece.max()))
+                    for piece in _int64_pieces(a) if tokens else ():
+                        hi = max(hi, int(piece.max()))
                 return lo, hi
             (lo_train, hi_train), (lo_test, hi_test) = span(train), span(test)
             if min(lo_train, lo_test) < 0:

@@ -208,6 +208,18 @@ def _hardware(config: RunConfig, model, pipeline: Pipeline, partition, total: in
 IGNORE_INDEX = -100
 
 
+def _batch(x, y, task: str, device):
+    """A batch on ``device``, integer targets (and a language model's integer tokens) as int64: torch compares a
+    uint8 target with :data:`IGNORE_INDEX` as 156 (those targets were left out of the evaluation's count but not
+    of its loss) and has neither min/max nor embeddings for uint16 (a GPT-2-tokenized corpus's dtype)."""
+    x, y = x.to(device), y.to(device)
+    if task != "regression" and not (y.is_floating_point() or y.is_complex()):
+        y = y.long()
+    if task == "lm" and not (x.is_floating_point() or x.is_complex()):
+        x = x.long()
+    return x, y
+
+
 def _ce_loss(logits, y, reduction: str = "mean"):
     """Cross-entropy of logits ``(B, C)`` against class indices ``y`` of any integer dtype (int32 labels too),
     leaving out targets equal to :data:`IGNORE_INDEX`."""
@@ -321,7 +333,7 @@ def _evaluate(model, data, device, name: str) -> Dict[str, float]:
     size = max(1, _EVAL_TOKENS // torch.as_tensor(dataset[0][1]).numel()) if task == "lm" else _EVAL_BATCH
     summed = functools.partial(loss_function(task), reduction="sum")  # divided once, by the kept targets, at end
     for x, y in datasets.batches(dataset, size):
-        x, y = x.to(device), y.to(device)
+        x, y = _batch(x, y, task, device)
         out, loss = _forward_loss(model, x, y, data, name, summed)
         if task in ("classification", "lm"):
             logits, target = (out, y) if task == "classification" else (out.flatten(0, 1), y.flatten())
@@ -441,8 +453,8 @@ def _train(config: RunConfig, device: torch.device, progress: bool, checkpoint, 
                                          drop_last=True, start=done_batches):
                 if opt.step_count >= total:
                     break
-                x, y = x.to(device), y.to(device)
-                if data.task != "regression" and not bool((y != -100).any()):
+                x, y = _batch(x, y, data.task, device)
+                if data.task != "regression" and not bool((y != IGNORE_INDEX).any()):
                     # every target is padding (-100): the loss is 0/0, nothing to learn and no divergence; the
                     # pipeline sees no minibatch (as for a batch a trainer skips)
                     done_batches += 1

@@ -250,6 +250,38 @@ def test_padding_targets_count_in_no_metric_and_any_integer_targets_train():
         train.loss_function("classification")(head(x[:4].float()), labels).item()
 
 
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.uint16, torch.int32])
+def test_unsigned_and_narrow_integer_tokens_evaluate_and_train_as_int64(dtype):
+    """uint8 targets 156 compared equal to -100 (the padding label): the evaluation left them out of its count and
+    accuracy but kept their loss (test ppl 46.8 for 28.7, silently); uint16 token windows (a GPT-2-tokenized
+    corpus's dtype) were a raw NotImplementedError at load (torch has no min/max for them) and at the embedding."""
+    from torch.utils.data import TensorDataset
+
+    from staleopt.config import RunConfig
+    import staleopt
+    g = torch.Generator().manual_seed(0)
+    tokens = torch.randint(150, 160, (1200,), generator=g)  # (byte 156: a tenth of the targets)
+    T = 8
+
+    def windows(t):
+        n = (len(t) - 1) // T
+        return TensorDataset(t[:n * T].view(n, T), t[1:n * T + 1].view(n, T))
+
+    runs = {}
+    try:
+        for kind, t in (("wide", tokens), ("narrow", tokens.to(dtype))):
+            staleopt.register_data(f"tokens-{kind}", lambda t=t: (windows(t[:1000]), windows(t[1000:])))
+            assert data.load(f"tokens-{kind}").num_classes == 160
+            runs[kind] = train.run(RunConfig(model="gpt", model_kwargs={"d_model": 8, "heads": 2, "layers": 1},
+                                             data=f"tokens-{kind}", optimizer="adam", lr=3e-3, batch_size=8,
+                                             epochs=1, max_steps=6))
+    finally:  # (this test's registrations end with it)
+        for kind in ("wide", "narrow"):
+            data._USER.pop(f"tokens-{kind}", None)
+    columns = ["train_loss", "test_loss", "test_ppl", "test_acc"]
+    assert runs["narrow"][columns].equals(runs["wide"][columns])
+
+
 class _Lists(torch.utils.data.Dataset):
     """Token windows whose samples are Python lists of ints (or, ``as_numpy``, int64 arrays)."""
 
