@@ -616,3 +616,20 @@ def test_results_totals_count_a_run_whose_config_is_missing(tmp_path, capsys):
     out = capsys.readouterr()
     n = len(list((tmp_path / "s" / "runs").iterdir()))
     assert "skipped a damaged run" in out.err and f"{n} runs: 1 damaged, {n - 1} done" in out.out
+
+
+def test_the_plot_functions_read_a_sweep_folders_target(tmp_path):
+    """plot_accuracy_vs_stages(DIR) and plot_accuracy_vs_time(DIR, P) drew GPipe's best minus 0.01 where the
+    folder's report (and its speedup.csv, and `staleopt plot`) holds another target: figure against table."""
+    import warnings
+
+    from staleopt.plot import sweep as plots
+    out = tmp_path / "s"
+    sweep.run_sweep(_write(tmp_path), out, train_fn=fake_train, bar=False)
+    (out / "report.json").write_text(json.dumps({"target": 0.3, "metric": "test_acc"}))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        stages = plots.plot_accuracy_vs_stages(out)
+        time = plots.plot_accuracy_vs_time(out, 2)
+    assert any("0.300" in ax.get_ylabel() for ax in stages.axes)
+    assert [line.get_ydata()[0] for line in time.axes[0].get_lines() if line.get_label().startswith("target")] == [0.3]

@@ -69,6 +69,11 @@ def _records(source) -> pd.DataFrame:
     return records
 
 
+def _folder(source):
+    """The sweep folder ``source`` names (its report's target is the figures' default), else None."""
+    return None if isinstance(source, pd.DataFrame) else source
+
+
 def _at_stages(records: pd.DataFrame, stages: int) -> pd.DataFrame:
     """The records of the runs with ``P = stages``; a :class:`ConfigError` naming the sweep's stage counts if none."""
     available = sorted(int(p) for p in records["stages"].unique())
@@ -264,8 +269,8 @@ def plot_accuracy_vs_stages(source, metric: Optional[str] = None, level: float =
     seeds' range below 4 seeds, else the ``level`` t-interval, within [0, 1] for an
     accuracy) and each seed's own value as a dot (an ``x`` for a diverged run, which
     stays in the mean); nothing is dropped. ``target``: in that metric, default
-    :func:`staleopt.speedup.default_target` (GPipe's mean best accuracy minus 0.01,
-    or its best perplexity plus 1%; NaN: none, no speedup panel); the speedup
+    :func:`staleopt.speedup.shared_target` (the one a sweep folder's report was written with, else GPipe's mean
+    best accuracy minus 0.01, or its best perplexity plus 1%; NaN: none, no speedup panel); the speedup
     panel draws every method and ``P`` where a seed reached it, labelled ``k/n``
     where only ``k`` of ``n`` did (the mean over those). Fewer than :data:`CATEGORICAL_BELOW` stage counts are
     categories, not joined by lines. ``title``: default read off the records
@@ -280,7 +285,7 @@ def plot_accuracy_vs_stages(source, metric: Optional[str] = None, level: float =
     pos, categorical = _positions(stages)
     timed = "gpipe" in set(records["method"]) and "microbatches" in records.columns
     if timed and target is None:
-        target = speedup.target_or_none(records, metric=m)
+        target = speedup.shared_target(_folder(source), records, metric=m)
     timed = timed and target is not None and not np.isnan(target)
     if timed:
         fast = speedup.speedup_table(records, target, keys=[*keys, "stages"], metric=m)
@@ -457,16 +462,17 @@ def plot_accuracy_vs_time(source, stages: int, target: Optional[float] = None, l
     Each epoch sits at the seeds' mean ``T(step)`` (fully utilized minibatch
     times, :func:`staleopt.speedup.with_pipeline_time`): GPipe's points are
     ``(N + P - 1) / N`` times further right than an asynchronous method's. The
-    dashed line is ``target`` (default: GPipe's mean best accuracy minus 0.01, or
-    its best perplexity plus 1%, when the sweep has GPipe runs); a diverged run's
+    dashed line is ``target`` (default :func:`staleopt.speedup.shared_target`: the one a sweep folder's report
+    was written with, else GPipe's mean best accuracy minus 0.01, or its best perplexity plus 1%, when the sweep
+    has GPipe runs); a diverged run's
     last epoch is marked ``x``.
     """
     from matplotlib.figure import Figure
     records = _records(source)
     m = metrics.of(records, metric)
     at = stats.with_worst(speedup.with_pipeline_time(_at_stages(records, stages)), m)
-    if target is None and "gpipe" in set(records["method"]):
-        target = speedup.target_or_none(records, metric=m)
+    if target is None:
+        target = speedup.shared_target(_folder(source), records, metric=m)
     fig = Figure(figsize=figsize, layout="constrained")
     ax = fig.add_subplot()
     edge = Edge(m.bounds)
