@@ -45,7 +45,7 @@ import pandas as pd
 from . import methods, metrics, stats
 from .config import RunConfig, field_names
 from .corrections import Hybrid, Warmup
-from .errors import ConfigError
+from .errors import ConfigError, RunFileError
 from .hardware import time_to_accuracy
 from .train import method_args
 
@@ -187,7 +187,13 @@ def shared_target(sweep_dir=None, records: Optional[pd.DataFrame] = None, metric
         for name in ("report.json", "run.json"):
             path = Path(sweep_dir) / name
             if path.is_file():
-                report = json.loads(path.read_text())
+                try:
+                    report = json.loads(path.read_text())
+                except (OSError, ValueError) as e:
+                    report = e
+                if not isinstance(report, dict):
+                    raise RunFileError(f"{path} is not a report's JSON object ({report}): restore it, delete it "
+                                       "(the records' default target is used then), or pass a target (--target)")
                 target = report.get("target")
                 same = wanted is None or report.get("metric", metrics.ACCURACY.column) == wanted.column
                 if target is not None and same:

@@ -223,6 +223,7 @@ def _from_records(args) -> int:
     """``--from-records``: the report of OUT/records.csv, trained by an earlier demo."""
     from ..checkpoint import read_records
     from ..compare import write_report
+    from ..speedup import shared_target
     out = Path(args.out)
     if not (out / "records.csv").is_file():
         raise ConfigError(f"--from-records reads {out / 'records.csv'}, which does not exist: run the demo first")
@@ -240,8 +241,10 @@ def _from_records(args) -> int:
     _check_sweep_file(raw, out / "records.csv", _sweep_file(args))
     records = complete(raw, _sweep_file(args))
     _check_whole(records, out / "records.csv")
-    default = _default_target(args, records)
-    target = args.target if args.target is not None else info.get("target", default)
+    # the target the folder's report was written with (report.json: a demo's or a comparison's; else run.json)
+    recorded = shared_target(out)
+    target = args.target if args.target is not None else recorded if recorded is not None else \
+        _default_target(args, records)
     result = write_report(records, out, target=target, figures=args.figures, write_records=False, claims=claims_)
     if info and info.get("target") != target:  # the target the rebuilt tables use (markdown() reads it)
         info["target"] = target
