@@ -113,6 +113,11 @@ def compare(model: Union[str, Callable], data: Union[str, Callable] = "mnist1d",
     for key, values in (("methods", methods), ("stages", stages), ("seeds", seeds)):
         if isinstance(values, (str, int)) or not len(values):
             raise ConfigError(f"{key} must be a non-empty list, got {values!r}")
+    from .claims import Claim
+    if claims is not None and (not isinstance(claims, (list, tuple)) or
+                               not all(isinstance(c, Claim) for c in claims)):
+        raise ConfigError(f"claims must be a list of staleopt.claims.Claim (e.g. claims.Compare(...)), got "
+                          f"{claims!r:.80}: checked before training (it failed after every run)")
     base = {"model": _name("model", model, models.register), "data": _name("data", data, datasets.register),
             **config}
     grid = {"method": list(methods), "stages": list(stages), "seed": list(seeds)}

@@ -452,3 +452,18 @@ def test_a_users_factory_that_raises_is_a_config_error_naming_it_and_its_argumen
             models.num_units("raising_net", num_classes=3, input_shape=(6,))
     finally:
         del models._USER["raising_net"]
+
+
+@pytest.mark.parametrize("setting, says", [("target=0.9", "pass --target"), ("workers=2", "pass --workers"),
+                                           ("threads=2", "pass --worker-threads"), ("claims=none", "compare(claims=)")])
+def test_compare_set_of_the_comparisons_own_arguments_is_refused_before_training(tmp_path, capsys, setting, says):
+    """--set target=0.9 (workers, threads, metric, out, bar) reached compare() twice: a raw TypeError; --set
+    claims=none trained every run, then failed evaluating the string as claims, with no report."""
+    out = tmp_path / "c"
+    assert main(["compare", "--model", "mlp", "--data", "synthetic", "--stages", "1", "--seeds", "0", "--no-bar",
+                 "--out", str(out), "--set", setting]) == 2
+    err = capsys.readouterr().err
+    assert says in err and "Traceback" not in err and not out.exists()
+    with pytest.raises(ConfigError, match="claims must be a list of staleopt.claims.Claim"):
+        staleopt.compare("mlp", "synthetic", stages=[1], seeds=[0], out=tmp_path / "d", claims="none")
+    assert not (tmp_path / "d").exists()
