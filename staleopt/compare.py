@@ -131,20 +131,22 @@ def compare(model: Union[str, Callable], data: Union[str, Callable] = "mnist1d",
     check_report_folder(out, [c.run_id() for c in spec.configs])
     report = sweep.run_sweep(spec, out, workers=workers, threads=threads, bar=bar)
     ids = {c.run_id() for c in spec.configs}
-    records = sweep.collect(out)
+    damaged = dict(report.damaged)
+    records = sweep.collect(out, damaged=damaged)  # (a damaged run is left out, named below; another's ignored)
     records = records[records["run"].isin(ids)].reset_index(drop=True)
     if records.empty:
         raise ConfigError(f"no run finished; see the error.txt files under {out / 'runs'}")
     unfinished = {what: [i for i in runs if i in ids] for what, runs in
                   (("failed", report.failed), ("left to another launch", report.claimed),
-                   ("damaged", list(report.damaged)))}
+                   ("damaged", list(damaged)))}
     lost = sum(map(len, unfinished.values()))
     if lost:  # (the tables below are over the runs that finished: say so, and which)
         parts = "; ".join(f"{len(v)} {what} ({sweep.few(v)})" for what, v in unfinished.items() if v)
         warnings.warn(f"{lost} of {len(ids)} runs of this comparison did not finish: {parts}. Its tables, claims "
                       f"and figures are over the {records['run'].nunique()} runs that did (a cell then has fewer "
                       f"runs than seeds). A failed run's error is in {out / 'runs'}/<run id>/error.txt; calling "
-                      "compare again retries it", stacklevel=2)
+                      "compare again retries it" + "".join(f". Damaged: {damaged[i]}" for i in unfinished["damaged"]
+                                                            [:1]), stacklevel=2)
     metric = metrics_module.of(records, metric)
     if target is None and "gpipe" in set(records["method"]):
         from .speedup import target_or_none

@@ -467,3 +467,20 @@ def test_compare_set_of_the_comparisons_own_arguments_is_refused_before_training
     with pytest.raises(ConfigError, match="claims must be a list of staleopt.claims.Claim"):
         staleopt.compare("mlp", "synthetic", stages=[1], seeds=[0], out=tmp_path / "d", claims="none")
     assert not (tmp_path / "d").exists()
+
+
+def test_compare_leaves_a_damaged_run_out_with_a_warning(tmp_path):
+    """A finished run whose records.csv was changed afterwards made compare raise RunFileError after the sweep,
+    with no report, though its docstring says such runs are left out with a warning (as results does)."""
+    import warnings
+    kw = dict(methods=["gpipe", "1f1b"], stages=[2], seeds=[0], out=tmp_path / "c", epochs=1, max_steps=3,
+              bar=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        first = staleopt.compare("mlp", "synthetic", **kw)
+    run = sorted(first.records["run"].unique())[0]
+    path = tmp_path / "c" / "runs" / run / "records.csv"
+    path.write_text(path.read_text().replace(",3,", ",4,", 1))  # (its step no longer the one its done file holds)
+    with pytest.warns(UserWarning, match=f"1 damaged \\({run}\\).*Damaged: .*records.csv"):
+        again = staleopt.compare("mlp", "synthetic", **kw)
+    assert set(again.records["run"]) == set(first.records["run"]) - {run}
