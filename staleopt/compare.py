@@ -57,9 +57,9 @@ class Comparison:
     metric: metrics_module.Metric = metrics_module.ACCURACY  # what the tables, claims and target are in
 
     def table(self, value: Optional[str] = None) -> pd.DataFrame:
-        """Methods x stages of ``value`` (default the metric's best, ``best_acc`` or ``best_ppl``; or the final,
-        ``final_acc``): mean [interval] over seeds, diverged runs counted in each cell
-        (:func:`staleopt.commands.demo.pivot`)."""
+        """Methods x stages of ``value`` (default the metric's best, ``best_acc``, ``best_ppl`` or
+        ``best_test_loss``; or its final, ``final_acc``, ...: the columns of :attr:`metric`): mean [interval] over
+        seeds, diverged runs counted in each cell (:func:`staleopt.commands.demo.pivot`)."""
         from .commands.demo import pivot
         return pivot(self.summary, value or self.metric.best_column)
 

@@ -114,6 +114,8 @@ def test_summary_of_a_language_model_and_unchanged_columns_for_a_classifier():
     assert list(plain.columns[3:8]) == ["best_acc", "best_acc_lo", "best_acc_hi", "best_acc_ci", "final_acc"]
     table = pivot(sweep.summarize(lm_records(), by=["method", "stages"]))
     assert table.loc["gpipe", "P=2"] == "11.00 [10.00, 12.00]"
+    with pytest.raises(ConfigError, match="no 'final_acc' .* pass one of best_ppl, final_ppl"):  # (AttributeError)
+        pivot(sweep.summarize(lm_records(), by=["method", "stages"]), "final_acc")
 
 
 # ---------------------------------------------------------------------------------- time to a target

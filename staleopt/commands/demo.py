@@ -119,6 +119,10 @@ def pivot(summary, value: Optional[str] = None):
         value = next((m.best_column for m in metrics.METRICS.values() if m.best_column in summary.columns),
                      metrics.ACCURACY.best_column)
     digits = metrics.per_run_column(value)[0].digits
+    if value not in summary.columns:  # (final_acc of a language model's runs: was a raw AttributeError)
+        have = [c for m in metrics.METRICS.values() for c in (m.best_column, m.final_column) if c in summary.columns]
+        raise ConfigError(f"the summary has no {value!r} (its runs record another metric): pass one of "
+                          f"{', '.join(have)}")
     labels = _labels(summary)
     return _pivot({(label, int(r.stages)): _cell(getattr(r, value), getattr(r, value + "_lo"),
                                                  getattr(r, value + "_hi"), r.diverged, r.runs, digits)
