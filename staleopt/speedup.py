@@ -93,11 +93,14 @@ def _config(row) -> RunConfig:
     return RunConfig.from_dict(values)
 
 
-def _phases(run_records: pd.DataFrame) -> Dict[str, float]:
+def _phases(run_records: pd.DataFrame, records: Optional[pd.DataFrame] = None) -> Dict[str, float]:
     """PipeMareW's ``warmup_steps`` / the hybrid's ``pipelined_steps`` of a run ({} for other methods).
 
-    The lengths are :func:`staleopt.train.method_args` of the run's config, with the
-    steps per epoch read from the records (``step / epoch`` of the first full epoch).
+    The lengths are :func:`staleopt.train.method_args` of the run's config, with the steps per epoch read from
+    the records: ``step / epoch`` of the run's first record where it ended a whole epoch, else of another run
+    in ``records`` on the same data and batch size (a run that diverged in its first epoch records the step it
+    stopped at: read as the epoch's length, its warmup came out 3 steps for 11). Where no run has one, its own
+    first record's, with a warning that its phases and pipeline times are too short.
     """
     method = str(run_records["method"].iloc[0])
     corrections = methods.resolve(method)[1] if method in methods.names() else []
@@ -105,9 +108,25 @@ def _phases(run_records: pd.DataFrame) -> Dict[str, float]:
         return {}
     first = run_records.sort_values("epoch").iloc[0]
     cfg = _config(first)
-    steps_per_epoch = math.ceil(float(first["step"]) / float(first["epoch"]))
+    same = ["data", "data_kwargs", "batch_size"]
+    others = records if records is not None else run_records
+    mine = others[(others[same].astype(str) == first[same].astype(str)).all(axis=1)] if set(same) <= set(
+        others.columns) else run_records
+    whole = [r for _, r in mine.sort_values("epoch").groupby("run", sort=False).head(1).iterrows() if _whole(r)]
+    if not whole:
+        warnings.warn(f"run {first['run']} ({method}) stopped within its first epoch and no run of the records "
+                      "on its data and batch size finished one: its phase lengths, and so its pipeline times, are "
+                      "read off the step it stopped at and may be too short", stacklevel=3)
+    steps_per_epoch = math.ceil(float((whole or [first])[0]["step"]) / float((whole or [first])[0]["epoch"]))
     args = method_args(cfg, steps_per_epoch * cfg.batch_size)
     return {k: float(args[k]) for k in ("warmup_steps", "pipelined_steps") if k in args}
+
+
+def _whole(record) -> bool:
+    """Whether ``record`` ended a whole epoch: not a divergence, not a ``max_steps`` cap."""
+    cap = record.get("max_steps")
+    capped = cap is not None and not (isinstance(cap, float) and math.isnan(cap)) and record["step"] >= float(cap)
+    return record["status"] == "ok" and not capped
 
 
 def pipeline_time(steps: float, method: str, stages: int, microbatches: int,
@@ -130,7 +149,7 @@ def with_pipeline_time(records: pd.DataFrame) -> pd.DataFrame:
     out["pipeline_time"] = math.nan
     for _, r in records.groupby("run", sort=False):
         first = r.iloc[0]
-        phases = _phases(r)
+        phases = _phases(r, records)
         out.loc[r.index, "pipeline_time"] = [
             pipeline_time(float(s), first["method"], first["stages"], first["microbatches"], phases)
             for s in r["step"]]
@@ -239,7 +258,8 @@ def time_to_target(records: pd.DataFrame, target: float, keys: Sequence[str] = (
     times = []
     for row in table.itertuples():
         r = records[records["run"] == row.run]
-        times.append(pipeline_time(row.steps_to_target, row.method, row.stages, row.microbatches, _phases(r)))
+        times.append(pipeline_time(row.steps_to_target, row.method, row.stages, row.microbatches,
+                                   _phases(r, records)))
     table["time_to_target"] = times
     return table
 

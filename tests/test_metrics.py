@@ -357,3 +357,27 @@ def test_a_perplexity_or_loss_interval_stays_in_the_values_range():
             for s, v in enumerate(values)]
     summary = sweep.summarize(pd.DataFrame(rows), by=["method", "stages"])
     assert summary["best_ppl_lo"].iloc[0] == 1.0
+
+
+def test_phase_lengths_of_a_run_that_diverged_in_its_first_epoch_come_from_a_whole_epoch():
+    """pipemare-w's warmup was re-derived from a run's first record as steps per epoch: a run that diverged at
+    step 5 of a 40-step epoch got a warmup of 3 steps for the trainer's 30, and a pipeline time too short. The
+    steps per epoch come from a run on the same data and batch size that ended one; with none, a warning."""
+    import warnings
+
+    from staleopt.config import RunConfig
+    from staleopt.sweep import _flat
+    from staleopt.train import method_args
+
+    def rows(cfg, steps, status):
+        return [{**_flat(cfg.to_dict()), "run": cfg.run_id(), "epoch": e, "step": s, "train_loss": 1.0,
+                 "test_acc": 0.5, "status": st} for e, (s, st) in enumerate(zip(steps, status), 1)]
+
+    base = dict(model="mlp", data="synthetic", stages=4, epochs=3, batch_size=20)
+    warm = RunConfig(**base, method="pipemare-w")
+    records = pd.DataFrame(rows(warm, [5], ["diverged"]) + rows(RunConfig(**base), [40, 80, 120], ["ok"] * 3))
+    mine = records[records["run"] == warm.run_id()]
+    assert speedup._phases(mine, records) == {"warmup_steps": float(method_args(warm, 40 * 20)["warmup_steps"])}
+    assert speedup._phases(mine, records)["warmup_steps"] == 30.0
+    with pytest.warns(UserWarning, match="stopped within its first epoch .* may be too short"):
+        speedup._phases(mine, mine)
