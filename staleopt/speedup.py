@@ -265,14 +265,20 @@ def time_to_target(records: pd.DataFrame, target: float, keys: Sequence[str] = (
 
 
 def speedup_table(records: pd.DataFrame, target: float, baseline: str = "gpipe",
-                  keys: Sequence[str] = ("method", "stages"), metric=None) -> pd.DataFrame:
+                  keys: Optional[Sequence[str]] = None, metric=None) -> pd.DataFrame:
     """Per group of ``keys``: ``runs``, ``reached`` (runs that reached ``target``), the mean
     ``steps_to_target`` and ``time_to_target`` over those, and ``speedup`` =
-    baseline's mean time / this group's at the same ``P`` (NaN where either never reached it).
+    baseline's mean time / this group's at the same ``P`` (NaN where either never reached it). ``keys``: default
+    ``method``, every key in which the runs' configurations differ (:func:`staleopt.sweep.varying_keys`: ``lr``
+    in a sweep over learning rates) and ``stages``, the rows of ``staleopt results`` and the figures (with
+    ``("method", "stages")`` alone two learning rates' runs were pooled into one mean).
 
     A group where only some runs reached the target has its mean over those and
     ``reached < runs``: read the speedup with that count.
     """
+    if keys is None:
+        from .sweep import varying_keys
+        keys = ["method", *varying_keys(records), "stages"]
     table = time_to_target(records, target, keys, metric)
     rows = []
     for key, g in table.groupby(list(keys), sort=False, dropna=False):  # (a key None for some runs: kept)

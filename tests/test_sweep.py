@@ -633,3 +633,14 @@ def test_the_plot_functions_read_a_sweep_folders_target(tmp_path):
         time = plots.plot_accuracy_vs_time(out, 2)
     assert any("0.300" in ax.get_ylabel() for ax in stages.axes)
     assert [line.get_ydata()[0] for line in time.axes[0].get_lines() if line.get_label().startswith("target")] == [0.3]
+
+
+def test_speedup_table_keeps_the_configurations_a_sweep_varies_apart(tmp_path):
+    """speedup_table(records, target), the Python form of results' time table, pooled a sweep's two learning rates
+    into one row per method and P (a mean over both), where results, the figures and summarize keep them apart."""
+    from staleopt import speedup
+    text = SWEEP.replace("stages = [1, 2]", "stages = [2]\nlr = [0.1, 0.02]")
+    sweep.run_sweep(_write(tmp_path, text), tmp_path / "s", train_fn=fake_train, bar=False)
+    table = speedup.speedup_table(sweep.collect(tmp_path / "s"), 0.0)
+    assert list(table.columns[:3]) == ["method", "lr", "stages"] and len(table) == 4
+    assert (table["runs"] == 1).all()
