@@ -45,7 +45,7 @@ import pandas as pd
 from . import methods, metrics, stats
 from .config import RunConfig, field_names
 from .corrections import Hybrid, Warmup
-from .errors import ConfigError, RunFileError
+from .errors import ConfigError, RunFileError, StaleoptError
 from .hardware import time_to_accuracy
 from .train import method_args
 
@@ -99,8 +99,8 @@ def _phases(run_records: pd.DataFrame, records: Optional[pd.DataFrame] = None) -
     The lengths are :func:`staleopt.train.method_args` of the run's config, with the steps per epoch read from
     the records: ``step / epoch`` of the run's first record where it ended a whole epoch, else of another run
     in ``records`` on the same data and batch size (a run that diverged in its first epoch records the step it
-    stopped at: read as the epoch's length, its warmup came out 3 steps for 11). Where no run has one, its own
-    first record's, with a warning that its phases and pipeline times are too short.
+    stopped at: read as the epoch's length, its warmup came out 3 steps for 11). Where no run has one, the size
+    of its training data, loaded (:func:`_train_size`).
     """
     method = str(run_records["method"].iloc[0])
     corrections = methods.resolve(method)[1] if method in methods.names() else []
@@ -113,13 +113,28 @@ def _phases(run_records: pd.DataFrame, records: Optional[pd.DataFrame] = None) -
     mine = others[(others[same].astype(str) == first[same].astype(str)).all(axis=1)] if set(same) <= set(
         others.columns) else run_records
     whole = [r for _, r in mine.sort_values("epoch").groupby("run", sort=False).head(1).iterrows() if _whole(r)]
-    if not whole:
-        warnings.warn(f"run {first['run']} ({method}) stopped within its first epoch and no run of the records "
-                      "on its data and batch size finished one: its phase lengths, and so its pipeline times, are "
-                      "read off the step it stopped at and may be too short", stacklevel=3)
-    steps_per_epoch = math.ceil(float((whole or [first])[0]["step"]) / float((whole or [first])[0]["epoch"]))
-    args = method_args(cfg, steps_per_epoch * cfg.batch_size)
+    if whole:
+        n_train = math.ceil(float(whole[0]["step"]) / float(whole[0]["epoch"])) * cfg.batch_size
+    else:
+        n_train = _train_size(first, method)
+    args = method_args(cfg, n_train)
     return {k: float(args[k]) for k in ("warmup_steps", "pipelined_steps") if k in args}
+
+
+def _train_size(first, method: str) -> int:
+    """The training samples of the data of a run that stopped within its first epoch, loaded (no run of the
+    records ended an epoch on it); where it cannot be loaded here, its first record's step as the epoch's length,
+    with a warning that the run's phases and pipeline times may be too short."""
+    from . import data as datasets
+    kwargs = first.get("data_kwargs")
+    try:
+        return len(datasets.load(str(first["data"]), **(json.loads(kwargs) if isinstance(kwargs, str) else {})).train)
+    except StaleoptError as e:
+        warnings.warn(f"run {first['run']} ({method}) stopped within its first epoch, no run of the records on its "
+                      f"data and batch size finished one, and its data does not load here ({e}): its phase "
+                      "lengths, and so its pipeline times, are read off the step it stopped at and may be too "
+                      "short", stacklevel=4)
+        return math.ceil(float(first["step"]) / float(first["epoch"])) * int(first["batch_size"])
 
 
 def _whole(record) -> bool:

@@ -362,7 +362,8 @@ def test_a_perplexity_or_loss_interval_stays_in_the_values_range():
 def test_phase_lengths_of_a_run_that_diverged_in_its_first_epoch_come_from_a_whole_epoch():
     """pipemare-w's warmup was re-derived from a run's first record as steps per epoch: a run that diverged at
     step 5 of a 40-step epoch got a warmup of 3 steps for the trainer's 30, and a pipeline time too short. The
-    steps per epoch come from a run on the same data and batch size that ended one; with none, a warning."""
+    steps per epoch come from a run on the same data and batch size that ended one; with none, from the data's
+    size; a warning where the data does not load."""
     import warnings
 
     from staleopt.config import RunConfig
@@ -379,5 +380,6 @@ def test_phase_lengths_of_a_run_that_diverged_in_its_first_epoch_come_from_a_who
     mine = records[records["run"] == warm.run_id()]
     assert speedup._phases(mine, records) == {"warmup_steps": float(method_args(warm, 40 * 20)["warmup_steps"])}
     assert speedup._phases(mine, records)["warmup_steps"] == 30.0
-    with pytest.warns(UserWarning, match="stopped within its first epoch .* may be too short"):
-        speedup._phases(mine, mine)
+    assert speedup._phases(mine, mine)["warmup_steps"] == 30.0  # (alone: its data loaded, 800 samples)
+    with pytest.warns(UserWarning, match="stopped within its first epoch.* does not load here .* may be too short"):
+        assert speedup._phases(mine.assign(data="no-such-data"), mine)["warmup_steps"] == 3.0
