@@ -946,9 +946,9 @@ def from_datasets(train: Dataset, test: Dataset, name: str = "custom", task: Opt
         else:
             tokens = task == "lm" and not torch.as_tensor(x).is_floating_point()  # the vocabulary includes x's
 
-            def span(ds):  # (smallest label but the ignored -100, largest label or token)
+            def span(ds, split):  # (smallest label but the ignored -100, largest label or token)
                 pairs = [ds.tensors[:2]] if isinstance(ds, TensorDataset) else (ds[i] for i in range(len(ds)))
-                lo, hi = 0, 0
+                lo, hi, lengths = 0, 0, set()
                 for a, b in pairs:
                     for piece in _int64_pieces(b):
                         kept = piece[piece != -100]
@@ -956,8 +956,16 @@ def from_datasets(train: Dataset, test: Dataset, name: str = "custom", task: Opt
                         hi = max(hi, int(piece.max()))
                     for piece in _int64_pieces(a) if tokens else ():
                         hi = max(hi, int(piece.max()))
+                    lengths.add(tuple(np.shape(a)))
+                if task == "lm" and len(lengths) > 1 and not isinstance(ds, TensorDataset):
+                    raise DataError(f"dataset {name!r}: its {split} windows have {len(lengths)} lengths "
+                                    f"({', '.join(str(s[0]) for s in sorted(lengths)[:3])}{', ...' if len(lengths) > 3 else ''}), "
+                                    "but a batch stacks "
+                                    "windows of one length (it failed at the first batch that mixed them, after "
+                                    "training): cut the tokens into windows of one length and drop the short tail "
+                                    "(staleopt.data.TokenWindows(tokens, T))")
                 return lo, hi
-            (lo_train, hi_train), (lo_test, hi_test) = span(train), span(test)
+            (lo_train, hi_train), (lo_test, hi_test) = span(train, "training"), span(test, "test")
             if min(lo_train, lo_test) < 0:
                 raise DataError(f"dataset {name!r}: a label is {min(lo_train, lo_test)}, but class labels are 0.."
                                 "C-1 (the loss's targets; -100 only marks a position left out): map them, e.g. "

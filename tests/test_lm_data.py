@@ -427,3 +427,30 @@ def test_test_windows_longer_than_the_training_windows_are_refused_at_load():
         data.from_datasets(data.TokenWindows(tokens[:200], 8), data.TokenWindows(tokens[200:], 16), "long-test")
     assert data.from_datasets(data.TokenWindows(tokens[:200], 8), data.TokenWindows(tokens[200:], 4),
                               "short-test").input_shape == (8,)
+
+
+def test_a_split_of_windows_of_several_lengths_is_refused_at_load():
+    """A user's test split ending in a shorter tail window loaded, trained a whole epoch, then failed at the first
+    evaluation batch that stacked both lengths."""
+    import staleopt
+
+    class Windows(torch.utils.data.Dataset):
+        def __init__(self, n, tail):
+            self.n, self.tail = n, tail
+
+        def __len__(self):
+            return self.n
+
+        def __getitem__(self, i):
+            T = 3 if self.tail and i == self.n - 1 else 8
+            return torch.arange(T) % 5, (torch.arange(T) + 1) % 5
+
+    try:
+        staleopt.register_data("tail-window", lambda: (Windows(10, False), Windows(4, True)))
+        with pytest.raises(DataError, match="its test windows have 2 lengths \\(3, 8\\), but a batch stacks"):
+            data.load("tail-window")
+        staleopt.register_data("even-windows", lambda: (Windows(10, False), Windows(4, False)))
+        assert data.load("even-windows").num_classes == 5
+    finally:
+        for name in ("tail-window", "even-windows"):
+            data._USER.pop(name, None)
