@@ -96,3 +96,18 @@ def test_the_accuracy_notebooks_tables_have_a_row_per_figure_line(monkeypatch, t
     tables = [o["data"]["text/html"] for c in nb.cells if c.cell_type == "code" and ("summarize" in c.source
               or "speedup_table" in c.source) for o in c.outputs if "text/html" in o.get("data", {})]
     assert len(tables) == 2 and all("pipemare decay=0.1" in t and "pipemare decay=0.5" in t for t in tables)
+
+
+@pytest.mark.parametrize("chosen", ["docs/demo-lm", "no-such-folder"])
+def test_the_accuracy_notebook_refuses_a_chosen_folder_that_is_not_a_sweep(monkeypatch, chosen):
+    """STALEOPT_SWEEP_DIR naming a folder without runs/ (a typo, a report folder, docs/demo-lm) fell back to the
+    committed MNIST-1D demo with one printed line: every table and figure after it was another experiment's."""
+    monkeypatch.delenv("STALEOPT_NOTEBOOK_SMALL", raising=False)
+    monkeypatch.setenv("STALEOPT_SWEEP_DIR", chosen)
+    monkeypatch.setenv("MPLBACKEND", "Agg")
+    nb = nbformat.read(REPO / "notebooks" / "accuracy_vs_stages.ipynb", as_version=4)
+    nb.cells = nb.cells[:3]
+    client = nbclient.NotebookClient(nb, timeout=PATIENCE, startup_timeout=PATIENCE, kernel_name="python3",
+                                     resources={"metadata": {"path": str(REPO)}})
+    with pytest.raises(nbclient.exceptions.CellExecutionError, match=f"STALEOPT_SWEEP_DIR={chosen} is not a sweep"):
+        client.execute()
