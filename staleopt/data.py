@@ -958,8 +958,8 @@ def from_datasets(train: Dataset, test: Dataset, name: str = "custom", task: Opt
                         hi = max(hi, int(piece.max()))
                     lengths.add(tuple(np.shape(a)))
                 if task == "lm" and len(lengths) > 1 and not isinstance(ds, TensorDataset):
-                    raise DataError(f"dataset {name!r}: its {split} windows have {len(lengths)} lengths "
-                                    f"({', '.join(str(s[0]) for s in sorted(lengths)[:3])}{', ...' if len(lengths) > 3 else ''}), "
+                    shown = ", ".join(str(s[0]) for s in sorted(lengths)[:3]) + (", ..." if len(lengths) > 3 else "")
+                    raise DataError(f"dataset {name!r}: its {split} windows have {len(lengths)} lengths ({shown}), "
                                     "but a batch stacks "
                                     "windows of one length (it failed at the first batch that mixed them, after "
                                     "training): cut the tokens into windows of one length and drop the short tail "

@@ -246,7 +246,8 @@ def test_demo_from_records_keeps_the_target_its_report_was_written_with(tmp_path
     assert set(pd.read_csv(out / "speedup.csv")["target"]) == {0.9}
 
 
-@pytest.mark.parametrize("damage", ["run.json: {", "run.json: [1]", "report.json: {", "records.csv: ", "records.csv: head",
+@pytest.mark.parametrize("damage", ["run.json: {", "run.json: [1]", "report.json: {", "records.csv: ",
+                                    "records.csv: head",
                                     "records.csv: cut", "records.csv: binary", "figures"])
 def test_demo_from_records_names_an_unreadable_input(tmp_path, capsys, damage):
     """Damaged inputs of --from-records were raw tracebacks (JSONDecodeError, AttributeError, EmptyDataError,

@@ -125,7 +125,8 @@ def test_unknown_names_and_bad_files_raise_typed_errors(tmp_path):
         spec.load_recipes(tmp_path / "recipes.toml", "cpu")
     # a plain key above the scales' tables was called "the table [tiny.epochs]"; tiny.cpu = 3 a TypeError
     for text, says in (("[tiny]\nepochs = 3\n" + _RECIPES, r"recipe \[tiny\] sets epochs outside its scales' tables"),
-                       (_RECIPES.replace("[tiny.cpu]", "[tiny]\ncpu = 3\n[x.cpu]"), "missing \\(or not a table\\): cpu"),
+                       (_RECIPES.replace("[tiny.cpu]", "[tiny]\ncpu = 3\n[x.cpu]"),
+                        "missing \\(or not a table\\): cpu"),
                        ("tiny = 3\n", r"needs the tables \[tiny.cpu\], \[tiny.paper\], not tiny = 3")):
         (tmp_path / "recipes.toml").write_text(text)
         with pytest.raises(SweepConfigError, match=says):

@@ -212,8 +212,8 @@ def launches(out: Path) -> List[Dict]:
                 latest[entry.get("launch", entry["started"])] = entry
             except (ValueError, KeyError, TypeError, AttributeError) as e:
                 raise RunFileError(f"{path}, line {n}, is not a launch entry (a JSON object with 'started' and "
-                                   f"'ended' times): {type(e).__name__}: {e}; repair or delete that line (the runs themselves are "
-                                   "in runs/, each with its own done marker)") from None
+                                   f"'ended' times): {type(e).__name__}: {e}; repair or delete that line (the runs "
+                                   "themselves are in runs/, each with its own done marker)") from None
     return list(latest.values())
 
 
