@@ -455,10 +455,11 @@ def test_a_users_factory_that_raises_is_a_config_error_naming_it_and_its_argumen
 
 
 @pytest.mark.parametrize("setting, says", [("target=0.9", "pass --target"), ("workers=2", "pass --workers"),
-                                           ("threads=2", "pass --worker-threads"), ("claims=none", "compare(claims=)")])
+                                           ("threads=2", "pass --worker-threads"), ("claims=none", "compare(claims=)"),
+                                           ("stages=2", "pass --stages"), ("model=mlp", "pass --model")])
 def test_compare_set_of_the_comparisons_own_arguments_is_refused_before_training(tmp_path, capsys, setting, says):
-    """--set target=0.9 (workers, threads, metric, out, bar) reached compare() twice: a raw TypeError; --set
-    claims=none trained every run, then failed evaluating the string as claims, with no report."""
+    """--set target=0.9 (workers, threads, metric, out, bar, stages, model, ...) reached compare() twice: a raw
+    TypeError; --set claims=none trained every run, then failed evaluating the string as claims, with no report."""
     out = tmp_path / "c"
     assert main(["compare", "--model", "mlp", "--data", "synthetic", "--stages", "1", "--seeds", "0", "--no-bar",
                  "--out", str(out), "--set", setting]) == 2

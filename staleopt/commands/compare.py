@@ -53,8 +53,9 @@ def register(subparsers) -> None:
 
 
 #: compare()'s own arguments, which --set (RunConfig fields) does not take, with the flag that sets each.
-_OWN = {"target": "--target", "metric": "--metric", "workers": "--workers", "threads": "--worker-threads",
-        "bar": "--no-bar", "out": "--out", "claims": None}
+_OWN = {"model": "--model", "data": "--data", "method": "--methods", "methods": "--methods", "stages": "--stages",
+        "seed": "--seeds", "seeds": "--seeds", "target": "--target", "metric": "--metric", "workers": "--workers",
+        "threads": "--worker-threads", "bar": "--no-bar", "out": "--out", "claims": None}
 
 
 def _settings(items):
@@ -65,9 +66,9 @@ def _settings(items):
             raise ConfigError(f"--set takes KEY=VALUE (e.g. epochs=5), got {item!r}")
         if key.strip() in _OWN:  # (passed twice to compare(): a TypeError; claims= trained every run, then failed)
             flag = _OWN[key.strip()]
-            raise ConfigError(f"--set {item}: {key.strip()} is not a run setting (RunConfig field) but the "
-                              "comparison's own: " + (f"pass {flag}" if flag else "the command evaluates the "
-                                                      "default claims; pass your own to staleopt.compare(claims=)"))
+            raise ConfigError(f"--set {item}: {key.strip()} is the comparison's own, not a setting shared by its "
+                              "runs: " + (f"pass {flag}" if flag else "the command evaluates the default claims; "
+                                          "pass your own to staleopt.compare(claims=)"))
         try:
             out[key.strip()] = json.loads(value)
         except ValueError:
