@@ -240,7 +240,8 @@ def check_report_folder(out: Union[str, os.PathLike], runs: Sequence[str] = ()) 
                           "records a report would overwrite: choose another --out")
     if (out / "report.json").is_file() or (out / "runs").is_dir():
         # (runs about to be trained are not lost where their folders live: a sweep's; a copy has none)
-        lost = [i for i in _unrebuildable_runs(out) if not ((out / "runs").is_dir() and i in set(runs))]
+        kept = set(runs) if (out / "runs").is_dir() else set()
+        lost = [i for i in _unrebuildable_runs(out) if i not in kept]
         if lost:
             raise ConfigError(f"{out / 'records.csv'} holds {len(lost)} run(s) that {out / 'runs'} does not (run "
                               f"{lost[0]}), whose records the report would overwrite and lose: choose another "

@@ -957,7 +957,7 @@ def from_datasets(train: Dataset, test: Dataset, name: str = "custom", task: Opt
                     for piece in _int64_pieces(a) if tokens else ():
                         hi = max(hi, int(piece.max()))
                     lengths.add(tuple(np.shape(a)))
-                if task == "lm" and len(lengths) > 1 and not isinstance(ds, TensorDataset):
+                if task == "lm" and len(lengths) > 1:  # (a TensorDataset is one shape: its tensors)
                     shown = ", ".join(str(s[0]) for s in sorted(lengths)[:3]) + (", ..." if len(lengths) > 3 else "")
                     raise DataError(f"dataset {name!r}: its {split} windows have {len(lengths)} lengths ({shown}), "
                                     "but a batch stacks "

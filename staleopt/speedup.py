@@ -108,17 +108,22 @@ def _phases(run_records: pd.DataFrame, records: Optional[pd.DataFrame] = None) -
         return {}
     first = run_records.sort_values("epoch").iloc[0]
     cfg = _config(first)
-    same = ["data", "data_kwargs", "batch_size"]
-    others = records if records is not None else run_records
-    mine = others[(others[same].astype(str) == first[same].astype(str)).all(axis=1)] if set(same) <= set(
-        others.columns) else run_records
-    whole = [r for _, r in mine.sort_values("epoch").groupby("run", sort=False).head(1).iterrows() if _whole(r)]
+    whole = [first] if _whole(first) else _whole_first_epochs(first, records)
     if whole:
         n_train = math.ceil(float(whole[0]["step"]) / float(whole[0]["epoch"])) * cfg.batch_size
     else:
         n_train = _train_size(first, method)
     args = method_args(cfg, n_train)
     return {k: float(args[k]) for k in ("warmup_steps", "pipelined_steps") if k in args}
+
+
+def _whole_first_epochs(first, records: Optional[pd.DataFrame]) -> list:
+    """The first records that ended a whole epoch of the runs in ``records`` on ``first``'s data and batch size."""
+    same = ["data", "data_kwargs", "batch_size"]
+    if records is None or not set(same) <= set(records.columns):
+        return []
+    mine = records[(records[same].astype(str) == first[same].astype(str)).all(axis=1)]
+    return [r for _, r in mine.sort_values("epoch").groupby("run", sort=False).head(1).iterrows() if _whole(r)]
 
 
 def _train_size(first, method: str) -> int:

@@ -177,13 +177,17 @@ def cpu_seconds() -> float:
     return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
 
 
+#: How the launch log and the page write a time (UTC).
+_TIME = "%Y-%m-%d %H:%M:%S UTC"
+
+
 def record_launch(out: Path, launch: str, started: float, command: str, ended: Optional[float] = None,
                   trained: Optional[int] = None, cpu: Optional[float] = None) -> None:
     """Append the state of launch ``launch`` to ``out/launches.jsonl``: once when it starts, again when it ends
     (``trained``: runs it finished; ``cpu``: its CPU seconds, all workers together). :func:`launches` keeps
     each launch's last entry."""
-    entry = {"launch": launch, "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(started)),
-             "ended": None if ended is None else time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(ended)),
+    entry = {"launch": launch, "started": time.strftime(_TIME, time.gmtime(started)),
+             "ended": None if ended is None else time.strftime(_TIME, time.gmtime(ended)),
              "seconds": None if ended is None else round(ended - started, 1), "machine": describe_machine(),
              "command": command}
     if ended is not None:
@@ -195,7 +199,7 @@ def record_launch(out: Path, launch: str, started: float, command: str, ended: O
 
 def _utc(text: str) -> datetime.datetime:
     """A time :func:`record_launch` wrote (``2026-11-28 10:51:54 UTC``)."""
-    return datetime.datetime.strptime(text, "%Y-%m-%d %H:%M:%S UTC").replace(tzinfo=datetime.timezone.utc)
+    return datetime.datetime.strptime(text, _TIME).replace(tzinfo=datetime.timezone.utc)
 
 
 def launches(out: Path) -> List[Dict]:
@@ -234,10 +238,9 @@ def _times(spans) -> Optional[Tuple[str, str, float]]:
     """When the first of ``spans`` (:func:`run_spans`) started, when the last ended (UTC), and their seconds."""
     if not spans:
         return None
-    fmt = "%Y-%m-%d %H:%M:%S UTC"
     first = min(s for s, _, _ in spans).astimezone(datetime.timezone.utc)
     last = max(e for _, e, _ in spans).astimezone(datetime.timezone.utc)
-    return first.strftime(fmt), last.strftime(fmt), sum(x for _, _, x in spans)
+    return first.strftime(_TIME), last.strftime(_TIME), sum(x for _, _, x in spans)
 
 
 def _cpu_text(ended: Sequence[Dict], spans) -> str:
@@ -270,8 +273,9 @@ def provenance(out: Path, total_runs: int, finished_runs: int, spans: Sequence =
 
     A launch that has not recorded its end is still running or was killed; its time is not counted."""
     info = {"runs": f"{finished_runs} of {total_runs} finished"}
-    ended = [e for e in launches(out) if e.get("ended") is not None and e.get("trained")]
-    open_ = [e for e in launches(out) if e.get("ended") is None]
+    logged = launches(out)
+    ended = [e for e in logged if e.get("ended") is not None and e.get("trained")]
+    open_ = [e for e in logged if e.get("ended") is None]
     if ended:
         info = {
             "date": f"{ended[0]['started']} to {ended[-1]['ended']}",
