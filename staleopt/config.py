@@ -28,7 +28,7 @@ from .errors import ConfigError
 from .validate import check_int
 
 __all__ = ["RunConfig", "CHOICES", "CORRECTION_FIELDS", "LR_WARMUP_SCHEDULES", "field_names", "validate_field",
-           "refuse_ineffective"]
+           "refuse_ineffective", "refuse_default_spellings"]
 
 #: Allowed values of the string fields that take a fixed set of choices.
 CHOICES = {
@@ -225,6 +225,33 @@ def refuse_ineffective(config: "RunConfig", given: Iterable[str]) -> None:
     if "momentum" in given and config.optimizer == "sgd":
         _fail("momentum", config.momentum, "has no effect with optimizer 'sgd' (plain SGD): use optimizer "
               "'sgd-momentum', or leave momentum out")
+
+
+def refuse_default_spellings(configs: Iterable["RunConfig"]) -> None:
+    """Refuse two of ``configs`` that are one run written two ways: they differ only by a model or data option
+    written at the factory's default in one and left out in the other (``model_kwargs={"hidden": 16}`` and ``{}``).
+
+    A run id hashes the config as written, on purpose: an option written at its default pins it, so the run stays
+    itself if the factory's default changes later (the demo pins ``depth = 20, width = 8``). Two such spellings in
+    one sweep would train the same model twice under two run ids, a line or row each in every table."""
+    seen: Dict[str, tuple] = {}
+    defaults: Dict[tuple, Dict[str, Any]] = {}
+    for c in configs:
+        d = c.to_dict()
+        for key, name, read in (("model_kwargs", c.model, lambda n: models.info(n).defaults()),
+                                ("data_kwargs", c.data, data.option_defaults)):
+            if (key, name) not in defaults:
+                defaults[key, name] = read(name)
+            d[key] = {**defaults[key, name], **d[key]}
+        prior, run = seen.setdefault(json.dumps(d, sort_keys=True), (c, c.run_id()))
+        if prior is not c and run != c.run_id():
+            written = {k: v for key in ("model_kwargs", "data_kwargs")
+                       for k, v in {**getattr(prior, key), **getattr(c, key)}.items()
+                       if (k in getattr(prior, key)) != (k in getattr(c, key))}
+            raise ConfigError(f"runs {prior.run_id()} and {c.run_id()} are one run written two ways: {written} "
+                              f"{'is the default' if len(written) == 1 else 'are the defaults'}, written in one and left out of the other (a written default is part "
+                              "of the run id: it pins the option if the default changes); write it in every run "
+                              "or in none")
 
 
 def field_names() -> List[str]:

@@ -81,8 +81,8 @@ from . import lease, metrics, registry
 from .checkpoint import (EXACT_FLOATS, Checkpoint, atomic_write_text, check_every, check_writable, read_done,
                          read_records)
 from . import methods
-from .config import (_LATER_FIELDS, CORRECTION_FIELDS, RunConfig, field_names, refuse_ineffective,
-                     validate_field)
+from .config import (_LATER_FIELDS, CORRECTION_FIELDS, RunConfig, field_names, refuse_default_spellings,
+                     refuse_ineffective, validate_field)
 from .errors import ClaimLostError, ConfigError, OutputError, RunFileError, SweepConfigError
 from .validate import check_int
 from .stats import check_level, divergence_count, interval, per_run, status_text, t_interval
@@ -222,12 +222,14 @@ def expand(base: Dict[str, Any], grid: Dict[str, Sequence[Any]], inherited: Sequ
 
 
 def _distinct(configs: Sequence[RunConfig]) -> List[RunConfig]:
-    """``configs`` in order, each run (``run_id``) once."""
+    """``configs`` in order, each run (``run_id``) once; one run written two ways is refused
+    (:func:`~staleopt.config.refuse_default_spellings`)."""
     out, seen = [], set()
     for cfg in configs:
         if cfg.run_id() not in seen:
             seen.add(cfg.run_id())
             out.append(cfg)
+    refuse_default_spellings(out)
     return out
 
 

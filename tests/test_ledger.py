@@ -131,6 +131,12 @@ def test_unknown_names_and_bad_files_raise_typed_errors(tmp_path):
         (tmp_path / "recipes.toml").write_text(text)
         with pytest.raises(SweepConfigError, match=says):
             spec.load_recipes(tmp_path / "recipes.toml", "cpu")
+    # two experiments' runs share one folder: one run written two ways across them is refused too
+    (tmp_path / "recipes.toml").write_text(_RECIPES)
+    (tmp_path / "x.toml").write_text(_EXPERIMENT + '[[runs]]\nrecipe = "tiny"\nmethod = ["gpipe"]\nstages = [1]\n'
+                                     'model_kwargs = {hidden = 128}\n')
+    with pytest.raises(SweepConfigError, match=r"x.toml: runs .* are one run written two ways"):
+        spec.load_experiment(tmp_path / "x.toml")
     assert cli.main(["reproduce", "--workers", "0", "--list"]) == 2     # a ConfigError, reported by the CLI
     with pytest.raises(SweepConfigError, match="ledger folder .* is a file"):  # (was: "FILE/recipes.toml does not
         spec.load_all("cpu", tmp_path / "recipes.toml")                     # exist")

@@ -93,6 +93,24 @@ def test_run_id_is_stable_under_equivalent_spellings():
     assert list(a.to_dict()) == sorted(a.to_dict())
 
 
+def test_one_run_written_two_ways_is_refused_before_training(tmp_path):
+    """An option written at its default gives the run another id (it pins the option if the default changes), so a
+    sweep holding both spellings trained the same model twice, a line each in the tables: refused, naming both."""
+    base = {"model": "mlp", "data": "synthetic", "method": "gpipe", "stages": 1, "epochs": 1}
+    a, b = RunConfig(**base), RunConfig(**base, model_kwargs={"hidden": 128}, data_kwargs={"noise": 1.0})
+    assert a.run_id() != b.run_id()
+    with pytest.raises(ConfigError, match=rf"{a.run_id()} and {b.run_id()} are one run written two ways: "
+                                          r"\{'hidden': 128, 'noise': 1.0\} are the defaults"):
+        sweep.run_sweep([a, b], tmp_path / "out", bar=False)
+    assert not (tmp_path / "out").exists()
+    with pytest.raises(SweepConfigError, match=r"one run written two ways: \{'hidden': 128\} is the default"):
+        sweep.from_spec({"base": base, "grid": {"model_kwargs": [{}, {"hidden": 128}]}}, source="s.toml")
+    other = RunConfig(**base, model_kwargs={"hidden": 64})  # not the default: two runs
+    assert len(sweep.from_spec({"base": base, "grid": {"model_kwargs": [{}, {"hidden": 64}]}}).configs) == 2
+    sweep.expand(base, {"seed": [0, 1]})  # (distinct runs pass)
+    assert other.run_id() not in (a.run_id(), b.run_id())
+
+
 def test_method_overrides_keep_only_what_the_method_takes():
     from staleopt import methods
     cfg = RunConfig(method="pipemare-w", anneal_steps=50, decay=0.5, pipelined_steps=9)

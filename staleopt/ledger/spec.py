@@ -51,7 +51,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from .. import metrics, sweep
-from ..config import RunConfig, field_names
+from ..config import RunConfig, field_names, refuse_default_spellings
 from ..errors import ConfigError, SweepConfigError
 from ..validate import check_int
 
@@ -358,6 +358,10 @@ def load_experiment(path: Path, scale: str = "cpu", recipes: Optional[Dict[str, 
                     exp.configs.append(c)
                     exp.recipe_of[c.run_id()] = name
                     exp.horizon_of[c.run_id()] = h
+    try:  # (across recipes: they share one runs folder)
+        refuse_default_spellings(exp.configs)
+    except ConfigError as e:
+        raise SweepConfigError(f"{path}: {e}") from None
     rows = [exp.row(c) for c in exp.configs if exp.horizon_of[c.run_id()] == 1]
     for c in exp.checks:
         for key, sel in c.selectors.items():
