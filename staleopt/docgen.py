@@ -36,7 +36,7 @@ from .commands import demo
 
 __all__ = ["GENERATORS", "API_MODULES", "markdown_table", "bench_costs", "methods_table", "models_table",
            "hardware_table",
-           "demo_claims", "demo_cpus", "ledger_pipemare", "api_reference", "fill",
+           "demo_claims", "demo_cpus", "ledger_pipemare", "advisor_during_training", "api_reference", "fill",
            "block_names", "doc_files",
            "CodeBlock", "code_blocks", "links", "anchors", "main"]
 
@@ -145,6 +145,68 @@ def ledger_pipemare(path: Path = ROOT / "docs" / "reproductions.csv") -> str:
     return ("Gap per claim (final test accuracy, the rule's per-seed difference: mean ± 95% interval over 5 seeds, "
             "and the verdict) at each run length, from the ledger's rows file docs/reproductions.csv:\n\n"
             + markdown_table(head + ["trend"], table))
+
+
+def advisor_during_training(path: Path = ROOT / "docs" / "advisor-during-training") -> str:
+    """docs/performance.md's "advisor during training" section from the files that
+    ``experiments/advisor_during_training.py`` writes (``meta.json``, ``curvature.csv``, ``losses.csv``): per seed,
+    the advisor's bound after each count of synchronous steps and each pipelined run's outcome, and the sentences
+    that the outcomes support."""
+    import json
+
+    import pandas as pd
+    meta = json.loads((path / "meta.json").read_text())
+    curv, losses = pd.read_csv(path / "curvature.csv"), pd.read_csv(path / "losses.csv")
+    seeds, ks, last = sorted(curv["seed"].unique()), sorted(curv["sync_steps"].unique()), curv["stage"].max()
+    bound = curv.groupby(["sync_steps", "seed"])[["max_stable_lr", "t1_max_base_lr"]].min()
+    runs = list(dict.fromkeys(zip(losses["method"], losses["lr"])))
+    ends = losses.groupby(["method", "lr", "seed"]).agg(step=("step", "max"), loss=("loss", "last"),
+                                                        peak=("loss", "max"))
+    steps = meta["steps"]
+
+    def diverged(method, lr, seed) -> bool:
+        e = ends.loc[(method, lr, seed)]
+        return not e["loss"] <= 100.0
+
+    def outcome(method, lr, seed) -> str:
+        e = ends.loc[(method, lr, seed)]
+        return (f"diverged at step {int(e['step'])}" if diverged(method, lr, seed)
+                else f"{int(e['step']) + 1} steps, peak loss {e['peak']:.3g}")
+
+    def span(values) -> str:
+        return f"{min(values):.3g}–{max(values):.3g}"
+
+    init = ks[0]
+    head = (["seed"] + [f"dataflow bound after {k} steps" for k in ks] + ["pipemare-t1 bound at init"]
+            + [f"`{m}` at lr {lr:g}" for m, lr in runs])
+    table = [[str(s)] + [f"{bound.loc[(k, s), 'max_stable_lr']:.3g}" for k in ks]
+             + [f"{bound.loc[(init, s), 't1_max_base_lr']:.3g}"] + [outcome(m, lr, s) for m, lr in runs]
+             for s in seeds]
+    spread = [[str(k), span(curv[(curv["sync_steps"] == k) & (curv["stage"] == last)]["curvature"]),
+               span([bound.loc[(k, s), "max_stable_lr"] for s in seeds]),
+               span([bound.loc[(k, s), "t1_max_base_lr"] for s in seeds])] for k in ks]
+    said = []
+    for m, lr in runs:
+        key = "max_stable_lr" if m == "dataflow" else "t1_max_base_lr"
+        inside = [s for s in seeds if lr < bound.loc[(init, s), key]]
+        lost = [s for s in seeds if diverged(m, lr, s)]
+        both = [s for s in inside if s in lost]
+        said.append(f"`{m}` at lr {lr:g}: inside the advisor's bound at initialization for {len(inside)} of "
+                    f"{len(seeds)} seeds, diverged within {steps} steps in {len(lost)} of {len(seeds)} runs"
+                    + (f", {len(both)} of them inside the bound (seed{'s' * (len(both) > 1)} "
+                       f"{', '.join(map(str, both))})" if both else "") + ".")
+    return (f"{meta['date']}, commit {meta['commit']}, {meta['machine']}, {meta['threads']} torch thread; "
+            f"`{meta['command']}` ({meta['seconds']:.0f} s), files in "
+            f"[advisor-during-training/](advisor-during-training/). `{meta['model']}` on MNIST-1D, "
+            f"{meta['stages']} stages, plain SGD, batch {meta['batch']}, {len(seeds)} seeds (the weights' and the "
+            f"shuffling's). The bound is the largest base lr the advisor accepts on every stage (100 power "
+            f"iterations on the first {meta['batch']} training samples) after that many synchronous SGD steps at "
+            f"lr {meta['lr']:g}; a run's outcome is its first {steps} pipelined steps from initialization "
+            "(diverged: a loss above 100 or not finite).\n\n"
+            + markdown_table(head, table) + "\n"
+            + markdown_table(["synchronous steps", f"stage {last}'s curvature", "dataflow bound",
+                              "pipemare-t1 bound"], spread)
+            + "\n" + "\n".join(f"* {line}" for line in said) + "\n")
 
 
 #: Block name -> function returning the block's Markdown.
@@ -264,7 +326,8 @@ GENERATORS: Dict[str, Callable[[], str]] = {"bench-costs": bench_costs, "methods
                                             "demo-cpus": demo_cpus,
                                             "demo-lm-cpus": functools.partial(demo_cpus, "demo-lm"),
                                             "demo-lm-claims": demo_lm_claims,
-                                            "ledger-pipemare": ledger_pipemare, "api-reference": api_reference}
+                                            "ledger-pipemare": ledger_pipemare, "api-reference": api_reference,
+                                            "advisor-during-training": advisor_during_training}
 
 
 def fill(text: str, rendered: Dict[str, str]) -> str:

@@ -329,3 +329,33 @@ def test_a_partition_in_execution_order_gets_each_stages_own_curvature():
     advice = advisor.advise(m, nn.functional.cross_entropy, (x, y), "1f1b", part, lr=0.1, iters=200, tol=1e-6)
     direct = advisor.stage_curvatures(m, nn.functional.cross_entropy, (x, y), part, iters=200, tol=1e-6)
     assert list(advice.table["curvature"]) == pytest.approx([c.value for c in direct], rel=1e-4)
+
+
+def test_advisor_during_training_record_renders_what_its_runs_did(tmp_path):
+    """docs/performance.md's "advisor during training" section is rendered from the files of
+    experiments/advisor_during_training.py (its numbers were retyped from a run not kept): a short run of the
+    script, rendered, gives each run the outcome its losses show and each seed the bound its curvature rows give."""
+    import importlib.util
+
+    import pandas as pd
+
+    from staleopt import docgen
+    path = docgen.ROOT / "experiments" / "advisor_during_training.py"
+    spec = importlib.util.spec_from_file_location("advisor_during_training", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    assert script.main(["--out", str(tmp_path), "--seeds", "0", "--sync-steps", "0", "3", "--t1-lrs", "0.1", "8",
+                        "--steps", "40"]) == 0
+    text = docgen.advisor_during_training(tmp_path)
+    losses, curv = pd.read_csv(tmp_path / "losses.csv"), pd.read_csv(tmp_path / "curvature.csv")
+    big = losses[(losses["method"] == "pipemare-t1") & (losses["lr"] == 8)]
+    assert not big["loss"].iloc[-1] <= 100 and big["loss"].iloc[:-1].le(100).all()
+    row = next(line for line in text.splitlines() if line.startswith("| 0 |"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[-1] == f"diverged at step {big['step'].iloc[-1]}"
+    small = losses[(losses["method"] == "pipemare-t1") & (losses["lr"] == 0.1)]
+    assert len(small) == 40 and cells[-2] == f"40 steps, peak loss {small['loss'].max():.3g}"
+    for k, cell in zip((0, 3), cells[1:3]):
+        assert cell == f"{curv[curv['sync_steps'] == k]['max_stable_lr'].min():.3g}"
+    assert "`pipemare-t1` at lr 8: inside the advisor's bound at initialization for 0 of 1 seeds, diverged within " \
+           "40 steps in 1 of 1 runs." in text
