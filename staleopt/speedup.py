@@ -142,11 +142,15 @@ def _train_size(first, method: str) -> int:
         return math.ceil(float(first["step"]) / float(first["epoch"])) * int(first["batch_size"])
 
 
+def _capped(record) -> bool:
+    """Whether ``record`` (an epoch's row) stopped at its run's ``max_steps`` cap."""
+    cap = record.get("max_steps")
+    return cap is not None and not (isinstance(cap, float) and math.isnan(cap)) and record["step"] >= float(cap)
+
+
 def _whole(record) -> bool:
     """Whether ``record`` ended a whole epoch: not a divergence, not a ``max_steps`` cap."""
-    cap = record.get("max_steps")
-    capped = cap is not None and not (isinstance(cap, float) and math.isnan(cap)) and record["step"] >= float(cap)
-    return record["status"] == "ok" and not capped
+    return record["status"] == "ok" and not _capped(record)
 
 
 def pipeline_time(steps: float, method: str, stages: int, microbatches: int,

@@ -194,6 +194,22 @@ def test_demo_from_records_refuses_a_cut_records_file(tmp_path, capsys):
         assert main(["demo", "--from-records", "--out", str(out), "--figures", str(tmp_path / "img")]) == 0
 
 
+def test_a_run_cut_by_its_max_steps_or_a_divergence_is_whole():
+    """A records file's run that ends before its last epoch is a cut copy unless it diverged or reached max_steps
+    (the speedup tables' own rule, speedup._capped)."""
+    from staleopt.commands.demo import _check_whole
+
+    def rec(status="ok", max_steps=None, step=20):
+        return pd.DataFrame([{"run": "r", "epoch": 1, "epochs": 5, "step": 10, "status": "ok", "max_steps": max_steps},
+                             {"run": "r", "epoch": 2, "epochs": 5, "step": step, "status": status,
+                              "max_steps": max_steps}])
+    for whole in (rec(max_steps=20), rec(max_steps=20.0), rec(status="diverged")):
+        _check_whole(whole, Path("r.csv"))
+    for cut in (rec(), rec(max_steps=21), rec(max_steps=float("nan"))):
+        with pytest.raises(ConfigError, match="r.csv is not whole: 1 run"):
+            _check_whole(cut, Path("r.csv"))
+
+
 def test_demo_of_a_users_sweep_file_refuses_a_bad_target_before_training(tmp_path, capsys):
     """demo --sweep FILE checked --target only after every run had trained (its metric is the FILE's data's)."""
     sweep_file = tmp_path / "mine.toml"

@@ -285,12 +285,12 @@ def _check_whole(records, where: Path) -> None:
     """A records file holds finished runs only (a demo records a run once it is done): a run that stops before
     its last epoch without diverging or reaching ``max_steps`` means the file was cut (a partial copy), and its
     tables would count a short run as a finished one: refused."""
-    import math
+    import pandas as pd
 
+    from ..speedup import _capped
     last = records.sort_values(["run", "epoch"], kind="stable").groupby("run").tail(1)
-    capped = last["max_steps"].map(lambda m: m is not None and not (isinstance(m, float) and math.isnan(m)))
-    short = last[(last["status"] != "diverged") & (last["epoch"] < last["epochs"])
-                 & ~(capped & (last["step"] >= last["max_steps"].where(capped, 0)))]
+    capped = pd.Series([_capped(r) for _, r in last.iterrows()], index=last.index, dtype=bool)
+    short = last[(last["status"] != "diverged") & (last["epoch"] < last["epochs"]) & ~capped]
     if len(short):
         raise ConfigError(f"{where} is not whole: {len(short)} run(s) stop before their last epoch without "
                           f"diverging (run {short['run'].iloc[0]} at epoch {int(short['epoch'].iloc[0])} of "
