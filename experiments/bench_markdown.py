@@ -1,6 +1,6 @@
 """Markdown tables for docs/performance.md from the CSVs of experiments/bench_overhead.py.
 
-    python experiments/bench_markdown.py runs/bench     # tables 1, 4, 6, 7 and 8 of the run, and its meta
+    python experiments/bench_markdown.py runs/bench     # tables 1, 4, 5, 6, 7 and 8 of the run, and its meta
 
 Prints the tables as written in docs/performance.md, so a dated section copies the run's numbers
 instead of retyping them.
@@ -17,7 +17,8 @@ import pandas as pd
 
 from staleopt.claims import decisive_digits
 
-__all__ = ["main", "step_table", "recompute_table", "growth_table", "budget_table", "goals_table", "meta_line"]
+__all__ = ["main", "step_table", "recompute_table", "growth_table", "breakdown_table", "budget_table", "goals_table",
+           "meta_line"]
 
 #: Table 1's rows: per model, the variants shown (the CSV has every variant); the same in every dated section.
 #: (Runs before commit f92cfe6 have no floor row.)
@@ -96,6 +97,19 @@ def growth_table(growth: pd.DataFrame) -> str:
     return "\n".join(lines)
 
 
+def breakdown_table(split: pd.DataFrame) -> str:
+    """Table 5: where the engine time goes: the history's data movement (in units of one hot-cache
+    ``_foreach_copy_`` of all weights), T1's base-step extra, and the rest (hooks, plans, corrections)."""
+    copy = split["weights_copy_ms"].iloc[0]
+    lines = [f"| variant | engine | history data movement | ops / step | in hot copies ({_ms(copy)} each) "
+             "| base step extra (T1) | the rest |", "|---|---:|---:|---:|---:|---:|---:|"]
+    for _, r in split.iterrows():
+        extra = _ms(r.base_step_extra_ms) if r.base_step_extra_ms > 0 else "—"
+        lines.append(f"| {_variant(r.variant)} | {_ms(r.engine_ms)} | {_ms(r.moves_ms)} | {r.move_ops_per_step:.0f} | "
+                     f"{r.moves_in_copies:.1f} | {extra} | {_ms(r.other_ms)} |")
+    return "\n".join(lines)
+
+
 def budget_table(ladder: pd.DataFrame) -> str:
     """Table 6: ``pipemare``'s whole step piece by piece, each rung's ratio to the plain step and what it adds."""
     lines = ["| rung (each adds one piece to the one before) | whole step | / plain step, median [IQR] "
@@ -143,6 +157,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parts: List[str] = [meta_line(json.loads((out / "meta.json").read_text())), step_table(pd.read_csv(out / "step.csv"))]
     if (out / "growth.csv").exists():
         parts.append(growth_table(pd.read_csv(out / "growth.csv")))
+    if (out / "breakdown.csv").exists():  # (not copied into the runs committed before 2026-11-29)
+        parts.append(breakdown_table(pd.read_csv(out / "breakdown.csv")))
     if (out / "budget.csv").exists():  # (runs before commit 7103a8c have none)
         parts.append(budget_table(pd.read_csv(out / "budget.csv")))
     parts += [goals_table(pd.read_csv(out / "goals.csv")), recompute_table(pd.read_csv(out / "recompute.csv"))]
