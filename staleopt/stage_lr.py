@@ -157,6 +157,7 @@ class StageGroups:
     def __init__(self, stage_of: Dict[int, int]):
         self._stage_of = stage_of
         self._users: List[dict] = []
+        self._lists: List[Tuple[list, int]] = []  # each user group's params list and its length when split
         self._splits: List[_Split] = []
         self._own = False
         self._stepped: Optional[List[dict]] = None  # the group list the base optimizer steps over
@@ -167,8 +168,11 @@ class StageGroups:
         self._values: Optional[tuple] = None  # (merged, the user groups' values but lr) the merged groups hold
 
     def _sync(self, groups: List[dict]) -> List[_Split]:
-        """Splits of ``groups``, reusing those of user groups seen before (same dict object)."""
-        if len(groups) == len(self._users) and all(a is b for a, b in zip(groups, self._users)):
+        """Splits of ``groups``, reusing those of user groups seen before (same dict object) whose ``params`` are
+        the same list of the same length (as :meth:`Correction.group_of <staleopt.corrections.base.Correction.
+        group_of>`: a list replaced or grown between steps is split again; the step trained the old one)."""
+        if len(groups) == len(self._users) and all(a is b and a["params"] is ps and len(ps) == n
+                                                   for a, b, (ps, n) in zip(groups, self._users, self._lists)):
             return self._splits
         before: Dict[int, List[_Split]] = {}
         for sp in self._splits:
@@ -182,6 +186,7 @@ class StageGroups:
             shown: dict = {}
             splits += [_Split(group, s, ps, shown, self._written) for s, ps in self._by_stage(group)]
         self._users, self._splits = list(groups), splits
+        self._lists = [(g["params"], len(g["params"])) for g in groups]
         self._own = any(sp.own for sp in splits)
         self._merged, self._values = {}, None
         return splits

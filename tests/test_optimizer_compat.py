@@ -541,3 +541,32 @@ def test_a_checkpoint_between_a_forward_and_its_backward_resumes_by_running_that
         step(again, again_opt, s)
     assert all(torch.equal(a, b) for a, b in zip(again.parameters(), ref.parameters()))
     assert again_opt._expected == ref_opt._expected
+
+
+@pytest.mark.parametrize("method", ["pipemare-t1", "staleness-aware"])
+def test_per_stage_lr_steps_the_parameters_a_group_holds_now(method):
+    """A group's ``params`` edited between steps (a layer removed to freeze it, one appended to start training it):
+    torch.optim steps the list as it is now. Under per-stage step sizes the base stepped the lists of the first
+    split for ever (a removed layer kept training, an appended one never trained), silently."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(5, 7), nn.Tanh(), nn.Linear(7, 6), nn.Tanh(), nn.Linear(6, 3)).double()
+    params, lr = list(model.parameters()), 0.05
+    with pytest.warns(UserWarning, match="will not train"):
+        opt = staleopt.PipelineOptimizer(model, torch.optim.SGD(params[:4], lr=lr), stages=3, schedule=method)
+    g = torch.Generator().manual_seed(1)
+    for t in range(6):
+        if t == 3:
+            group = opt.param_groups[0]
+            group["params"] = [p for p in group["params"] if not any(p is q for q in params[:2])]
+            group["params"].extend(params[4:])
+        x, y = torch.randn(8, 5, generator=g, dtype=torch.float64), torch.randn(8, 3, generator=g, dtype=torch.float64)
+        before = [p.detach().clone() for p in params]
+        opt.zero_grad()
+        mse(model(x), y).backward()
+        grads = [p.grad.clone() for p in params]
+        opt.step()
+        held = params[:4] if t < 3 else params[2:]
+        for p, w, d in zip(params, before, grads):
+            f = opt.lr_factor(opt.partition.stage_of(p))
+            want = w.add(d, alpha=-lr * f) if any(p is q for q in held) else w
+            assert torch.equal(p.detach(), want), (t, f)
