@@ -117,6 +117,10 @@ class _Callback(EngineHook):
         return method(*args)
 
 
+#: Per-parameter state that torch.optim keeps 0-d in its own scalar dtype whatever the parameter's shape (NAdam's
+#: ``mu_product``, ASGD's ``eta`` and ``mu``): a checkpoint's value is put back as saved, not cast.
+_SCALAR_STATE = frozenset({"mu_product", "eta", "mu"})
+
 #: id(parameter) -> (weak reference to it, weak reference to the PipelineOptimizer driving it)
 _DRIVERS: Dict[int, Tuple[weakref.ref, weakref.ref]] = {}
 
@@ -1446,7 +1450,9 @@ class PipelineOptimizer(torch.optim.Optimizer):
         # torch's load casts every state tensor but "step" to its parameter's dtype: NAdam's mu_product (and
         # ASGD's eta, mu), 0-d tensors the optimizer keeps in its scalar dtype, would then compute in another
         # precision (float64 parameters) or be rounded (bfloat16) and the resumed run differ from the
-        # uninterrupted one; _load_state puts back the saved ones (by position, as torch maps them)
+        # uninterrupted one; _load_state puts back the saved ones (by position, as torch maps them). A 0-d
+        # parameter's own state (Adam's exp_avg, SGD's momentum_buffer) is 0-d too: cast as torch casts it, but
+        # for the known scalar keys (_SCALAR_STATE)
         saved = [i for g in state_dict.get("param_groups", []) for i in g["params"]]
         base_state = state_dict.get("state", {})
         mine["scalars"] = {(n, key): v for n, i in enumerate(saved) for key, v in base_state.get(i, {}).items()
@@ -1461,7 +1467,8 @@ class PipelineOptimizer(torch.optim.Optimizer):
         params = [p for g in self._base.param_groups for p in g["params"]]
         for (n, key), value in mine["scalars"].items():
             state = self._base.state.get(params[n]) if n < len(params) else None
-            if state is not None and isinstance(state.get(key), torch.Tensor):
+            if state is not None and isinstance(state.get(key), torch.Tensor) and \
+                    (params[n].dim() or key in _SCALAR_STATE):
                 state[key] = value.to(device=state[key].device, copy=True)
         if self._per_stage_lr:
             self._stage_groups.load_state(self._base.param_groups, mine["stage_groups"])

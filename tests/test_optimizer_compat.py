@@ -494,6 +494,38 @@ def test_nadam_resumes_bit_for_bit_in_every_parameter_dtype(dtype):
     assert all(torch.equal(a, b) for a, b in zip(model.parameters(), again.parameters()))
 
 
+@pytest.mark.parametrize("base", [lambda ps: torch.optim.Adam(ps, lr=0.01),
+                                  lambda ps: torch.optim.SGD(ps, lr=0.01, momentum=0.9)])
+def test_a_0d_parameters_state_is_cast_on_load_as_torch_casts_it(base):
+    """The wrapper's load kept the saved dtype of every 0-d state tensor (for NAdam's mu_product), so a 0-d
+    parameter's own state (a learnable temperature's exp_avg, momentum_buffer) kept a float32 checkpoint's dtype in
+    a float64 model: Adam then failed inside torch, SGD kept a float32 buffer silently. Cast as torch's load casts."""
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(0)
+            self.a, self.b, self.temp = nn.Linear(5, 6), nn.Linear(6, 3), nn.Parameter(torch.tensor(1.0))
+
+        def forward(self, x):
+            return self.b(torch.tanh(self.a(x * self.temp)))
+    data = batches(6, seed=3, dtype=torch.float32)
+    model = Net()
+    opt = staleopt.PipelineOptimizer(model, base(model.parameters()), stages=2, schedule="dataflow")
+    train(model, opt, data[:3])
+    state = copy.deepcopy(opt.state_dict())
+    plain_model = Net().double()
+    plain = base(plain_model.parameters())
+    plain.load_state_dict({k: v for k, v in state.items() if k != "staleopt"})
+    again = Net().double()
+    again.load_state_dict(model.state_dict())
+    opt2 = staleopt.PipelineOptimizer(again, base(again.parameters()), stages=2, schedule="dataflow")
+    opt2.load_state_dict(state)
+    got = {k: v.dtype for k, v in opt2.base_optimizer.state[again.temp].items() if k != "step"}
+    assert got == {k: v.dtype for k, v in plain.state[plain_model.temp].items() if k != "step"}
+    assert set(got.values()) == {torch.float64}
+    train(again, opt2, [(x.double(), y.double()) for x, y in data[3:]])
+
+
 def test_a_partition_of_another_model_object_is_refused():
     """A Partition made from a copy of the model (or before the model was rebuilt) would train without its delays,
     with only unrelated warnings: refused at construction."""
