@@ -392,6 +392,8 @@ class PipelineOptimizer(torch.optim.Optimizer):
         self._hooks = [model.register_forward_pre_hook(_Callback(self._on_forward_start)),
                        model.register_forward_hook(_Callback(self._on_forward_end))]
         self._hooks += self._replicas.hooks(_Callback(self._attached))
+        self._stepping = False  # inside step(), around the base step: the only place it may run
+        self._hooks.append(base_optimizer.register_step_pre_hook(_Callback(self._on_base_step)))
         # a module's state_dict reads, and its load_state_dict writes, the parameters' own storage with w_t (not
         # a row of the history a training pass points them at): hooks on every module that owns a parameter, so
         # that a submodule's state_dict (ddp.module, a LightningModule's net) reads w_t too
@@ -1297,10 +1299,14 @@ class PipelineOptimizer(torch.optim.Optimizer):
         for k in self._corrections:
             k.transform_stored(stored, delays, t)
             k.before_update(delays, t)
-        if self._per_stage_lr:
-            self._stage_groups.step(self._base, factors)
-        else:
-            self._base.step()
+        self._stepping = True
+        try:
+            if self._per_stage_lr:
+                self._stage_groups.step(self._base, factors)
+            else:
+                self._base.step()
+        finally:
+            self._stepping = False
         self._replicas.follow()  # each copy of a tied weight takes the same update
         self._history.advance(t + 1)
         for k in self._corrections:
@@ -1311,6 +1317,17 @@ class PipelineOptimizer(torch.optim.Optimizer):
         self._passes, self._pass = 0, 0
         self._learn_passes()
         return loss
+
+    def _on_base_step(self, optimizer, args, kwargs) -> None:
+        """Step pre-hook of the base optimizer: stepped outside :meth:`step` (``base.step()``,
+        ``scaler.step(base)``, a trainer given the base optimizer), the history never advances, so every training
+        forward takes the parameters for ``w_0`` again and the run trains without delays, silently: refused."""
+        if not self._stepping:
+            raise LoopError(f"the base optimizer ({type(optimizer).__name__}) was stepped directly, not through the "
+                            "PipelineOptimizer that wraps it: its history would not advance and the model would "
+                            "train without the simulated delays. Step the PipelineOptimizer (opt.step(), "
+                            "scaler.step(opt), or hand it to the trainer); to train without it, call "
+                            "opt.remove_hooks() first")
 
     def _skip_empty_step(self, loss):
         """``step()`` with no gradient on any parameter (a batch a trainer skipped: Lightning calls ``step`` after a

@@ -9,7 +9,7 @@ from torch import nn
 
 import staleopt
 from staleopt import schedules
-from staleopt.errors import ConfigError, StaleoptError
+from staleopt.errors import ConfigError, LoopError, StaleoptError
 
 from helpers import batches, mlp, mse, train
 
@@ -656,3 +656,36 @@ def test_a_parametrized_weight_under_differing_views_is_warned_about(kind):
 
     assert len(build("dataflow")) == 1 and "['0']" in build("dataflow")[0]
     assert build("pipemare-stash") == []
+
+
+@pytest.mark.parametrize("method", ["dataflow", "pipemare"])
+def test_stepping_the_base_optimizer_directly_is_refused(method):
+    """base.step() (or scaler.step(base), a trainer given the base optimizer) never advanced the history: every
+    training forward took the parameters for w_0 again and the run trained without delays (bit for bit the
+    synchronous run), silently. Refused; the wrapper's own step, and the base after remove_hooks(), still step."""
+    model = mlp(seed=0)
+    base = torch.optim.SGD(model.parameters(), lr=0.1)
+    opt = staleopt.PipelineOptimizer(model, base, stages=3, schedule=method)
+    (x, y), = batches(1)
+    opt.zero_grad()
+    mse(model(x), y).backward()
+    before = [p.detach().clone() for p in model.parameters()]
+    with pytest.raises(LoopError, match="stepped directly, not through the PipelineOptimizer"):
+        base.step()
+    assert opt.step_count == 0 and all(torch.equal(a, p) for a, p in zip(before, model.parameters()))
+    opt.step()
+    assert opt.step_count == 1 and not all(torch.equal(a, p) for a, p in zip(before, model.parameters()))
+    opt.remove_hooks()
+    base.step()
+
+
+def test_a_grad_scaler_stepping_the_base_optimizer_is_refused():
+    model = mlp(seed=0)
+    base = torch.optim.SGD(model.parameters(), lr=0.1)
+    opt = staleopt.PipelineOptimizer(model, base, stages=3, schedule="dataflow")
+    (x, y), = batches(1)
+    scaler = torch.amp.GradScaler("cpu")
+    scaler.scale(mse(model(x), y)).backward()
+    with pytest.raises(LoopError, match="stepped directly"):
+        scaler.step(base)
+    assert opt.step_count == 0
