@@ -86,6 +86,10 @@ def time_to_accuracy(steps_to_target: float, method, stages: int, microbatches: 
             not 0 <= steps_to_target < math.inf:
         raise ConfigError(f"steps_to_target must be a finite number of optimizer steps >= 0, got {steps_to_target!r}")
     pipeline = methods.build(method, stages, microbatches)
+    unknown = sorted(set(phase_args) - {"total_steps", *methods.PHASE_LENGTHS})
+    if unknown:
+        raise ConfigError(f"time_to_accuracy got unknown phase argument(s) {unknown}: it takes total_steps and "
+                          f"{', '.join(methods.PHASE_LENGTHS)}")
     if steps_to_target == 0:
         return 0.0  # (no steps take no time, whatever the phases)
     if "total_steps" not in phase_args:
@@ -155,6 +159,26 @@ def activation_sizes(model: nn.Module, partition: Partition, example_input, micr
     return out
 
 
+def _check_stages(sizes: Sequence[Tuple[int, int]], **counts: Sequence[int]) -> None:
+    """:class:`~staleopt.errors.ConfigError` unless ``sizes`` holds one ``(a_i, in_i)`` pair of byte counts per stage
+    (at least one) and each list of ``counts`` one count per stage, all ints >= 0 (a shorter list was cut short
+    by ``zip``, silently: the bytes of the stages past its end were left out)."""
+    if isinstance(sizes, (str, bytes)) or not isinstance(sizes, Sequence) or not sizes:
+        raise ConfigError(f"sizes must be a non-empty list of (activation bytes, input bytes) per stage "
+                          f"(stage_activation_sizes), got {sizes!r:.80}")
+    for i, pair in enumerate(sizes):
+        if not isinstance(pair, Sequence) or len(pair) != 2:
+            raise ConfigError(f"sizes[{i}] = {pair!r} must be a pair (activation bytes, input bytes)")
+        for value in pair:
+            check_int(f"sizes[{i}]", value, 0, why="bytes")
+    for name, values in counts.items():
+        if isinstance(values, (str, bytes)) or not isinstance(values, Sequence) or len(values) != len(sizes):
+            raise ConfigError(f"{name} must hold one count per stage ({len(sizes)}, as sizes does), got "
+                              f"{values!r:.80}")
+        for i, value in enumerate(values):
+            check_int(f"{name}[{i}]", value, 0, why="microbatches held")
+
+
 def activation_memory(sizes: Sequence[Tuple[int, int]], counts: Sequence[int],
                       segment: Optional[int] = None) -> Tuple[int, int, int]:
     """``(without recompute, with recompute, segment S)`` in bytes (PipeMare App. A.2–A.3, Table 4).
@@ -179,6 +203,7 @@ def activation_memory(sizes: Sequence[Tuple[int, int]], counts: Sequence[int],
     (``dataflow-recompute``) is priced by :func:`recompute_activation_memory`
     from its executed timing, which frees the input at its recomputation.
     """
+    _check_stages(sizes, counts=counts)
     P = len(sizes)
     plain = sum(c * a for c, (a, _) in zip(counts, sizes))
 
@@ -210,6 +235,7 @@ def recompute_activation_memory(sizes: Sequence[Tuple[int, int]], recomputed: Se
     peaks (:attr:`~staleopt.timeline.Timeline.peak_in_flight`,
     :attr:`~staleopt.timeline.Timeline.peak_cached_inputs`).
     """
+    _check_stages(sizes, recomputed=recomputed, cached=cached)
     return sum(r * a + k * i for r, k, (a, i) in zip(recomputed, cached, sizes))
 
 

@@ -12,6 +12,7 @@ names never disagree (``1f1b`` is both).
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple, Union
@@ -145,8 +146,18 @@ def amortized_utilization(phases: Sequence[Tuple[float, float]]) -> float:
     return total / sum(n / u for n, u in phases if n > 0)
 
 
+def _check_steps(**lengths) -> None:
+    """Each given (not None) length is a number of steps: a real number, not a bool (``True`` was taken as 1, a
+    string failed inside a comparison)."""
+    for name, value in lengths.items():
+        if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Real)):
+            raise ConfigError(f"{name} must be a number of optimizer steps (or epochs, in the same unit), got "
+                              f"{value!r}")
+
+
 def _check_phases(total_steps: float, phase_steps: float, name: str) -> None:
     """``0 <= phase_steps <= total_steps``, ``total_steps`` positive and finite (else a ConfigError naming both)."""
+    _check_steps(total_steps=total_steps, **{name: phase_steps})
     if not (0 < total_steps < math.inf and 0 <= phase_steps <= total_steps):
         raise ConfigError(f"need 0 <= {name} <= total_steps with total_steps positive and finite, got {phase_steps} "
                           f"and {total_steps}")
@@ -374,6 +385,7 @@ class Pipeline:
         """
         P, N = self.stages, self.microbatches
         steady = self.schedule.utilization(P, N)
+        _check_steps(total_steps=total_steps, warmup_steps=warmup_steps, pipelined_steps=pipelined_steps)
         if total_steps is not None and not 0 < total_steps < math.inf:  # (also where no phase needs it)
             raise ConfigError(f"total_steps must be positive and finite, got {total_steps!r}")
         # a phase length a method without that phase cannot honour is refused (0 warmup steps, or every step
@@ -395,6 +407,9 @@ class Pipeline:
                     raise ConfigError(f"{self.name}'s utilization is averaged over its synchronous warmup and the "
                                       f"rest of the run: pass total_steps= (and warmup_steps=, default {c.steps}; on "
                                       "the command line --total-steps and --warmup-steps)")
+                if warmup_steps is None and n_w > total_steps:
+                    raise ConfigError(f"{self.name}'s default warmup of {n_w} steps is longer than total_steps = "
+                                      f"{total_steps:g}: pass warmup_steps <= total_steps (--warmup-steps)")
                 _check_phases(total_steps, n_w, "warmup_steps")
                 return amortized_utilization([(n_w, Sync().utilization(P, N)), (total_steps - n_w, steady)])
             if isinstance(c, Hybrid):
@@ -403,6 +418,9 @@ class Pipeline:
                     raise ConfigError(f"{self.name}'s utilization is averaged over its pipelined and non-pipelined "
                                       f"phases: pass total_steps= (and pipelined_steps=, default {c.pipelined_steps}; "
                                       "on the command line --total-steps and --pipelined-steps)")
+                if pipelined_steps is None and n_p > total_steps:
+                    raise ConfigError(f"{self.name}'s default of {n_p} pipelined steps is more than total_steps = "
+                                      f"{total_steps:g}: pass pipelined_steps <= total_steps (--pipelined-steps)")
                 _check_phases(total_steps, n_p, "pipelined_steps")
                 return amortized_utilization([(n_p, steady), (total_steps - n_p, N / (N + 2 * P - 2))])
         return steady

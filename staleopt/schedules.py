@@ -61,7 +61,8 @@ wherever a schedule name is: :func:`staleopt.methods.build` does the lookup.
 from __future__ import annotations
 
 import math
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+import numbers
+from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -655,8 +656,13 @@ class Hogwild(Schedule):
 
     def __init__(self, tau_max: Optional[int] = None, means: Optional[Sequence[float]] = None):
         check_int("hogwild tau_max", tau_max, minimum=0, optional=True, error=ScheduleError)
-        if means is not None and not all(0 < float(m) < math.inf for m in means):  # (NaN too)
-            raise ScheduleError(f"hogwild means must be finite and > 0, got {list(means)!r}")
+        if means is not None:
+            given = list(means) if isinstance(means, Iterable) and not isinstance(means, (str, bytes)) else None
+            if given is None or not all(isinstance(m, numbers.Real) and not isinstance(m, bool) and 0 < m < math.inf
+                                        for m in given):  # (NaN too)
+                raise ScheduleError(f"hogwild means must be a list of finite numbers > 0, one per stage, got "
+                                    f"{means!r:.80}")
+            means = given
         self.tau_max, self.means = tau_max, None if means is None else [float(m) for m in means]
         self._cdf = {}
 
@@ -665,7 +671,7 @@ class Hogwild(Schedule):
 
     def _params(self, stages, microbatches):
         dataflow = Dataflow().delays(stages, microbatches)[0]
-        means = self.means or [float(t) for t in dataflow]
+        means = self.means if self.means is not None else [float(t) for t in dataflow]  # ([]: refused below)
         if len(means) != stages:
             raise ScheduleError(f"hogwild got {len(means)} means for {stages} stages: give one per stage")
         tau_max = self.tau_max if self.tau_max is not None else 2 * max(dataflow)

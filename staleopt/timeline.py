@@ -162,6 +162,7 @@ class Timeline:
     def __init__(self, pipeline: methods.Pipeline, minibatches: int):
         self.pipeline = pipeline
         self.kind = pipeline.timeline_name
+        minibatches = check_int("minibatches", minibatches, minimum=1)
         self.stages, self.microbatches, self.minibatches = pipeline.stages, pipeline.microbatches, minibatches
         self.workers, self.events, self.updates, self.slots = _run(pipeline, minibatches)
 
@@ -391,4 +392,4 @@ def simulate(schedule, stages: int, microbatches: int = 1, minibatches: int = 3)
     ([3, 2, 1, 0], [0, 0, 0, 0])
     """
     pipeline = methods.build(schedule, stages, microbatches)
-    return Timeline(pipeline, check_int("minibatches", minibatches, minimum=1))
+    return Timeline(pipeline, minibatches)

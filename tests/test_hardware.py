@@ -340,9 +340,13 @@ def test_command_line_output_and_argument_mistakes_are_one_line_errors(tmp_path,
     cases = [
         (["hardware", "--model", "mlp", "--method", "pipemare", "--compare", "gpipe", "--stages", "2"], "not both"),
         (["hardware", "--model", "mlp", "--compare", ",", "--stages", "2"], "--compare names no method"),
-        (["hardware", "--model", "mlp", "--compare", "gpipe,gpipe", "--stages", "2"], "gpipe more than once"),
+        (["hardware", "--model", "mlp", "--compare", "gpipe,gpipe", "--stages", "2"], "more than once \\(gpipe, gpipe"),
         (["hardware", "--model", "mlp", "--compare", "pipedream-flush,1f1b-flush", "--stages", "2"],
-         "pipedream-flush more than once"),  # (an alias: the same column twice)
+         "more than once \\(pipedream-flush, 1f1b-flush"),  # (an alias: the same column twice)
+        (["hardware", "--model", "mlp", "--compare", "gpipe,sync", "--stages", "2"],  # (the schedule gpipe runs)
+         "more than once \\(gpipe, sync"),
+        (["hardware", "--model", "mlp", "--method", "pipemare-w", "--stages", "2", "--total-steps", "90"],
+         "default warmup of 1000 steps is longer than total_steps = 90: pass warmup_steps"),
         (["hardware", "--model", "mlp", "--compare", "gpipe,pipemare", "--stages", "2", "--total-steps", "100"],
          "--total-steps would change nothing"),
         (["hardware", "--model", "mlp", "--method", " ", "--stages", "2"], "--method: empty"),
@@ -560,3 +564,33 @@ def test_the_hardware_model_prices_what_each_method_keeps():
     sizes = hardware.activation_sizes(mlp, staleopt.partition_model(mlp, 2), torch.randn(2, 6), 2)
     with pytest.raises(ConfigError, match="sizes has 2 entries.*4 stages"):
         hardware.memory_report(mlp, "pipemare", 4, 1, microbatch_size=2, sizes=sizes)
+
+
+def test_activation_memory_takes_one_count_per_stage():
+    """A list shorter than sizes was cut short by zip (2 stages, 1 cached count: 25 bytes, stage 1 left out);
+    negative counts gave negative bytes; empty or short lists were raw IndexError / ValueError."""
+    sizes = [(10, 5), (10, 5)]
+    assert hardware.recompute_activation_memory(sizes, [1, 2], [3, 0]) == 10 + 15 + 20
+    for call, says in ((lambda: hardware.recompute_activation_memory(sizes, [1, 2], [3]), "cached must hold one "
+                        "count per stage \\(2"),
+                       (lambda: hardware.activation_memory(sizes, [-1, 2]), r"counts\[0\] = -1 must be an int >= 0"),
+                       (lambda: hardware.activation_memory(sizes, [1]), "counts must hold one count per stage"),
+                       (lambda: hardware.activation_memory([], []), "sizes must be a non-empty list"),
+                       (lambda: hardware.activation_memory([(10, 5, 1)], [1]), r"sizes\[0\] = .* must be a pair")):
+        with pytest.raises(ConfigError, match=says):
+            call()
+
+
+def test_phase_lengths_are_numbers_and_named():
+    """A misspelled phase argument, a string length and a bool (taken as 1) were raw TypeErrors or accepted."""
+    with pytest.raises(ConfigError, match=r"unknown phase argument\(s\) \['warmup_step'\]"):
+        hardware.time_to_accuracy(100, "pipemare-w", 4, 1, warmup_step=30)
+    for kwargs, name in (({"total_steps": "90", "warmup_steps": 30}, "total_steps"),
+                         ({"total_steps": 10, "warmup_steps": True}, "warmup_steps"),
+                         ({"total_steps": True, "warmup_steps": 0.5}, "total_steps")):
+        with pytest.raises(ConfigError, match=f"{name} must be a number of optimizer steps"):
+            hardware.pipeline_utilization("pipemare-w", 4, 1, **kwargs)
+    with pytest.raises(ConfigError, match="total_steps must be a number"):
+        hardware.hybrid_speedup("10", 5, 4)
+    assert hardware.pipeline_utilization("pipemare-w", 4, 1, total_steps=90, warmup_steps=30) == \
+        hardware.pipeline_utilization("pipemare-w", 4, 1, total_steps=90.0, warmup_steps=30.0)

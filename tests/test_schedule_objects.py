@@ -162,3 +162,14 @@ def test_core_modules_do_not_import_drawing_code():
             "print('matplotlib.pyplot' in sys.modules, 'staleopt.plot' in sys.modules)")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.split() == ["False", "False"]
+
+
+def test_hogwild_means_are_one_positive_number_per_stage():
+    """means=[] was taken for "not given" (the dataflow means drove the run while the repr said means=[]); a
+    string mean was a raw ValueError."""
+    with pytest.raises(ScheduleError, match="hogwild got 0 means for 3 stages"):
+        schedules.get("hogwild", means=[]).check(3)
+    for bad in (["x", 1], [True, 1], "12", 3):
+        with pytest.raises(ScheduleError, match="hogwild means must be a list of finite numbers > 0"):
+            schedules.get("hogwild", means=bad)
+    assert schedules.get("hogwild", means=(m for m in (2, 1))).means == [2.0, 1.0]  # (any iterable, read once)

@@ -211,3 +211,12 @@ def test_plot_draws_recompute_cells(tmp_path):
     assert len(ax.patches) == len(tl.cells) == len(tl.events)
     assert "recompute" in [t.get_text() for t in ax.get_legend().get_texts()]
     ax.figure.savefig(tmp_path / "recompute.png")
+
+
+def test_a_timeline_of_no_minibatch_is_refused():
+    """Timeline(pipeline, 0) built, then failed with a raw TypeError at .utilization; -1 named 'steps'."""
+    from staleopt import methods
+    from staleopt.timeline import Timeline
+    for bad in (0, -1, True):
+        with pytest.raises(ConfigError, match=f"minibatches = {bad!r} must be an int >= 1"):
+            Timeline(methods.build("1f1b", 3, 1), bad)

@@ -161,12 +161,15 @@ def format_table(rows, model_name: str = "model") -> str:
     return "\n".join(lines)
 
 
-def _method_name(name: str) -> str:
-    """The method ``name`` (or its alias) names; a schedule's name as given."""
+def _pipeline_of(name: str, stages: int, microbatches: int) -> str:
+    """What ``name`` runs on ``stages`` and ``microbatches``: its schedule, corrections and timeline (an alias, or a
+    schedule's name such as ``sync`` for ``gpipe``, runs the same as the method it stands for); the name itself
+    where it builds nothing (``rows_for`` names the error)."""
     try:
-        return methods_module.get(name).name
-    except ScheduleError:  # (a schedule's name, or none: rows_for names the error)
+        p = methods_module.build(name, stages, microbatches)
+    except (ScheduleError, ConfigError):
         return name
+    return f"{p.schedule!r} {p.corrections!r} {p.timeline_name}"
 
 
 def run(args) -> int:
@@ -181,12 +184,12 @@ def run(args) -> int:
     if not methods:
         raise ConfigError(f"{'--compare' if args.compare else '--method'} names no method: give NAME (--method) or "
                           "NAME,NAME,... (--compare), names from staleopt.methods.names()")
-    named = [_method_name(m) for m in methods]  # (an alias names its method: "1f1b-flush" is "pipedream-flush")
-    twice = sorted({m for m in named if named.count(m) > 1})
-    if twice:
-        raise ConfigError(f"--compare names {', '.join(twice)} more than once (its column would be printed twice; "
-                          "an alias names its method): name each method once")
     stages_list = _stages(args.stages)
+    runs = [_pipeline_of(m, stages_list[0], args.microbatches) for m in methods]  # ("1f1b-flush" is "pipedream-flush")
+    twice = [m for m, r in zip(methods, runs) if runs.count(r) > 1]
+    if twice:
+        raise ConfigError(f"--compare names one pipeline more than once ({', '.join(twice)}: an alias, or a schedule "
+                          "that a method runs without corrections; its column would be printed twice): name each once")
     kwargs = {} if args.num_classes is None else {"num_classes": check_int("--num-classes", args.num_classes, 1)}
     data = None
     if args.data is not None:
