@@ -19,7 +19,7 @@ import json
 import math
 import numbers
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterable, List, Optional, Union
+from typing import Any, Dict, Iterable, List, Optional, Tuple, Union
 
 import torch
 
@@ -227,31 +227,43 @@ def refuse_ineffective(config: "RunConfig", given: Iterable[str]) -> None:
               "'sgd-momentum', or leave momentum out")
 
 
-def refuse_default_spellings(configs: Iterable["RunConfig"]) -> None:
+def refuse_default_spellings(configs: Iterable["RunConfig"], recorded: Iterable[Tuple[str, dict]] = ()) -> None:
     """Refuse two of ``configs`` that are one run written two ways: they differ only by a model or data option
-    written at the factory's default in one and left out in the other (``model_kwargs={"hidden": 16}`` and ``{}``).
+    written at the factory's default in one and left out in the other (``model_kwargs={"hidden": 16}`` and ``{}``);
+    and a config that is, that way, one of the ``recorded`` runs ``(run id, its config.json)`` already in the
+    sweep's folder (a sweep extended with the other spelling). A recorded run whose model or data no longer loads
+    (a user's file moved) is not compared.
 
     A run id hashes the config as written, on purpose: an option written at its default pins it, so the run stays
     itself if the factory's default changes later (the demo pins ``depth = 20, width = 8``). Two such spellings in
-    one sweep would train the same model twice under two run ids, a line or row each in every table."""
-    seen: Dict[str, tuple] = {}
+    one folder would train the same model twice under two run ids, a line or row each in every table."""
     defaults: Dict[tuple, Dict[str, Any]] = {}
+
+    def effective(d: dict) -> str:
+        d = {k: v for k, v in d.items() if not (k in _LATER_FIELDS and v == _LATER_FIELDS[k])}
+        for key, field_, read in (("model_kwargs", "model", lambda n: models.info(n).defaults()),
+                                  ("data_kwargs", "data", data.option_defaults)):
+            if (key, d[field_]) not in defaults:
+                defaults[key, d[field_]] = read(d[field_])
+            d[key] = {**defaults[key, d[field_]], **d.get(key, {})}
+        return json.dumps(d, sort_keys=True)
+
+    seen: Dict[str, Tuple[str, dict]] = {}
+    for run, d in recorded:
+        try:
+            seen.setdefault(effective(d), (run, d))
+        except Exception:  # noqa: BLE001 (its model or data does not load here: nothing to compare it with)
+            continue
     for c in configs:
-        d = c.to_dict()
-        for key, name, read in (("model_kwargs", c.model, lambda n: models.info(n).defaults()),
-                                ("data_kwargs", c.data, data.option_defaults)):
-            if (key, name) not in defaults:
-                defaults[key, name] = read(name)
-            d[key] = {**defaults[key, name], **d[key]}
-        prior, run = seen.setdefault(json.dumps(d, sort_keys=True), (c, c.run_id()))
-        if prior is not c and run != c.run_id():
+        d, run = c.to_dict(), c.run_id()
+        prior, was = seen.setdefault(effective(d), (run, d))
+        if prior != run:
             written = {k: v for key in ("model_kwargs", "data_kwargs")
-                       for k, v in {**getattr(prior, key), **getattr(c, key)}.items()
-                       if (k in getattr(prior, key)) != (k in getattr(c, key))}
-            raise ConfigError(f"runs {prior.run_id()} and {c.run_id()} are one run written two ways: {written} "
-                              f"{'is the default' if len(written) == 1 else 'are the defaults'}, written in one and left out of the other (a written default is part "
-                              "of the run id: it pins the option if the default changes); write it in every run "
-                              "or in none")
+                       for k, v in {**was.get(key, {}), **d[key]}.items() if (k in was.get(key, {})) != (k in d[key])}
+            raise ConfigError(f"runs {prior} and {run} are one run written two ways: {written} "
+                              f"{'is the default' if len(written) == 1 else 'are the defaults'}, written in one and "
+                              "left out of the other (a written default is part of the run id: it pins the option if "
+                              "the default changes); write it in every run or in none")
 
 
 def field_names() -> List[str]:

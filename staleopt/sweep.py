@@ -221,6 +221,20 @@ def expand(base: Dict[str, Any], grid: Dict[str, Sequence[Any]], inherited: Sequ
     return _distinct(out)
 
 
+def _recorded(root: Path, skip: set) -> List[Tuple[str, dict]]:
+    """``(run id, config)`` of every run folder in ``root`` but ``skip`` whose ``config.json`` reads as a dict."""
+    out = []
+    for path in sorted(root.iterdir()) if root.is_dir() else ():
+        if path.name not in skip and (path / "config.json").is_file():
+            try:
+                d = json.loads((path / "config.json").read_text())
+            except (OSError, ValueError):
+                continue  # (a damaged run: run_state reports it)
+            if isinstance(d, dict) and {"model", "data"} <= set(d):
+                out.append((path.name, d))
+    return out
+
+
 def _distinct(configs: Sequence[RunConfig]) -> List[RunConfig]:
     """``configs`` in order, each run (``run_id``) once; one run written two ways is refused
     (:func:`~staleopt.config.refuse_default_spellings`)."""
@@ -661,7 +675,7 @@ def run_sweep(sweep: Union[Sweep, str, os.PathLike, Sequence[RunConfig]], out: U
     if workers > 1 or executor == "ray":  # other processes: send them this process's registered names
         registrations = registry.snapshot({c.model for c in configs}, {c.data for c in configs})
         registry.check_picklable(registrations)
-    jobs = []
+    jobs, pending = [], []
     name, other = train_fn_name(resolved), {}
     for cfg in configs:
         state = run_state(root / cfg.run_id(), claim_timeout)
@@ -675,10 +689,13 @@ def run_sweep(sweep: Union[Sweep, str, os.PathLike, Sequence[RunConfig]], out: U
         elif state == "running":
             report.claimed.append(cfg.run_id())
         else:
+            pending.append(cfg)
             options = {"launch": launch, "claim_timeout": claim_timeout, "checkpoint_every": checkpoint_every,
                        "keep_checkpoint": keep_checkpoints, "retry_failed": state == "failed",
                        "registrations": registrations}
             jobs.append((train_fn, cfg.to_dict(), str(root / cfg.run_id()), progress, options))
+    if pending:  # (a run of the folder written the other way would be trained again under another id)
+        refuse_default_spellings(pending, _recorded(root, {c.run_id() for c in configs}))
     if other:  # a run's results are its train function's: another one's would be kept as this one's
         by, ids = next(iter(other.items()))
         raise ConfigError(f"{sum(map(len, other.values()))} finished run(s) in {root} were trained by the train "
@@ -855,7 +872,8 @@ def summarize(records: pd.DataFrame, by: Optional[Sequence[str]] = None, level: 
     runs but those whose value is NaN),
     ``final_loss``, ``excess_loss`` (the mean lowest test loss above the dataset's
     best achievable ``best_loss``; only where the records know it), ``diverged``
-    (count) and ``status`` (``ok``, ``diverged`` or ``k/n diverged``). ``*_lo``, ``*_hi``: the interval every table and figure shows
+    (count) and ``status`` (``ok``, ``diverged`` or ``k/n diverged``). ``*_lo``, ``*_hi``: the interval every table
+    and figure shows
     (within the metric's bounds, [0, 1] for an accuracy; the seeds' range below
     :data:`~staleopt.stats.MIN_SEEDS_FOR_T` seeds); ``*_ci``: the Student-t
     half-width, unclipped (NaN for one seed).

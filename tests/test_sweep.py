@@ -105,6 +105,16 @@ def test_one_run_written_two_ways_is_refused_before_training(tmp_path):
     assert not (tmp_path / "out").exists()
     with pytest.raises(SweepConfigError, match=r"one run written two ways: \{'hidden': 128\} is the default"):
         sweep.from_spec({"base": base, "grid": {"model_kwargs": [{}, {"hidden": 128}]}}, source="s.toml")
+    # a folder that holds the run written one way: a later sweep of the other spelling is refused before training
+    sweep.run_sweep([RunConfig(**{**base, "data_kwargs": {"num_samples": 64}})], tmp_path / "out", bar=False)
+    (tmp_path / "out" / "runs" / "x").mkdir()  # (a run of a model that no longer loads is not compared)
+    (tmp_path / "out" / "runs" / "x" / "config.json").write_text(json.dumps({**a.to_dict(), "model": "gone.py:f"}))
+    before = sorted(p.name for p in (tmp_path / "out" / "runs").iterdir())
+    with pytest.raises(ConfigError, match=r"one run written two ways: \{'hidden': 128\} is the default"):
+        sweep.run_sweep([RunConfig(**{**base, "data_kwargs": {"num_samples": 64}, "model_kwargs": {"hidden": 128}}),
+                         RunConfig(**{**base, "data_kwargs": {"num_samples": 64}, "seed": 1})], tmp_path / "out",
+                        bar=False)
+    assert sorted(p.name for p in (tmp_path / "out" / "runs").iterdir()) == before
     other = RunConfig(**base, model_kwargs={"hidden": 64})  # not the default: two runs
     assert len(sweep.from_spec({"base": base, "grid": {"model_kwargs": [{}, {"hidden": 64}]}}).configs) == 2
     sweep.expand(base, {"seed": [0, 1]})  # (distinct runs pass)
