@@ -49,6 +49,7 @@ below 1 (PipeMare §3.1).
 from __future__ import annotations
 
 import math
+import numbers
 from typing import Optional, Sequence, Union
 
 import numpy as np
@@ -63,6 +64,27 @@ __all__ = ["ACCUMULATORS", "check_accumulator", "companion_matrix", "spectral_ra
 
 def _delay(name: str, value) -> int:
     return check_int(name, value, 0, why="a delay in optimizer steps")
+
+
+def _number(name: str, value) -> float:
+    """``float(value)`` if ``value`` is a finite real number (a Python or NumPy int or float, not a bool)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
+        raise ConfigError(f"{name} = {value!r} must be a finite number (a Python or NumPy int or float)")
+    return float(value)
+
+
+def _numbers(name: str, value, integral: bool = False, bools: bool = False) -> np.ndarray:
+    """``value`` (a number or an array of them, not bools unless ``bools``) as a float64 array; with
+    ``integral``, of ints only."""
+    try:
+        a = np.asarray(value)
+    except (TypeError, ValueError):                               # e.g. a ragged list
+        a = np.asarray(None)
+    if a.dtype.kind not in ("iu" if integral else "iuf") + ("b" if bools else ""):
+        what = "a delay in optimizer steps: an int >= 0 (Python or NumPy, not a bool) or an array of them" \
+            if integral else "a number or an array of numbers" + ("" if bools else " (not bools)")
+        raise ConfigError(f"{name} = {value!r} must be {what}")
+    return a.astype(float)
 
 
 #: T2's accumulator conventions (module docstring): the views read ``delta_{t - tau}`` or ``delta_t``.
@@ -83,16 +105,24 @@ def t2_gamma(correction_decay: Union[float, str], tau_fwd: int, tau_bkwd: int) -
     §3.2), or App. B.4's ``1 - 2/(tau_fwd - tau_bkwd + 1)`` for ``correction_decay="invariant"``."""
     if tau_fwd <= tau_bkwd:
         raise ConfigError(f"T2 needs tau_fwd > tau_bkwd, got tau_fwd={tau_fwd}, tau_bkwd={tau_bkwd}")
-    if correction_decay == "invariant":
+    d = _decay(correction_decay)
+    if d == "invariant":
         return 1.0 - 2.0 / (tau_fwd - tau_bkwd + 1)
-    if isinstance(correction_decay, (str, bool)) or not isinstance(correction_decay, (int, float, np.floating)):
+    return d ** (1.0 / (tau_fwd - tau_bkwd))
+
+
+def _decay(correction_decay) -> Union[float, str]:
+    """T2's decay ``D`` as a float in [0, 1) (a Python or NumPy number, not a bool), or ``"invariant"``."""
+    if isinstance(correction_decay, str) and correction_decay == "invariant":
+        return correction_decay
+    if isinstance(correction_decay, bool) or not isinstance(correction_decay, numbers.Real):
         raise ConfigError(f"correction_decay must be a number D in [0, 1) or 'invariant' (App. B.4's "
                           f"gamma = 1 - 2/(k+1)), got {correction_decay!r}")
     d = float(correction_decay)
     if not 0.0 <= d < 1.0:
         raise ConfigError(f"correction_decay D must lie in [0, 1), got {correction_decay!r} "
                           "(D = 1 never updates the accumulator; PipeMare uses D near 0.1)")
-    return d ** (1.0 / (tau_fwd - tau_bkwd))
+    return d
 
 
 def invariant_decay(tau_fwd: int, tau_bkwd: int) -> float:
@@ -107,14 +137,16 @@ def invariant_decay(tau_fwd: int, tau_bkwd: int) -> float:
     return (1.0 - 2.0 / (k + 1)) ** k
 
 
-def _system(lr, curvature, tau_fwd, tau_bkwd, delta, momentum, correction_decay, tau_recomp, phi,
-            t2_accumulator="causal", nesterov=False):
-    """Coefficients of ``w_{t+1} = sum_k a[k] w_{t-k} + sum_k b[k] d_{t-k}``, and ``gamma`` (None without T2).
-    ``nesterov``: the momentum is Nesterov's look-ahead in the update (Sutskever et al. 2013; ``torch.optim.SGD(
-    nesterov=True)`` and :class:`~staleopt.corrections.NesterovLookahead`): the step ``-alpha g_t`` becomes
-    ``-alpha ((1 + beta) g_t - beta g_{t-1})``, with the heavy-ball term ``beta (w_t - w_{t-1})`` as before."""
+def _model(lr, curvature, tau_fwd, tau_bkwd, delta, momentum, correction_decay, tau_recomp, phi, t2_accumulator,
+           nesterov):
+    """The one check of the quadratic model's arguments, for :func:`companion_matrix` (``_system``) and
+    :func:`simulate_quadratic` alike: ``(alpha, lam, Delta, Phi, beta, tau_fwd, tau_bkwd, tau_recomp, causal,
+    gamma, nesterov)`` as floats, ints and bools; ``gamma`` is None without T2 (no ``correction_decay``, or
+    ``tau_fwd <= tau_bkwd``)."""
     tf = _delay("tau_fwd", tau_fwd)
     tb = tf if tau_bkwd is None else _delay("tau_bkwd", tau_bkwd)
+    alpha, lam, dlt, phi, beta = (_number(name, value) for name, value in (
+        ("lr", lr), ("curvature", curvature), ("delta", delta), ("phi", phi), ("momentum", momentum)))
     if tau_recomp is None:
         if phi != 0.0:
             raise ConfigError(f"phi={phi!r} is the sensitivity to the recompute delay: also pass tau_recomp")
@@ -124,15 +156,26 @@ def _system(lr, curvature, tau_fwd, tau_bkwd, delta, momentum, correction_decay,
         if not (tr == tb or min(tb, tf) <= tr <= max(tb, tf)):
             raise ConfigError(f"tau_recomp={tr} must lie between tau_bkwd={tb} and tau_fwd={tf} (a recomputation "
                               "happens after the forward pass and before the backward pass, PipeMare App. D.1)")
-    alpha, lam, dlt, phi, beta = float(lr), float(curvature), float(delta), float(phi), float(momentum)
-    if not all(map(math.isfinite, (alpha, lam, dlt, phi, beta))):
-        raise ConfigError(f"lr, curvature, delta, phi and momentum must be finite numbers, got {lr!r}, "
-                          f"{curvature!r}, {delta!r}, {phi!r}, {momentum!r}")
+    if not isinstance(nesterov, (bool, np.bool_)):
+        raise ConfigError(f"nesterov = {nesterov!r} must be True or False (True: Nesterov's look-ahead momentum)")
     causal = check_accumulator(t2_accumulator) == "causal"
-    corrected = correction_decay is not None and tf > tb
-    gamma = t2_gamma(correction_decay, tf, tb) if corrected else None
+    if correction_decay is not None:
+        _decay(correction_decay)   # checked even where T2 does not act (tau_fwd <= tau_bkwd)
+    gamma = t2_gamma(correction_decay, tf, tb) if correction_decay is not None and tf > tb else None
+    return alpha, lam, dlt, phi, beta, tf, tb, tr, causal, gamma, bool(nesterov)
+
+
+def _system(lr, curvature, tau_fwd, tau_bkwd, delta, momentum, correction_decay, tau_recomp, phi,
+            t2_accumulator="causal", nesterov=False):
+    """Coefficients of ``w_{t+1} = sum_k a[k] w_{t-k} + sum_k b[k] d_{t-k}``, and ``gamma`` (None without T2).
+    ``nesterov``: the momentum is Nesterov's look-ahead in the update (Sutskever et al. 2013; ``torch.optim.SGD(
+    nesterov=True)`` and :class:`~staleopt.corrections.NesterovLookahead`): the step ``-alpha g_t`` becomes
+    ``-alpha ((1 + beta) g_t - beta g_{t-1})``, with the heavy-ball term ``beta (w_t - w_{t-1})`` as before."""
+    alpha, lam, dlt, phi, beta, tf, tb, tr, causal, gamma, nesterov = _model(
+        lr, curvature, tau_fwd, tau_bkwd, delta, momentum, correction_decay, tau_recomp, phi, t2_accumulator, nesterov)
+    corrected = gamma is not None
     jb, jr = (tb, tr) if causal else (0, 0)  # the views read delta_{t-jb}, delta_{t-jr}
-    look = bool(nesterov) and beta != 0.0   # the gradient also enters one step later: one more w (and delta)
+    look = nesterov and beta != 0.0          # the gradient also enters one step later: one more w (and delta)
     a = np.zeros(max(tf, tb, tr, 1 if beta else 0) + 1 + look)
     b = np.zeros(max(jb, jr) + 1 + look) if corrected else None
     a[0] += 1.0 + beta                       # w_t + beta (w_t - w_{t-1})
@@ -215,12 +258,13 @@ def max_stable_lr(curvature: float, tau_fwd: int, tau_bkwd: Optional[int] = None
     Edge cases of the non-monotone stable set (``Delta < 0``, recompute):
     stable islands above the first unstable step size are ignored, and an
     unstable gap narrower than the grid spacing (a ratio ``(hi/lo)**(1/(grid-1))``
-    between neighbours: about 17-23% at the default) can be missed. Returns ``0.0`` when the system is unstable for arbitrarily small
-    step sizes (e.g. ``momentum=1``), and ``inf`` when no unstable step size
-    exists below ``2**64 * 4/curvature``.
+    between neighbours: about 17-23% at the default) can be missed. Returns
+    ``0.0`` when the system is unstable for arbitrarily small step sizes (e.g.
+    ``momentum=1``), and ``inf`` when no unstable step size exists below
+    ``2**64 * 4/curvature``.
     """
-    lam = float(curvature)
-    if not lam > 0.0 or not math.isfinite(lam):
+    lam = _number("curvature", curvature)
+    if not lam > 0.0:
         raise ConfigError(f"curvature must be a finite number > 0, got {curvature!r} "
                           "(a direction with curvature <= 0 puts no bound on the step size)")
     check_int("grid", grid, 2)
@@ -262,12 +306,24 @@ def lemma1_bound(curvature, tau):
 
     Tight: at this step size a root of eq. 3 reaches the unit circle at
     ``exp(i pi/(2 tau + 1))`` (App. B). Accepts numpy arrays (curvatures > 0, delays >= 0).
+    A delay is a whole number of optimizer steps: an int (Python or NumPy, not a
+    bool), or a sequence or integer array of them. A float array (ndim >= 1) is
+    read as real ``tau``, to draw the bound as a curve in ``tau`` (Fig. 5b).
     """
-    lam, tau = np.asarray(curvature, dtype=float), np.asarray(tau, dtype=float)
-    if not (np.all(lam > 0) and np.all(np.isfinite(lam))) or not (np.all(tau >= 0) and np.all(np.isfinite(tau))):
+    lam = _numbers("curvature", curvature)
+    if isinstance(tau, np.ndarray) and tau.ndim and tau.dtype.kind == "f":
+        taus = tau.astype(float)                                   # real tau: the bound as a curve
+    else:
+        taus = _numbers("tau", tau, integral=True)
+    if not (np.all(lam > 0) and np.all(np.isfinite(lam))) or not (np.all(taus >= 0) and np.all(np.isfinite(taus))):
         raise ConfigError(f"the bound needs curvature > 0 (finite) and delays tau >= 0, got curvature={curvature!r}, "
-                          f"tau={tau.tolist()!r}")
-    return 2.0 / lam * np.sin(np.pi / (4.0 * tau + 2.0))
+                          f"tau={taus.tolist()!r}")
+    try:
+        np.broadcast_shapes(lam.shape, taus.shape)
+    except ValueError:
+        raise ConfigError(f"curvature (shape {lam.shape}) and tau (shape {taus.shape}) do not broadcast: give one "
+                          "of them as a number, or both with the same shape") from None
+    return 2.0 / lam * np.sin(np.pi / (4.0 * taus + 2.0))
 
 
 def lemma2_bound(curvature: float, tau_fwd: int, tau_bkwd: int, delta: float) -> float:
@@ -277,10 +333,11 @@ def lemma2_bound(curvature: float, tau_fwd: int, tau_bkwd: int, delta: float) ->
     ``tau_fwd > tau_bkwd``; it is an upper bound on :func:`max_stable_lr`, not tight.
     """
     tf, tb = _delay("tau_fwd", tau_fwd), _delay("tau_bkwd", tau_bkwd)
-    if tf <= tb or not float(delta) > 0.0:
+    lam, dlt = _number("curvature", curvature), _number("delta", delta)   # (delta = inf: no bound, not 0)
+    if tf <= tb or not dlt > 0.0:
         raise ConfigError(f"Lemma 2 needs tau_fwd > tau_bkwd and delta > 0, got tau_fwd={tau_fwd}, "
                           f"tau_bkwd={tau_bkwd}, delta={delta!r}")
-    return float(min(2.0 / (float(delta) * (tf - tb)), lemma1_bound(curvature, tf)))
+    return float(min(2.0 / (dlt * (tf - tb)), lemma1_bound(lam, tf)))
 
 
 def lemma3_bound(curvature, tau):
@@ -306,17 +363,18 @@ def simulate_quadratic(lr: float, curvature: float, tau_fwd: int, tau_bkwd: Opti
 
     with ``w_{t-k} = w_0`` and ``delta_{t-k} = 0`` before step 0 and T2's views
     as in the module docstring (``t2_accumulator``: which ``delta`` they read).
-    A diverging run overflows to ``inf``/``nan``.
+    A diverging run overflows to ``inf``/``nan``. The arguments are checked as
+    :func:`companion_matrix` checks them (one check), ``noise_std`` finite ``>= 0``
+    and ``w0`` finite.
     """
-    tf = _delay("tau_fwd", tau_fwd)
-    tb = tf if tau_bkwd is None else _delay("tau_bkwd", tau_bkwd)
-    tr = tb if tau_recomp is None else _delay("tau_recomp", tau_recomp)
-    if tau_recomp is None and phi != 0.0:
-        raise ConfigError(f"phi={phi!r} is the sensitivity to the recompute delay: also pass tau_recomp")
+    lr, curvature, delta, phi, momentum, tf, tb, tr, causal, gamma, _ = _model(
+        lr, curvature, tau_fwd, tau_bkwd, delta, momentum, correction_decay, tau_recomp, phi, t2_accumulator, False)
     check_int("steps", steps, 0)
-    causal = check_accumulator(t2_accumulator) == "causal"
-    corrected = correction_decay is not None and tf > tb
-    gamma = t2_gamma(correction_decay, tf, tb) if corrected else 0.0
+    noise_std, w0 = _number("noise_std", noise_std), _number("w0", w0)
+    if noise_std < 0.0:
+        raise ConfigError(f"noise_std = {noise_std!r} must be >= 0 (the standard deviation of the gradient noise)")
+    corrected = gamma is not None
+    gamma = gamma if corrected else 0.0
     rng = np.random.default_rng(seed)
     noise = rng.normal(0.0, noise_std, size=steps) if noise_std else np.zeros(steps)
     w = np.empty(steps + 1)
@@ -356,11 +414,38 @@ def delayed_sgd_regression(X: np.ndarray, y: np.ndarray, lrs: Sequence[float], t
     every cell (all cells at once, vectorized). Returns an array of shape
     ``(len(lrs), len(taus))`` holding the final full-data loss, ``inf`` where the
     loss exceeded ``diverged_above`` times the initial loss.
+
+    ``X`` is ``(n, d)`` and ``y`` ``(n,)``, finite; ``lrs`` finite ``>= 0`` and
+    ``taus`` ints ``>= 0``, neither empty; ``batch_size >= 1`` (drawn with
+    replacement), ``steps >= 0``, ``diverged_above >= 1``. A run that ends at or
+    below ``diverged_above`` times the initial loss is not diverged, so with
+    ``y = 0`` (``w_0 = 0`` optimal) every run keeps loss 0.
     """
-    X, y = np.asarray(X, dtype=float), np.asarray(y, dtype=float)
+    X, y = _numbers("X", X, bools=True), _numbers("y", y, bools=True)
+    if X.ndim != 2 or X.size == 0 or y.ndim != 1 or len(y) != len(X):
+        raise ConfigError(f"X must be an (n, d) array and y an (n,) array, n, d >= 1, got shapes {X.shape} and "
+                          f"{y.shape}: one row of X per target")
+    if not (np.isfinite(X).all() and np.isfinite(y).all()):
+        raise ConfigError("X and y must be finite (they hold nan or inf): drop or impute those rows")
     n, dim = X.shape
-    lrs = np.asarray(lrs, dtype=float)
-    tau = np.array([_delay("tau", t) for t in taus])
+    lrs = _numbers("lrs", lrs)
+    if lrs.ndim != 1 or not lrs.size or not (np.isfinite(lrs).all() and (lrs >= 0).all()):
+        raise ConfigError(f"lrs must be a non-empty sequence of finite step sizes >= 0, got {lrs.tolist()!r}")
+    try:
+        tau = np.array([_delay("tau", t) for t in taus], dtype=np.int64)
+    except TypeError:                                      # not iterable (a single number)
+        tau = np.array([], dtype=np.int64)
+    if isinstance(taus, (str, bytes)) or not tau.size:
+        raise ConfigError(f"taus must be a non-empty sequence of delays (ints >= 0), got {taus!r}")
+    check_int("steps", steps, 0)
+    check_int("batch_size", batch_size, 1, why="samples per minibatch")
+    diverged_above = _number("diverged_above", diverged_above)
+    if not diverged_above >= 1.0:
+        raise ConfigError(f"diverged_above = {diverged_above!r} must be >= 1 (a factor on the initial loss: below "
+                          "1 a run that does not move would count as diverged)")
+    # the runs are linear in y (w_0 = 0): run on y / 2**e, exactly, so that y @ y neither under- nor overflows
+    e = int(np.frexp(np.abs(y).max())[1])
+    y = np.ldexp(y, -e)
     grid_lr = np.repeat(lrs, len(tau))                    # run r = (i_lr, i_tau), row-major
     grid_tau = np.tile(tau, len(lrs))
     runs, slots = len(grid_lr), int(tau.max()) + 1
@@ -369,22 +454,25 @@ def delayed_sgd_regression(X: np.ndarray, y: np.ndarray, lrs: Sequence[float], t
     alive = np.ones(runs, dtype=bool)
     rng = np.random.default_rng(seed)
     rows = np.arange(runs)
-    # weights this large only come from divergence; freezing such runs avoids float overflow
-    limit = math.sqrt(diverged_above * float(y @ y) / n) * 1e3
+    # a residual r of the stale weights on one sample means a full loss >= r^2 / (2n): past this limit the loss is
+    # over 1e6 times what counts as diverged, which only divergence reaches; freezing such runs avoids float overflow.
+    # (With y = 0 the limit and every residual are 0: nothing is frozen.)
+    limit = 1e3 * math.sqrt(diverged_above * float(y @ y))
     with np.errstate(over="ignore", invalid="ignore"):
         for t in range(steps):
             hist[t % slots] = w
             stale = hist[(t - grid_tau) % slots, rows]
             idx = rng.integers(0, n, size=batch_size)
             xb, yb = X[idx], y[idx]
-            grad = (stale @ xb.T - yb) @ xb / batch_size
-            w = w - grid_lr[:, None] * grad
-            blown = ~(np.abs(w).max(axis=1) < limit)
+            resid = stale @ xb.T - yb
+            w = w - grid_lr[:, None] * (resid @ xb / batch_size)
+            blown = ~(np.abs(resid).max(axis=1) <= limit) | ~np.isfinite(w).all(axis=1)
             if blown.any():                                # freeze diverged runs at 0, mark them
                 alive &= ~blown
                 w[blown] = 0.0
                 hist[:, blown] = 0.0
         loss = 0.5 * np.mean((w @ X.T - y) ** 2, axis=1)
     loss0 = 0.5 * float(y @ y) / n
-    loss[~alive | ~(loss < diverged_above * loss0)] = np.inf
-    return loss.reshape(len(lrs), len(tau))
+    loss[~alive | ~(loss <= diverged_above * loss0)] = np.inf
+    with np.errstate(over="ignore"):                     # (a loss beyond float64's range: inf)
+        return np.ldexp(loss, 2 * e).reshape(len(lrs), len(tau))

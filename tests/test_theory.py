@@ -305,3 +305,124 @@ def test_bad_theory_inputs_are_config_errors():
         with pytest.raises(ConfigError):
             call()
     assert T.lemma1_bound([1.0, 2.0], [0, 3]).shape == (2,)
+
+
+def test_regression_with_zero_targets_is_not_diverged():
+    """y = 0: w_0 = 0 is optimal and stays put, loss 0 (the divergence limit was 0 and the test ``loss < D * 0``:
+    every run was reported diverged, inf)."""
+    X = np.random.default_rng(0).normal(size=(50, 3))
+    out = T.delayed_sgd_regression(X, np.zeros(50), [0.01, 0.5], [0, 3], steps=20)
+    assert out.tolist() == [[0.0, 0.0], [0.0, 0.0]]
+
+
+def test_regression_divergence_does_not_depend_on_the_data_scale():
+    """The runs are linear in y and the step sizes scale with 1/curvature: the same cells diverge whatever the scale
+    of X or y (a weight limit from y alone called converging runs on X ~ 1e-8 diverged, and tiny y as well)."""
+    rng = np.random.default_rng(1)
+    X = rng.normal(size=(200, 3))
+    y = X @ np.array([1.0, -1.0, 2.0]) + 0.1 * rng.normal(size=200)
+    lrs, taus = np.array([0.3, 0.8, 3.0]) / T.regression_curvature(X), [0, 2, 5]
+    ref = T.delayed_sgd_regression(X, y, lrs, taus, steps=400, batch_size=200)
+    assert np.isfinite(ref[0]).all() and np.isinf(ref[2]).all()
+    for sx in (1e-8, 1e8):
+        got = T.delayed_sgd_regression(sx * X, sx * y, lrs / sx ** 2, taus, steps=400, batch_size=200)
+        assert np.array_equal(np.isfinite(got), np.isfinite(ref)), sx
+    tiny = T.delayed_sgd_regression(X, 1e-170 * y, lrs, taus, steps=400, batch_size=200)
+    assert np.array_equal(np.isfinite(tiny), np.isfinite(ref))
+    half = T.delayed_sgd_regression(X, y * 2.0 ** -40, lrs, taus, steps=400, batch_size=200)
+    assert np.array_equal(half, ref * 2.0 ** -80)                 # exactly: y / 2**k is the same run
+
+
+@pytest.mark.parametrize("kw", [
+    dict(batch_size=0), dict(batch_size=-1), dict(batch_size=True), dict(batch_size=2.0),
+    dict(steps=-5), dict(steps=1.5),
+    dict(taus=[]), dict(taus=3), dict(taus=[1.5]), dict(taus=[True]), dict(taus="12"),
+    dict(lrs=[]), dict(lrs=[float("nan")]), dict(lrs=[-0.1]), dict(lrs="a"), dict(lrs=[[0.1]]),
+    dict(y=np.ones(49)), dict(y=np.ones((50, 1))), dict(X=np.ones(50)), dict(X=np.full((50, 3), np.inf)),
+    dict(X=np.zeros((0, 3)), y=np.zeros(0)), dict(diverged_above=0.5), dict(diverged_above=float("nan")),
+])
+def test_regression_bad_arguments_are_config_errors(kw):
+    """Each was accepted silently (batch_size=0: every cell inf; steps=-5: the initial loss) or a raw numpy error."""
+    args = dict(X=np.random.default_rng(0).normal(size=(50, 3)), y=np.ones(50), lrs=[0.01], taus=[1], steps=5)
+    args.update(kw)
+    with pytest.raises(ConfigError):
+        T.delayed_sgd_regression(**args)
+
+
+BAD_MODEL_ARGS = [  # what companion_matrix refuses, simulate_quadratic (the same model) refuses with the same words
+    dict(tau_fwd=2, tau_bkwd=0, delta=1.0, tau_recomp=5, phi=0.5),       # tau_recomp outside [tau_bkwd, tau_fwd]
+    dict(lr=float("nan")), dict(curvature=float("inf")), dict(momentum=float("nan")), dict(delta=float("-inf")),
+    dict(curvature="1"), dict(lr=True), dict(phi=None, tau_recomp=2), dict(tau_fwd=2.0), dict(tau_bkwd=True),
+    dict(correction_decay=2.0), dict(correction_decay="eq14", tau_bkwd=2),  # D checked where T2 does not act too
+    dict(tau_bkwd=0, correction_decay=True), dict(t2_accumulator="now"),
+]
+
+
+@pytest.mark.parametrize("kw", BAD_MODEL_ARGS)
+def test_simulation_checks_its_arguments_as_the_companion_matrix(kw):
+    args = dict(lr=0.1, curvature=1.0, tau_fwd=2)
+    args.update(kw)
+    with pytest.raises(ConfigError) as matrix:
+        T.companion_matrix(**args)
+    with pytest.raises(ConfigError) as simulation:
+        T.simulate_quadratic(steps=5, **args)
+    assert str(simulation.value) == str(matrix.value)
+
+
+@pytest.mark.parametrize("kw", [dict(noise_std=-1.0), dict(noise_std=float("inf")), dict(noise_std="1"),
+                                dict(w0=float("nan")), dict(w0="1"), dict(steps=-1)])
+def test_simulation_checks_noise_and_start(kw):
+    """noise_std = -1 was numpy's raw ValueError, w0 = nan an all-nan trajectory."""
+    with pytest.raises(ConfigError):
+        T.simulate_quadratic(0.1, 1.0, 2, **kw)
+
+
+def test_simulation_takes_numpy_numbers():
+    a = T.simulate_quadratic(np.float32(0.25), np.int64(1), np.int64(3), delta=np.float64(0.0), steps=30)
+    assert np.array_equal(a, T.simulate_quadratic(float(np.float32(0.25)), 1.0, 3, steps=30))
+
+
+def test_lemma_bounds_take_whole_delays_and_finite_numbers():
+    """A delay is a whole number of optimizer steps, as everywhere else (_delay); tau=2.5 and True gave bounds,
+    delta=inf the 'bound' 0, strings raw ValueErrors."""
+    calls = [lambda: T.lemma1_bound(1.0, 2.5), lambda: T.lemma1_bound(1.0, True), lambda: T.lemma1_bound(1.0, 3.0),
+             lambda: T.lemma1_bound(1.0, np.float64(3)), lambda: T.lemma1_bound(1.0, [1, 2.5]),
+             lambda: T.lemma1_bound(1.0, np.array([True])), lambda: T.lemma1_bound(1.0, [1, [2]]),
+             lambda: T.lemma1_bound("a", 2), lambda: T.lemma1_bound(True, 2), lambda: T.lemma1_bound(None, 2),
+             lambda: T.lemma1_bound([1.0, 2.0], [1, 2, 3]), lambda: T.lemma3_bound(1.0, 2.5),
+             lambda: T.lemma2_bound(1.0, 4, 2, float("inf")), lambda: T.lemma2_bound(1.0, 4, 2, float("nan")),
+             lambda: T.lemma2_bound(1.0, 4, 2, "x"), lambda: T.lemma2_bound("1", 4, 2, 1.0),
+             lambda: T.lemma2_bound(1.0, 4.0, 2, 1.0), lambda: T.max_stable_lr("x", 3)]
+    for i, call in enumerate(calls):
+        with pytest.raises(ConfigError):
+            call()
+            pytest.fail(f"call {i} accepted")
+    assert T.lemma1_bound(np.float32(2.0), np.int64(3)) == T.lemma1_bound(2.0, 3) == 2 / 2 * np.sin(np.pi / 14)
+    assert T.lemma1_bound(1.0, np.arange(4, dtype=np.uint8)).shape == (4,)
+    assert T.lemma2_bound(np.int64(1), np.int64(4), 2, np.int64(1)) == T.lemma2_bound(1.0, 4, 2, 1.0)
+    # a float array is tau read as real, to draw the bound as a curve (Fig. 5b's line)
+    tt = np.linspace(0.0, 5.0, 11)
+    assert np.allclose(T.lemma1_bound(1.0, tt), 2 * np.sin(np.pi / (4 * tt + 2)))
+
+
+def test_nesterov_is_a_bool():
+    """nesterov="no" turned the look-ahead on (bool("no") is True)."""
+    for bad in ("no", "False", 1, None, 0.0):
+        with pytest.raises(ConfigError, match="nesterov"):
+            T.companion_matrix(0.1, 1.0, 4, momentum=0.9, nesterov=bad)
+        with pytest.raises(ConfigError, match="nesterov"):
+            T.max_stable_lr(1.0, 4, momentum=0.9, nesterov=bad)
+    on = T.companion_matrix(0.1, 1.0, 4, momentum=0.9, nesterov=True)
+    assert np.array_equal(T.companion_matrix(0.1, 1.0, 4, momentum=0.9, nesterov=np.bool_(True)), on)
+    assert on.shape != T.companion_matrix(0.1, 1.0, 4, momentum=0.9, nesterov=False).shape
+
+
+def test_t2_decay_is_any_real_number_but_a_bool():
+    """np.int64(0) was refused where 0 and np.float64(0) were taken."""
+    assert T.t2_gamma(np.int64(0), 2, 0) == T.t2_gamma(0, 2, 0) == T.t2_gamma(np.float64(0), 2, 0) == 0.0
+    assert T.t2_gamma(np.float32(0.25), 2, 0) == pytest.approx(0.5)
+    c = T.companion_matrix(0.05, 1.0, 6, 2, delta=3.0, correction_decay=np.int64(0))
+    assert np.array_equal(c, T.companion_matrix(0.05, 1.0, 6, 2, delta=3.0, correction_decay=0.0))
+    for bad in (True, False, "0.1", float("nan"), 1, -0.1, None):
+        with pytest.raises(ConfigError, match="correction_decay"):
+            T.t2_gamma(bad, 2, 0)
