@@ -354,6 +354,15 @@ class PipelineOptimizer(torch.optim.Optimizer):
             else:
                 self._schedule_delays = [(*self._schedule.delays(P, microbatches),
                                           self._schedule.recompute_delays(P, microbatches))]
+        rewriting = [c for c in self._corrections if c.rewrites_history]
+        if rewriting and self._schedule_delays is not None and len(
+                {tuple(f - b for f, b in zip(*_apply_corrections(self._corrections, tf_j, tb_j, tr_j, None)[:2]))
+                 for tf_j, tb_j, tr_j in self._schedule_delays}) > 1:
+            raise CorrectionError(f"{type(rewriting[0]).__name__} stores each version predicted for the version gap "
+                                  "of the step (PipeOptim eq. 5: microbatch 0's), but with microbatch_passes=True the "
+                                  "later microbatches read newer versions at smaller gaps and would get microbatch "
+                                  "0's extrapolation: use microbatch_passes=False (every pass sees the minibatch's "
+                                  "delays) with weight prediction")
         rewritten = [any(c.rewrites_backward_view for c in self._corrections) and (f != b or f != r)
                      for f, b, r in zip(tf, tb, tr)]
         self._history: History = self._make_history([max(f, b) for f, b in zip(tf, tb)], rewritten)

@@ -149,6 +149,36 @@ def test_gap_aware_over_sgd_takes_c_from_the_undamped_gradient(memory):
     assert_iterates(got, oracle(update, TAU))
 
 
+@pytest.mark.parametrize("tensor_lr", [False, True])
+def test_gap_aware_over_sgd_leaves_the_gradient_undamped_while_the_largest_lr_is_0(tensor_lr):
+    """A warmup from lr = 0 (its scheduler built before the wrapper): C = eta_max (...) was 0, so G = 1 + 0/0 and
+    the weights became NaN at the first step (a group frozen at lr = 0 too). The authors skip such a group: G = 1
+    until eta_max > 0."""
+    beta, eps = 0.9, 1e-8
+    v = [torch.zeros(DIM, dtype=torch.float64) for _ in range(P)]
+    lr = [LR * min(1.0, t / 3) for t in range(STEPS)]
+
+    def update(i, t, g, W):
+        w, eta = W[t][i], max(lr[:t + 1])
+        v[i] = beta * v[i] + (1 - beta) * g * g
+        if eta > 0:
+            g = g / (1 + (w - stale(W, t, i, TAU[i])).abs() / (eta * ((v[i] / (1 - beta ** (t + 1))).sqrt() + eps)))
+        return w - lr[t] * g
+
+    model = chain()
+    base = torch.optim.SGD(model.parameters(), lr=torch.tensor(LR, dtype=torch.float64) if tensor_lr else LR)
+    schedule = torch.optim.lr_scheduler.LambdaLR(base, lambda t: min(1.0, t / 3))
+    opt = staleopt.PipelineOptimizer(model, base, stages=P, schedule="dataflow", corrections=[GapAware(beta, eps)])
+    got = []
+    for x, y in data():
+        opt.zero_grad()
+        (0.5 * ((model(x) - y) ** 2).sum()).backward()
+        opt.step()
+        schedule.step()
+        got.append([p.detach().clone() for p in model.parameters()])
+    assert_iterates(got, oracle(update, TAU))
+
+
 def test_gap_aware_over_sgd_momentum_uses_the_buffer_the_largest_lr_and_damps_weight_decay():
     """With momentum the direction is the buffer the previous step left (0 at first); eta_max is the largest lr
     so far; SGD's weight decay enters as lambda w / G."""

@@ -130,3 +130,17 @@ def test_prediction_after_a_refilling_warmup_is_refused(method):
     staleopt.PipelineOptimizer(model, torch.optim.SGD(model.parameters(), lr=0.1), stages=3, schedule="dataflow",
                                corrections=[Warmup(3)]).remove_hooks()
     staleopt.PipelineOptimizer(model, torch.optim.SGD(model.parameters(), lr=0.1), stages=3, schedule=method)
+
+
+@pytest.mark.parametrize("method", ["pipeoptim", "spectrain", "xpipe"])
+def test_prediction_with_per_microbatch_delays_is_refused(method):
+    """With microbatch_passes=True the later microbatches read newer versions at smaller gaps, but each stored
+    version holds the prediction for microbatch 0's gap (PipeOptim eq. 5): off by about 1e-2 per element, silently.
+    Refused; the minibatch's delays for every pass (the default) train."""
+    from staleopt.errors import CorrectionError
+    model = mlp(seed=0)
+    with pytest.raises(CorrectionError, match="microbatch_passes=True the later microbatches read newer versions"):
+        staleopt.PipelineOptimizer(model, torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9), stages=3,
+                                   schedule=method, microbatches=2, microbatch_passes=True)
+    staleopt.PipelineOptimizer(model, torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9), stages=3,
+                               schedule=method, microbatches=2)

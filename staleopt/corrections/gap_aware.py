@@ -47,8 +47,9 @@ class GapAware(Correction):
         C   = sqrt(v_k / (1 - beta^k)) + eps,   v_{k+1} = beta * v_k + (1 - beta) * (w_{t+1} - w_t)^2
 
     (``k`` steps measured, all parameters at once; at ``k = 0`` every stored version is ``w_0`` and ``G = 1``),
-    and the base's
-    weight decay is not damped. The two differ: with plain SGD at a constant learning rate the applied
+    and the base's weight decay is not damped (the authors' Adam and AdamW divide it by the Gap too: a
+    difference of ``lambda w_t (1 - 1/G)`` in the gradient Adam receives). While a group's ``eta_max`` is 0
+    ``G = 1`` (the authors skip it; ``C = 0``). The two differ: with plain SGD at a constant learning rate the applied
     step is the *damped* gradient, so the RMS-of-step ``C`` is smaller and the Gap larger than the
     authors' (docs/corrections.md gives the measurement).
 
@@ -92,11 +93,19 @@ class GapAware(Correction):
 
     def _scale(self, view):
         """Per parameter: ``C`` of ``view``'s elements, from the running mean square ``v`` (module docstring); a
-        parameter the base optimizer does not hold takes the largest ``eta_max``; ``None`` at ``k = 0``."""
+        parameter the base optimizer does not hold takes the largest ``eta_max``; ``None`` (``G = 1``) at ``k = 0``
+        and where ``eta_max`` is 0 (``C = 0``; the authors skip such a group), a 0-d tensor ``eta_max`` included
+        (``C = inf`` there: no host read)."""
         groups, top = self._groups(), max(self._max_lr)
-        return [None if k == 0 else v.div(1.0 - self.beta ** k).sqrt_().add_(self.eps).mul_(
-                    1.0 if not self.from_direction else self._max_lr[groups[id(p)]] if id(p) in groups else top)
-                for p, v, k in zip(view.params, self._v[view.index][1], self._steps(view))]
+        out = []
+        for p, v, k in zip(view.params, self._v[view.index][1], self._steps(view)):
+            lr = 1.0 if not self.from_direction else self._max_lr[groups[id(p)]] if id(p) in groups else top
+            if k == 0 or not isinstance(lr, torch.Tensor) and not lr > 0:
+                out.append(None)
+                continue
+            c = v.div(1.0 - self.beta ** k).sqrt_().add_(self.eps).mul_(lr)
+            out.append(_unset(c) if isinstance(lr, torch.Tensor) else c)
+        return out
 
     def _groups(self) -> Dict[int, int]:
         """:meth:`group_of`, with an ``eta_max`` for each group ``add_param_group`` added (it starts at their
@@ -152,6 +161,9 @@ class GapAware(Correction):
                 k = groups.get(id(p))
                 if p.grad is None or k is None or n == 0:  # (n = 0: no statistics yet, G = 1)
                     continue
+                if self.from_direction and not isinstance(self._max_lr[k], torch.Tensor) and \
+                        not self._max_lr[k] > 0:  # (eta_max = 0: C = 0, no average step to measure by; G = 1)
+                    continue
                 grads.append(p.grad)
                 ws.append(w)
                 ss.append(s)
@@ -167,6 +179,7 @@ class GapAware(Correction):
             torch._foreach_add_(scale, self.eps)
             if self.from_direction:
                 _scale_by(scale, lrs[a:b])
+                scale = [_unset(c) if isinstance(f, torch.Tensor) else c for c, f in zip(scale, lrs[a:b])]
             G = torch._foreach_sub(ws[a:b], ss[a:b])
             if widen:  # G in the statistics' dtype: |w - s| / C overflows float16
                 G = [x.to(v.dtype) for x, v in zip(G, vs[a:b])]
@@ -237,6 +250,11 @@ def _larger(m, lr):
     ref = lr if isinstance(lr, torch.Tensor) else m
     lr = torch.as_tensor(lr, dtype=ref.dtype, device=ref.device).detach().clone()
     return lr if m is None else torch.maximum(torch.as_tensor(m, dtype=ref.dtype, device=ref.device), lr)
+
+
+def _unset(c: torch.Tensor) -> torch.Tensor:
+    """``C`` with its zeros (a group whose 0-d tensor ``eta_max`` is 0) made ``inf``, so that ``G = 1`` there."""
+    return torch.where(c == 0, torch.inf, c)
 
 
 def _scale_by(tensors: List[torch.Tensor], factors: list) -> None:
