@@ -6,13 +6,18 @@ its records and its completion marker.
 
     state = {"run_id", "config",                       # whose checkpoint this is
              "model", "optimizer", "scheduler",        # state_dicts; the optimizer's holds its weight history
-             "rng",                                    # torch's global RNG (CPU and CUDA), the data-order and
-                                                       # augmentation generators
+             "rng",                                    # torch's global RNG (CPU and CUDA), Python's random and
+                                                       # numpy's global RNG, the data-order and augmentation
+                                                       # generators
              "epoch", "batch", "losses",               # position: batches done in the epoch, their losses
              "records", "elapsed"}                     # per-epoch records so far, training seconds so far
 
-Python's ``random`` and numpy's global RNG are not used by the training loop
-(MNIST-1D generation restores them), so they are not part of the state.
+Python's ``random`` and numpy's global RNG are in the state because a user's
+dataset or model may draw from them (a transform's ``np.random.normal``
+noise, a ``random.random() < 0.5`` flip): a run resumed in the middle of an
+epoch draws what the uninterrupted run would. A checkpoint saved before they
+were (it lacks them) still loads: its run resumes as it did then, bit-for-bit
+unless the data or model draws from ``random`` or numpy.
 
 **Atomic.** Every file is written under a temporary name next to it, flushed
 to disk and renamed over the old one (``os.replace``): a process killed at any
@@ -52,10 +57,12 @@ import io
 import json
 import os
 import pickle
+import random
 import uuid
 from pathlib import Path
 from typing import Any, Callable, Dict, Optional, Sequence, Union
 
+import numpy as np
 import pandas as pd
 import torch
 
@@ -221,23 +228,38 @@ def read_records(path: PathLike, done: Optional[Dict[str, Any]] = None,
     return records
 
 
-def rng_state(device: torch.device, **generators) -> Dict[str, torch.Tensor]:
-    """States of torch's global RNG (CPU, and the GPU's when ``device`` is one) and of each named generator.
+def rng_state(device: torch.device, **generators) -> Dict[str, Any]:
+    """States of torch's global RNG (CPU, and the GPU's when ``device`` is one), of Python's ``random`` and
+    numpy's global RNG, and of each named generator.
 
-    A generator may be given as a :class:`torch.Generator` or as a state it had earlier.
+    A generator may be given as a :class:`torch.Generator` or as a state it had earlier. The states are
+    tensors, numbers and tuples only, as :func:`read` loads them.
     """
     state = {name: g if isinstance(g, torch.Tensor) else g.get_state() for name, g in generators.items()}
     state["torch"] = torch.get_rng_state()
     if device.type == "cuda":
         state["cuda"] = torch.cuda.get_rng_state(device)
+    state["python"] = random.getstate()  # (version, 625 ints, gauss_next)
+    kind, key, pos, has_gauss, gauss = np.random.get_state()  # (a numpy array is no tensor: saved as one)
+    state["numpy"] = (kind, torch.from_numpy(key.astype(np.int64)), int(pos), int(has_gauss), float(gauss))
     return state
 
 
-def set_rng_state(state: Dict[str, torch.Tensor], device: torch.device, **generators: torch.Generator) -> None:
-    """Put back what :func:`rng_state` saved into torch's global RNG and the named generators."""
+def set_rng_state(state: Dict[str, Any], device: torch.device, **generators: torch.Generator) -> None:
+    """Put back what :func:`rng_state` saved into torch's global RNG, Python's ``random``, numpy's global RNG
+    and the named generators.
+
+    A state saved by an earlier version lacks ``random``'s and numpy's: those two are left as they are.
+    """
     torch.set_rng_state(state["torch"])
     if device.type == "cuda":
         torch.cuda.set_rng_state(state["cuda"], device)
+    if "python" in state:
+        version, internal, gauss_next = state["python"]
+        random.setstate((version, tuple(internal), gauss_next))
+    if "numpy" in state:
+        kind, key, pos, has_gauss, gauss = state["numpy"]
+        np.random.set_state((kind, key.numpy().astype(np.uint32), pos, has_gauss, gauss))
     for name, g in generators.items():
         g.set_state(state[name])
 

@@ -69,9 +69,12 @@ Choices (each documented because it changes numbers):
   the augmentation (:func:`staleopt.data.batches`) from a ``torch.Generator``
   seeded with ``seed``, and anything else random in the loop (dropout) from
   torch's global RNG seeded with ``seed`` inside a forked RNG state (the
-  caller's RNG is left as it was). On CPU the same config gives identical
-  records except ``wall_time``. On a GPU the datasets' tensors live on the
-  GPU (:meth:`staleopt.data.Data.to`).
+  caller's RNG is left as it was). Python's ``random`` and numpy's global RNG,
+  which a user's dataset or model may draw from (a transform's noise or
+  flip), are seeded with ``seed`` too, and the caller's states put back when
+  the run returns; a checkpoint holds all three. On CPU the same config gives
+  identical records except ``wall_time``. On a GPU the datasets' tensors live
+  on the GPU (:meth:`staleopt.data.Data.to`).
 
 Record columns (one row per epoch; config keys are not repeated, a sweep adds
 them): ``epoch``, ``step`` (optimizer steps so far), ``train_loss`` (mean over
@@ -90,12 +93,15 @@ optimizer state + the method's extra copies) and ``memory_ratio_gpipe``.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
+import random
 import time
 import warnings
-from typing import Any, Callable, Dict, Mapping, Optional, Union
+from typing import Any, Callable, Dict, Iterator, Mapping, Optional, Union
 
+import numpy as np
 import pandas as pd
 import torch
 import torch.nn.functional as F
@@ -359,6 +365,21 @@ def _rng_devices(device: torch.device):
     return []
 
 
+@contextlib.contextmanager
+def _fork_host_rngs(seed: int) -> Iterator[None]:
+    """Python's ``random`` and numpy's global RNG seeded with ``seed`` inside, the caller's states put back
+    after (as ``torch.random.fork_rng`` does for torch's)."""
+    py_state, np_state = random.getstate(), np.random.get_state()
+    try:
+        random.seed(seed)
+        # numpy takes a seed below 2**32, or a list of such words (a larger seed: its 32-bit words)
+        np.random.seed(seed if seed < 2 ** 32 else [seed >> k & 0xFFFFFFFF for k in range(0, seed.bit_length(), 32)])
+        yield
+    finally:
+        random.setstate(py_state)
+        np.random.set_state(np_state)
+
+
 def run(config: Union[RunConfig, Mapping[str, Any]], progress: bool = False,
         checkpoint: Optional[ckpt.Checkpoint] = None,
         on_epoch: Optional[Callable[[Dict[str, Any]], None]] = None) -> pd.DataFrame:
@@ -382,7 +403,7 @@ def run(config: Union[RunConfig, Mapping[str, Any]], progress: bool = False,
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ConfigError(f"device {config.device!r}: this machine has no CUDA device that torch can use; train on "
                           "'cpu' (--device cpu) or on a machine with a GPU")
-    with torch.random.fork_rng(devices=_rng_devices(device)):
+    with torch.random.fork_rng(devices=_rng_devices(device)), _fork_host_rngs(config.seed):
         torch.manual_seed(config.seed)
         return _train(config, device, progress, checkpoint, on_epoch)
 
