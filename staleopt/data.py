@@ -47,6 +47,7 @@ import numbers
 import os
 import pickle
 import random
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -158,6 +159,10 @@ def _mnist1d(root=None, download=False, cache=True, **kw) -> Data:
     args = _mnist1d_defaults()
     args.update(kw)
     check_int("mnist1d num_samples", args["num_samples"], 20)
+    if args["num_samples"] % 10:  # (mnist1d makes num_samples // 10 per class: 29 gave 20)
+        raise ConfigError(f"mnist1d num_samples = {args['num_samples']} must be a multiple of 10 (it makes "
+                          f"num_samples // 10 samples of each of its 10 classes): use {args['num_samples'] // 10 * 10}"
+                          f" or {args['num_samples'] // 10 * 10 + 10}")
     split = args["train_split"]
     if isinstance(split, bool) or not isinstance(split, (int, float)) or \
             not 1 <= int(args["num_samples"] * split) < args["num_samples"]:
@@ -432,12 +437,16 @@ def _synthetic(root=None, download=False, task="classification", num_samples=100
     ``(num_classes, d)``, ``d = prod(input_shape)``.
     """
     _check_synthetic_task(task)
-    input_shape = tuple(int(s) for s in input_shape)
-    if not input_shape or min(input_shape) < 1 or num_classes < 1 or num_samples < 2:
-        raise ConfigError("synthetic needs a non-empty input_shape of positive sizes, num_classes >= 1 "
-                          f"and num_samples >= 2; got {input_shape}, {num_classes}, {num_samples}")
-    if not 0.0 < train_split < 1.0:
-        raise ConfigError(f"train_split must lie in (0, 1), got {train_split!r}")
+    if isinstance(input_shape, (str, bytes)) or not isinstance(input_shape, (tuple, list)) or not input_shape:
+        raise ConfigError(f"synthetic input_shape must be a non-empty list of sizes, got {input_shape!r}")
+    input_shape = tuple(check_int("synthetic input_shape size", s, 1) for s in input_shape)  # ([1, 40.7] was 40)
+    check_int("synthetic num_classes", num_classes, 1)
+    check_int("synthetic num_samples", num_samples, 2)
+    check_int("synthetic seed", seed)
+    if isinstance(train_split, bool) or not isinstance(train_split, numbers.Real) or \
+            not 1 <= int(num_samples * train_split) < num_samples:
+        raise ConfigError(f"synthetic train_split must lie in (0, 1) and leave samples on both sides of the split of "
+                          f"num_samples={num_samples}, got {train_split!r}")
     for name, v in (("separation", separation), ("noise", noise)):  # (-1 gave the data of 1: another run id)
         if isinstance(v, bool) or not isinstance(v, numbers.Real) or not (math.isfinite(v) and v >= 0):
             raise ConfigError(f"synthetic {name} is a standard deviation, a finite number >= 0; got {v!r}")
@@ -799,11 +808,13 @@ def _user(name: str):
     """The user's factory of ``name``, or ``None`` for a built-in; raises for an unknown name."""
     if name in _LOADERS:
         return None
-    if name in _USER:
+    if name in _USER and not registry.is_spec(name):
         return _USER[name]
     if registry.is_spec(name):
-        _USER[name] = registry.load_spec(name, "dataset")
-        return _USER[name]
+        key = registry.spec_key(name)  # (a relative file spec names another file after os.chdir)
+        if key not in _USER:
+            _USER[key] = registry.load_spec(name, "dataset")
+        return _USER[key]
     raise registry.unknown("dataset", name, names(), "staleopt.register_data")
 
 
@@ -868,15 +879,37 @@ def load(name: str = "mnist1d", *, root=None, download: bool = False, **kwargs) 
     if factory is None:
         return _LOADERS[name](root=root, download=download, **kwargs)
     params = _parameters(factory)
-    extra = {k: v for k, v in (("root", root), ("download", download)) if k in params}
+    # root and download reach a factory that takes them where given (or where it has no default of its own): its
+    # own defaults stand otherwise (root=None, download=False overrode them)
+    extra = {k: v for k, v, given in (("root", root, root is not None), ("download", download, bool(download)))
+             if k in params and (given or params[k].default is params[k].empty)}
     registry.check_arguments("dataset", name, params, kwargs, "data_kwargs", supplied=extra)
     out = factory(**extra, **kwargs)
     if isinstance(out, Data):
-        return out
+        return _checked(out)
     if isinstance(out, (tuple, list)) and len(out) == 2:
         return from_datasets(*out, name=name)
     raise ConfigError(f"dataset {name!r}: the factory returned a {type(out).__name__}; return a staleopt.data.Data "
                       "or a pair (train, test) of datasets of (x, y) samples")
+
+
+def _checked(d: Data) -> Data:
+    """A :class:`Data` a user's factory built: its task one of the three, and its first train input in the models'
+    dtype (float64 inputs failed at the first step inside torch; a misspelled task trained with the MSE loss)."""
+    if d.task not in ("classification", "regression", "lm"):
+        raise ConfigError(f"dataset {d.name!r}: task must be 'classification', 'regression' or 'lm', got {d.task!r}")
+    if len(d.train) == 0 or len(d.test) == 0:
+        raise DataError(f"dataset {d.name!r}: both splits must hold samples ({len(d.train)} train, {len(d.test)} "
+                        "test)")
+    x = torch.as_tensor(d.train[0][0])
+    if x.is_floating_point() and x.dtype != torch.get_default_dtype():
+        raise DataError(f"dataset {d.name!r}: the train inputs are {x.dtype} but the models are built in torch's "
+                        f"default dtype, {torch.get_default_dtype()}: convert them (x.float(), or "
+                        "x.astype(numpy.float32))")
+    if tuple(x.shape) != tuple(d.input_shape) and d.task != "lm":
+        raise DataError(f"dataset {d.name!r}: input_shape = {tuple(d.input_shape)} but the first train input has "
+                        f"shape {tuple(x.shape)}: the model is built for input_shape")
+    return d
 
 
 def from_datasets(train: Dataset, test: Dataset, name: str = "custom", task: Optional[str] = None,
@@ -915,8 +948,19 @@ def from_datasets(train: Dataset, test: Dataset, name: str = "custom", task: Opt
                             f"{torch.get_default_dtype()}: return x.astype(numpy.float32) or x.float() (or set "
                             "torch.set_default_dtype to match)")
         return inputs
+    if train is test or (isinstance(train, TensorDataset) and isinstance(test, TensorDataset) and
+                         len(train) == len(test) and train.tensors[0].data_ptr() == test.tensors[0].data_ptr()):
+        warnings.warn(f"dataset {name!r}: the test split is the training split (the same samples): every test "
+                      "metric is measured on the data the model trains on; split the samples (e.g. "
+                      "torch.utils.data.random_split with a seeded generator) unless that is what you mean",
+                      stacklevel=3)
     x, y = train[0]
-    y = torch.as_tensor(y)
+    try:
+        y = torch.as_tensor(y)
+    except (TypeError, ValueError, RuntimeError):
+        raise DataError(f"dataset {name!r}: the first train target is a {type(y).__name__} ({y!r:.40}), not a number "
+                        "or an array of numbers: a class is an integer index (map names to 0..C-1, e.g. "
+                        "{c: i for i, c in enumerate(sorted(classes))}), a regression target a float") from None
     inputs = as_input(x, "train")
     seen = as_input(test[0][0], "test")
     integer = not (y.is_floating_point() or y.is_complex())
@@ -924,6 +968,11 @@ def from_datasets(train: Dataset, test: Dataset, name: str = "custom", task: Opt
         raise DataError(f"dataset {name!r}: the first target is an integer tensor of shape (1,), which reads as a "
                         "one-token sequence (task 'lm'): a class label is a scalar (return y.squeeze(-1) or "
                         "int(y)); pass task='lm' if it is a one-token sequence")
+    if task is None and not integer and _reads_as_classes(train):
+        warnings.warn(f"dataset {name!r}: the targets are floats, so it trains as a regression (MSE loss, no "
+                      "accuracy), but they read as class labels (whole numbers 0..C-1, or one-hot rows): return "
+                      "integer targets (int(y), or y.argmax() of a one-hot row) to train a classifier; pass "
+                      "task='regression' to from_datasets if they are regression values", stacklevel=3)
     task = task or (("lm" if y.dim() else "classification") if integer else "regression")
     if task not in ("classification", "regression", "lm"):
         raise ConfigError(f"dataset {name!r}: task must be 'classification', 'regression' or 'lm', got {task!r}")
@@ -975,11 +1024,32 @@ def from_datasets(train: Dataset, test: Dataset, name: str = "custom", task: Opt
                 task=task)
 
 
-@functools.lru_cache(maxsize=None)
+def _reads_as_classes(train: Dataset, n: int = 64) -> bool:
+    """Whether float targets (of a :class:`TensorDataset`: all of them, else the first ``n``) are all whole numbers
+    ``>= 0`` (scalars) or one-hot rows: class labels stored as floats (``numpy.loadtxt``, a pandas column)."""
+    ys = train.tensors[1] if isinstance(train, TensorDataset) else \
+        torch.stack([torch.as_tensor(train[i][1]) for i in range(min(n, len(train)))])
+    ys = ys.double()
+    if ys.dim() == 1:
+        return bool(((ys == ys.round()) & (ys >= 0)).all()) and len(ys) > 1
+    if ys.dim() == 2 and ys.shape[1] > 1:
+        return bool(((ys == 0) | (ys == 1)).all() and (ys.sum(1) == 1).all())
+    return False
+
+
 def shape(name: str, kwargs_json: str = "{}") -> Tuple[int, Tuple[int, ...]]:
-    """``(num_classes, input_shape)`` of ``load(name, **json.loads(kwargs_json))`` (loaded once per process)."""
+    """``(num_classes, input_shape)`` of ``load(name, **json.loads(kwargs_json))`` (loaded once per process and
+    file: a relative ``file.py:`` spec is keyed by its absolute path)."""
+    return _shape(registry.spec_key(name) if registry.is_spec(name) else name, name, kwargs_json)
+
+
+@functools.lru_cache(maxsize=None)
+def _shape(key: str, name: str, kwargs_json: str) -> Tuple[int, Tuple[int, ...]]:
     d = load(name, **json.loads(kwargs_json))
     return d.num_classes, tuple(d.input_shape)
+
+
+shape.cache_clear = _shape.cache_clear  # type: ignore[attr-defined]  (forget what was loaded: a registration changed)
 
 
 def first_batch(dataset: Dataset, size: int) -> torch.Tensor:

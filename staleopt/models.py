@@ -575,12 +575,14 @@ def info(name: str) -> ModelInfo:
     ``file.py:function`` spec (loaded on first use, :mod:`staleopt.registry`)."""
     if name in _REGISTRY:
         return _REGISTRY[name]
-    if name in _USER:
+    if name in _USER and not registry.is_spec(name):
         return _USER[name]
     if registry.is_spec(name):
-        factory = registry.load_spec(name, "model")
-        _USER[name] = ModelInfo(name, factory, (), (factory.__doc__ or "").strip().split("\n")[0], user=True)
-        return _USER[name]
+        key = registry.spec_key(name)  # (a relative file spec names another file after os.chdir)
+        if key not in _USER:
+            factory = registry.load_spec(name, "model")
+            _USER[key] = ModelInfo(name, factory, (), (factory.__doc__ or "").strip().split("\n")[0], user=True)
+        return _USER[key]
     raise registry.unknown("model", name, names(), "staleopt.register_model")
 
 

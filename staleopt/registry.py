@@ -44,6 +44,16 @@ def is_spec(name: str) -> bool:
     return isinstance(name, str) and ":" in name
 
 
+def spec_key(spec: str) -> str:
+    """What a spec names wherever it is used: a ``file.py:function`` spec with its file's absolute path (a relative
+    one names another file after ``os.chdir``: caches keyed by the spec as written kept the first folder's
+    factory), a ``module:function`` spec as it is."""
+    where, _, name = str(spec).rpartition(":")
+    if where.endswith(".py") or "/" in where or "\\" in where:
+        return f"{Path(where).expanduser().resolve()}:{name}"
+    return str(spec)
+
+
 def _load_file(path: str):
     file = Path(path).expanduser().resolve()
     if not file.is_file():

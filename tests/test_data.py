@@ -465,3 +465,99 @@ def test_user_data_is_checked_in_both_splits_and_named_where_it_is_wrong():
     data.register("needs-n", lambda n: (TensorDataset(x[:n], y[:n]), TensorDataset(x, y)), replace=True)
     with pytest.raises(ConfigError, match=r"needs the argument\(s\) \['n'\].*data-kwargs"):
         data.load("needs-n")
+
+
+def _pair(n=40, k=3, dtype=torch.float32, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(2 * n, 1, 8, generator=g).to(dtype)
+    y = torch.arange(2 * n) % k
+    return TensorDataset(x[:n], y[:n]), TensorDataset(x[n:], y[n:])
+
+
+def test_a_relative_file_spec_names_the_file_of_the_working_directory(tmp_path, monkeypatch):
+    """The factories of file specs were cached under the spec as written: after os.chdir the same relative spec
+    kept the first folder's file (its data and its model)."""
+    from staleopt import models
+    src = ("import torch\nfrom torch import nn\nfrom torch.utils.data import TensorDataset\n"
+           "def make():\n    x = torch.randn(80, 1, 8, generator=torch.Generator().manual_seed(0))\n"
+           "    y = torch.arange(80) % {k}\n    return TensorDataset(x[:40], y[:40]), TensorDataset(x[40:], y[40:])\n"
+           "def net(num_classes, input_shape):\n    return nn.Sequential(nn.Flatten(), nn.Linear({w}, num_classes))\n")
+    seen = []
+    for folder, k, w in (("a", 3, 8), ("b", 7, 16)):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "mydata.py").write_text(src.format(k=k, w=w))
+        monkeypatch.chdir(tmp_path / folder)
+        seen.append((data.load("mydata.py:make").num_classes, data.shape("mydata.py:make")[0],
+                     models.get("mydata.py:net", num_classes=k, input_shape=(1, 8))[1].in_features))
+    assert seen == [(3, 3, 8), (7, 7, 16)]
+
+
+def test_a_users_factory_keeps_its_own_root_and_download_defaults(tmp_path):
+    """load() passed root=None and download=False to every factory that takes them, over its own defaults."""
+    got = {}
+
+    def make(root=str(tmp_path), download=True, n=40):
+        got.update(root=root, download=download)
+        return _pair(n)
+    data.register("own-root", make)
+    try:
+        data.load("own-root")
+        assert got == {"root": str(tmp_path), "download": True}
+        data.load("own-root", root="elsewhere")
+        assert got == {"root": "elsewhere", "download": True}
+    finally:
+        data._USER.pop("own-root")
+
+
+def test_user_data_mistakes_are_refused_or_warned():
+    """The test split being the training split (silent: warned), string labels (a raw TypeError), float class labels
+    (trained as a regression without a word: warned), and a Data with a misspelled task or float64 inputs (failed
+    inside torch)."""
+    train, test = _pair()
+    with pytest.warns(UserWarning, match="the test split is the training split"):
+        data.from_datasets(train, train)
+    with pytest.warns(UserWarning, match="the test split is the training split"):
+        data.from_datasets(train, TensorDataset(*train.tensors))
+    with pytest.raises(DataError, match=r"the first train target is a str .*map names to 0..C-1"):
+        data.from_datasets([(torch.zeros(3), "cat")], [(torch.zeros(3), "dog")])
+    floats = TensorDataset(train.tensors[0], train.tensors[1].float())
+    with pytest.warns(UserWarning, match="they read as class labels"):
+        assert data.from_datasets(floats, TensorDataset(test.tensors[0], test.tensors[1].float())).task == "regression"
+    onehot = TensorDataset(train.tensors[0], torch.nn.functional.one_hot(train.tensors[1], 3).float())
+    with pytest.warns(UserWarning, match="they read as class labels"):
+        data.from_datasets(onehot, TensorDataset(test.tensors[0], torch.randn(40, 3)))
+    values = TensorDataset(train.tensors[0], torch.randn(40))  # (regression values: no warning)
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        data.from_datasets(values, TensorDataset(test.tensors[0], torch.randn(40)))
+    for d, says in ((data.Data("typo", train, test, 3, (1, 8), "classfication"), "task must be"),
+                    (data.Data("f64", *_pair(dtype=torch.float64), 3, (1, 8), "classification"), "float64"),
+                    (data.Data("shape", train, test, 3, (1, 9), "classification"), r"input_shape = \(1, 9\)")):
+        data.register("returns-data", lambda d=d: d)
+        try:
+            with pytest.raises((ConfigError, DataError), match=says):
+                data.load("returns-data")
+        finally:
+            data._USER.pop("returns-data")
+
+
+@pytest.mark.parametrize("kwargs, says", [
+    ({"input_shape": [1, 40.7]}, "input_shape size = 40.7 must be an int"),
+    ({"input_shape": [True, 40]}, "input_shape size = True"),
+    ({"input_shape": None}, "input_shape must be a non-empty list"),
+    ({"num_samples": 20, "train_split": 0.02}, "leave samples on both sides"),
+    ({"seed": None}, "seed = None must be an int"),
+    ({"num_classes": None}, "num_classes = None"),
+])
+def test_synthetic_options_are_checked(kwargs, says):
+    """They were cast with int() ([1, 40.7] trained on (1, 40) under another run id), an empty training split was
+    accepted, None was a raw TypeError."""
+    with pytest.raises(ConfigError, match=says):
+        data.load("synthetic", **kwargs)
+
+
+def test_mnist1d_num_samples_is_a_multiple_of_10(tmp_path, monkeypatch):
+    """mnist1d makes num_samples // 10 per class: 29 trained on 20 (and its split check read 29)."""
+    with pytest.raises(ConfigError, match="num_samples = 29 must be a multiple of 10.*use 20 or 30"):
+        data.load("mnist1d", num_samples=29, cache=False)
