@@ -209,6 +209,16 @@ def test_a_reason_past_the_margin_reads_past_it():
     page = report.markdown([row], {}, {}, checks={("e", "c"): _check("matches", **ab), ("e", "lm-c"): wide})
     assert "Margins other than 0.01, in the units of the check's metric" in page and "`lm-c` 0.05" in page
     assert "Margins other than" not in report.markdown([row], {}, {}, checks={("e", "c"): _check("matches", **ab)})
+    # the margin as the file writes it (0.005 read "0.01", 0.004 "±0.00", 0.125 "-0.12": each against its verdict)
+    for rule, m, a, says in (
+            ("not-worse", 0.005, [0.894, 0.8935, 0.8945], "behind by 0.006, more than the margin 0.005"),
+            ("matches", 0.004, [0.905, 0.9052, 0.9049], "differs by +0.005, more than the margin ±0.004"),
+            ("not-worse", 0.125, [0.78, 0.77, 0.79], "mean difference -0.120 is above -0.125, but the 95% interval "
+                                                     "reaches below -0.125"),
+            ("matches", 0.005, [0.9051, 0.9049, 0.9041], "mean difference +0.0047 is within ±0.005")):
+        c = spec.Check("c", "claim", "s", "n", rule, {k: {"recipe": "r", **v} for k, v in ab.items()}, margin=m)
+        row = verdict.evaluate(c, _runs("x", a) + _runs("y", [0.9, 0.9, 0.9]), "e", "")
+        assert says in row.reason, row.reason
 
 
 def test_gap_grows_pairs_seeds_across_stage_counts():
@@ -375,12 +385,15 @@ def test_another_machines_verdicts_are_compared_from_its_table_not_typed_in(tmp_
     def row(check, horizon, v):
         return verdict.Row("e", check, "claim", "s", "n", "set", "ours", v, horizon=horizon)
     here = [row("a", 1, REPRODUCED), row("a", 2, REPRODUCED), row("b", 1, PARTLY), row("b", 2, NOT),
-            row("c", 1, NOT_RUN)]
-    theirs = [{"experiment": "e", "id": i, "horizon": str(h), "verdict": v} for i, h, v in
-              (("a", 1, PARTLY), ("a", 2, REPRODUCED), ("b", 1, PARTLY), ("b", 2, NOT), ("c", 1, NOT))]
+            row("c", 1, NOT_RUN), verdict.Row("analytic", "u", "claim", "s", "n", "set", "ours", REPRODUCED)]
+    theirs = [{"experiment": e, "id": i, "horizon": str(h), "verdict": v} for e, i, h, v in
+              (("e", "a", 1, PARTLY), ("e", "a", 2, REPRODUCED), ("e", "b", 1, PARTLY), ("e", "b", 2, NOT),
+               ("e", "c", 1, NOT), ("analytic", "u", 1, REPRODUCED))]
     text = report.another_machine(here, theirs, {"date": "D", "machine": "M", "commit": "C"}, "x.csv")
-    assert "At 1x, 1 of the 2 checks both evaluate kept their verdict; 1 moved (`a` partly there, reproduced " \
-           "here)" in text and "At each check's longest horizon, 2 of the 2 checks both evaluate kept" in text
+    # (the analytic rows train nothing, so cannot differ between CPUs: they were counted as checks that kept theirs)
+    assert "At 1x, 1 of the 2 trained checks both evaluate kept their verdict; 1 moved (`a` partly there, " \
+           "reproduced here)" in text and "At each check's longest horizon, 2 of the 2 trained checks both " \
+           "evaluate kept" in text
     page = tmp_path / "page.md"
     assert ledger._another_machine(page, here) == ""  # (no table beside the page: no paragraph)
     pd.DataFrame(theirs).to_csv(tmp_path / "page-another-cpu.csv", index=False)
@@ -648,3 +661,142 @@ def test_the_committed_page_and_rows_file_show_todays_trends_and_paper_runs():
         assert set(df.loc[df["id"] == check.id, "trend"]) == {verdict.trend(g).label}, check.id
         for line in report.horizon_table(g, check).rstrip("\n").split("\n")[-2:]:  # the trend, the paper's run
             assert line in page, f"{check.id}: regenerate docs/reproductions.md (staleopt reproduce --report-only)"
+
+
+# ------------------------------------------------------------------ selectors, planned runs and what a row says
+
+def _tiny(tmp_path, runs, checks, horizons="[1]"):
+    """A ledger folder with the tiny recipe and one experiment of ``runs`` and ``checks`` (TOML text)."""
+    text = f'title = "Tiny"\npaper = "A paper"\nhorizons = {horizons}\n{runs}\n{checks}'
+    return spec.load_all("cpu", _ladder_dir(tmp_path, text))[0]
+
+
+def _check_toml(rule, **sel):
+    lines = [f"{k} = {{recipe = \"tiny\", {v}}}" for k, v in sel.items()]
+    return "\n".join(["[[check]]", 'id = "c"', 'claim = "a claim"', 'source = "s"', 'paper_number = "n"',
+                      f'rule = "{rule}"', *lines]) + "\n"
+
+
+def test_a_selector_on_a_length_the_horizons_scale_picks_one_configuration_at_every_horizon(tmp_path):
+    """anneal_steps = 20 was matched against the scaled configs: at 2x it picked the anneal-10 runs (10 x 2), the
+    planner trained (20, 4 epochs), never (40, 4), and the 2x row compared another configuration."""
+    exp = _tiny(tmp_path, '[[runs]]\nrecipe = "tiny"\nmethod = ["gpipe"]\nstages = [1]\n[[runs]]\nrecipe = "tiny"\n'
+                'method = ["pipemare"]\nstages = [3]\nanneal_steps = [10, 20]\n',
+                _check_toml("better", a='method = "pipemare", anneal_steps = 20', b='method = "gpipe"'), "[1, 2]")
+    planned = {(c.anneal_steps, c.epochs) for c in exp.configs_for(exp.checks[0]) if c.method == "pipemare"}
+    assert planned == {(20, 2), (40, 4)}
+    out = tmp_path / "out"
+    for c in exp.configs:   # anneal-20 0.95 at every horizon, anneal-10 0.5, gpipe 0.8
+        base = exp.base_of[c.run_id()]
+        _fake_run(out, c, [0.4, (0.8 if c.method == "gpipe" else 0.95 if base["anneal_steps"] == 20 else 0.5)
+                           + c.seed / 1000])
+    rows = ledger.rows([(exp, None)], out, tier="ladder")
+    assert [(r.horizon, r.verdict) for r in rows] == [(1, REPRODUCED), (2, REPRODUCED)]
+    assert all(r.estimate == pytest.approx(0.15) for r in rows)
+
+
+def test_a_table_or_list_selector_matches_the_finished_runs_json_cells(tmp_path):
+    """collect stores dicts and lists as JSON strings: b = {..., model_kwargs = {hidden = 64}} planned and trained
+    its runs, then read "not yet run" for good."""
+    exp = _tiny(tmp_path, '[[runs]]\nrecipe = "tiny"\nmethod = ["gpipe"]\nstages = [1]\n'
+                'model_kwargs = [{hidden = 64}, {hidden = 128}]\n[[runs]]\nrecipe = "tiny"\nmethod = ["pipedream"]\n'
+                'stages = [3]\nmodel_kwargs = {hidden = 64}\n',
+                _check_toml("better", a='method = "pipedream"', b='method = "gpipe", model_kwargs = {hidden = 64}'))
+    out = tmp_path / "out"
+    for c in exp.configs:
+        _fake_run(out, c, [0.5, (0.9 if c.method == "pipedream" else 0.8) + c.seed / 1000])
+    row = ledger.rows([(exp, None)], out)[0]
+    assert row.verdict == REPRODUCED and row.estimate == pytest.approx(0.1)
+    cells = [{"recipe": "r", "model_kwargs": '{"hidden":64}', "lr_milestones": "[2,4]"}]   # (hand-built rows too)
+    assert spec.selects(cells, {"recipe": "r", "model_kwargs": {"hidden": 64}, "lr_milestones": [2, 4]}) == cells
+    assert spec.selects(cells, {"recipe": "r", "lr_milestones": [2]}) == []
+
+
+def test_degrades_or_gap_grows_at_one_stage_count_is_refused_at_load(tmp_path):
+    """A check comparing the smallest P with the largest whose selectors see one P was planned, trained, and read
+    "not yet run: needs ... two or more stage counts" for good."""
+    runs = ('[[runs]]\nrecipe = "tiny"\nmethod = ["gpipe"]\nstages = [1]\nmicrobatches = 2\n[[runs]]\nrecipe = "tiny"\n'
+            'method = ["dataflow"]\nstages = [2, 3]\n[[runs]]\nrecipe = "tiny"\nmethod = ["pipemare"]\n'
+            'stages = [1, 3]\n')    # (each at two P, only P = 3 in common)
+    for rule, sel, says in (
+            ("degrades", dict(a='method = "dataflow", stages = "max"', reference='method = "gpipe"'),
+             r"rule 'degrades' compares the smallest P with the largest, but a = .* at P = 3 has fewer than two"),
+            ("gap-grows", dict(a='method = "pipemare"', b='method = "dataflow"'),
+             r"a = .* at P = 1, 3 and b = .* at P = 2, 3 share fewer than two stage counts")):
+        with pytest.raises(SweepConfigError, match=says):
+            _tiny(tmp_path, runs, _check_toml(rule, **sel))
+    _tiny(tmp_path, runs, _check_toml("degrades", a='method = "dataflow"', reference='method = "gpipe"'))
+
+
+def test_a_metric_the_runs_do_not_record_is_said_not_read_as_not_yet_run():
+    """metric = "test_ppl" on classifiers: every run scored NaN and the row read "not yet run" (with a column of
+    another experiment's runs in the folder) or raised a bare KeyError (without)."""
+    check = spec.Check("c", "a claim", "s", "n", "better", {"a": {"recipe": "r", "method": "x"},
+                                                           "b": {"recipe": "r", "method": "y"}}, metric="test_ppl")
+    runs = _runs("x", [0.9] * 3) + _runs("y", [0.8] * 3)
+    for rows in (runs, [dict(r, test_acc=r["score"], test_ppl=math.nan) for r in runs]):
+        row = verdict.evaluate(check, rows, "e", "")
+        assert row.verdict == NOT and "6 finished run(s) compared record no test perplexity ('test_ppl')" in row.reason
+    row = verdict.evaluate(check, [dict(r, test_acc=r["score"]) for r in runs], "e", "")
+    assert "they record test_acc: name one of those" in row.reason
+
+
+_STAGES = '''[[runs]]
+recipe = "tiny"
+method = ["gpipe"]
+stages = [1]
+microbatches = 2
+[[runs]]
+recipe = "tiny"
+method = ["dataflow", "pipemare", "pipedream"]
+stages = [1, 2, 3]
+'''
+
+
+def _stages_run(tmp_path):
+    """Checks b (better), d (degrades), g (gap-grows) with P = 3 of dataflow and pipemare and gpipe's seed 2 still
+    training."""
+    checks = (_check_toml("better", a='method = "gpipe"', b='method = "pipedream", stages = 3').replace('"c"', '"b"')
+              + _check_toml("degrades", a='method = "dataflow"', reference='method = "gpipe"').replace('"c"', '"d"')
+              + _check_toml("gap-grows", a='method = "pipemare"', b='method = "dataflow"').replace('"c"', '"g"'))
+    exp = _tiny(tmp_path, _STAGES, checks)
+    out = tmp_path / "out"
+    acc = {("dataflow", 1): 0.93, ("dataflow", 2): 0.80, ("pipemare", 1): 0.93, ("pipemare", 2): 0.90,
+           ("pipedream", 3): 0.80, ("gpipe", 1): 0.95}
+    for c in exp.configs:
+        if not (c.stages == 3 and c.method != "pipedream" or c.method == "gpipe" and c.seed == 2):
+            _fake_run(out, c, [0.5, acc.get((c.method, c.stages), 0.5) + c.seed / 1000])
+    return exp, out
+
+
+def _finish_p3(exp, out):
+    for c in exp.configs:
+        if c.stages == 3 and c.method != "pipedream":
+            _fake_run(out, c, [0.5, (0.70 if c.method == "dataflow" else 0.88) + c.seed / 1000])
+
+
+def test_a_verdict_on_fewer_seeds_than_planned_says_so(tmp_path):
+    """gpipe's seed 2 still training was dropped from the paired difference without a word: reproduced on 2 of 3
+    seeds, beside means over all 3 (degrades alike). The reason says on how many seeds."""
+    exp, out = _stages_run(tmp_path)
+    rows = {r.id: r for r in ledger.rows([(exp, None)], out)}
+    assert rows["b"].verdict == REPRODUCED and len(rows["b"].gaps) == 2
+    assert rows["b"].reason == "on 2 of 3 planned seeds (1 run not finished)"
+    _finish_p3(exp, out)
+    rows = {r.id: r for r in ledger.rows([(exp, None)], out)}
+    assert rows["d"].verdict == REPRODUCED and rows["d"].reason == "on 2 of 3 planned seeds (1 run not finished)"
+    assert rows["g"].verdict == REPRODUCED and rows["g"].reason == ""     # (no gpipe there: every seed)
+
+
+def test_degrades_and_gap_grows_wait_for_the_largest_planned_p(tmp_path):
+    """degrades and gap-grows took "the largest P" from the finished runs: with P = 3 planned and not finished they
+    were judged from P = 1 to P = 2, and read reproduced (P = 3 may not degrade). Not yet run, saying which P is
+    missing."""
+    exp, out = _stages_run(tmp_path)
+    rows = {r.id: r for r in ledger.rows([(exp, None)], out)}
+    for cid in "dg":
+        assert rows[cid].verdict == NOT_RUN, rows[cid]
+        assert rows[cid].reason == "no finished runs yet at P=3 (the largest planned); the rule compares P=1 with P=3"
+    _finish_p3(exp, out)
+    assert {r.id: r.verdict for r in ledger.rows([(exp, None)], out)} == {"b": REPRODUCED, "d": REPRODUCED,
+                                                                          "g": REPRODUCED}

@@ -15,6 +15,9 @@ from .verdict import NOT_RUN, VERDICTS, Row, horizon_verdict, trend
 
 __all__ = ["markdown", "table", "group", "horizon_table"]
 
+#: The experiment name of the analytic rows (:mod:`staleopt.ledger.analytic`: no training).
+ANALYTIC = "analytic"
+
 _INTRO = """\
 # Reproductions
 
@@ -171,14 +174,16 @@ def another_machine(rows: Sequence[Row], theirs: Sequence[Dict], info: Dict[str,
     """The paragraph that sets this page's verdicts beside the same ladder's on another machine (``theirs``: rows
     of its CSV, ``experiment``, ``id``, ``horizon``, ``verdict``; ``info``: its ``date``, ``machine``, ``commit``;
     ``link``: its CSV relative to the page): how many checks kept their verdict at 1x and at their longest
-    horizon, and which moved. Runs are bit-identical on one machine, not across CPUs."""
+    horizon, and which moved. Runs are bit-identical on one machine, not across CPUs; the analytic rows train
+    nothing, so they are left out."""
     there = {(r["experiment"], r["id"], int(r["horizon"])): r["verdict"] for r in theirs}
+    trained = [g for g in group(rows) if g[0].experiment != ANALYTIC]
 
     def compare(pick) -> str:
-        both = [(g, there[k]) for g in group(rows) if (k := (g[0].experiment, g[0].id, pick(g).horizon))
+        both = [(g, there[k]) for g in trained if (k := (g[0].experiment, g[0].id, pick(g).horizon))
                 in there and pick(g).verdict != NOT_RUN and there[k] != NOT_RUN]
         moved = [f"`{g[0].id}` {v} there, {pick(g).verdict} here" for g, v in both if v != pick(g).verdict]
-        return (f"{len(both) - len(moved)} of the {len(both)} checks both evaluate kept their verdict"
+        return (f"{len(both) - len(moved)} of the {len(both)} trained checks both evaluate kept their verdict"
                 + (f"; {len(moved)} moved ({'; '.join(moved)})" if moved else ""))
     return (f"**Another machine, other numbers.** A run is bit-for-bit deterministic on one machine, not across "
             f"CPUs. The same ladder (same configs) was also trained on {info['date']} on {info['machine']} (commit "

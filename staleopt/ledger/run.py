@@ -164,10 +164,11 @@ def rows(selection: Sequence[Tuple[Experiment, Optional[Check]]], out: Path, tie
     result = []
     for exp, only in selection:
         mine = records[records["run"].isin(list(exp.recipe_of))] if not records.empty else records
-        runs = scores(mine, exp.recipe_of, exp.horizon_of)
+        runs = scores(mine, exp.recipe_of, exp.horizon_of, exp.base_of)
+        planned = [exp.row(c) for c in exp.configs]   # (finished or not: a verdict on fewer seeds says so)
         for check in ([only] if only else exp.checks):
             result += evaluate_horizons(exp.resolved(check), runs, exp.name, setting_text(check),
-                                        exp.horizons_of(check, tier))
+                                        exp.horizons_of(check, tier), planned)
     return result
 
 

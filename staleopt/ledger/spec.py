@@ -29,8 +29,12 @@ experiment::
     metric = "test_ppl"           # optional: the record column compared (default: the runs' task's,
                                   # staleopt.metrics; a margin of 1 or more needs an unbounded metric named)
 
-A selector (``a``, ``b``, ``reference``) names a recipe and config values;
-``stages = "max"`` is the largest stage count among the runs it matches.
+A selector (``a``, ``b``, ``reference``) names a recipe and config values of the
+runs' 1x configs (``anneal_steps = 20`` is that configuration at every horizon;
+a table or a list, ``model_kwargs = {hidden = 64}``, matches too);
+``stages = "max"`` is the largest stage count among the runs it matches. A check
+that compares the smallest P with the largest (degrades, gap-grows) whose
+selectors share fewer than two stage counts is refused.
 
 **Horizons.** Stale-weight penalties depend on the ratio of the largest delay to
 the run length, ``tau_max / steps``, which at CPU scale is far larger than in the
@@ -44,6 +48,7 @@ that horizon compares.
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import tomllib
 from dataclasses import dataclass, field
@@ -130,6 +135,8 @@ class Experiment:
     recipe_of: Dict[str, str] = field(default_factory=dict)   # run_id -> recipe name
     recipes: Dict[str, Recipe] = field(default_factory=dict)
     horizon_of: Dict[str, int] = field(default_factory=dict)  # run_id -> horizon (1 for the recipe's own length)
+    #: run_id -> its 1x config (before :func:`at_horizon`): what selectors match, at every horizon.
+    base_of: Dict[str, Dict[str, Any]] = field(default_factory=dict)
 
     def check(self, check_id: str) -> Check:
         for c in self.checks:
@@ -174,8 +181,11 @@ class Experiment:
         return dataclasses.replace(check, selectors=selectors)
 
     def row(self, config: RunConfig) -> Dict[str, Any]:
+        """``config`` as a dict with ``run``, ``recipe``, ``horizon`` and ``base`` (its 1x config, which
+        :func:`selects` matches)."""
         run = config.run_id()
-        return {"run": run, "recipe": self.recipe_of[run], "horizon": self.horizon_of[run], **config.to_dict()}
+        return {"run": run, "recipe": self.recipe_of[run], "horizon": self.horizon_of[run], **config.to_dict(),
+                "base": self.base_of.get(run, config.to_dict())}
 
 
 def at_horizon(config: RunConfig, horizon: int) -> RunConfig:
@@ -352,12 +362,13 @@ def load_experiment(path: Path, scale: str = "cpu", recipes: Optional[Dict[str, 
         except SweepConfigError as e:
             raise SweepConfigError(str(e)) from None
         for h in sorted({h for c in exp.checks for h in c.horizons}):
-            for c in configs:
-                c = at_horizon(c, h)
+            for base in configs:
+                c = at_horizon(base, h)
                 if c.run_id() not in exp.recipe_of:
                     exp.configs.append(c)
                     exp.recipe_of[c.run_id()] = name
                     exp.horizon_of[c.run_id()] = h
+                    exp.base_of[c.run_id()] = base.to_dict()
     try:  # (across recipes: they share one runs folder)
         refuse_default_spellings(exp.configs)
     except ConfigError as e:
@@ -371,7 +382,22 @@ def load_experiment(path: Path, scale: str = "cpu", recipes: Optional[Dict[str, 
             _one_run_per_seed(f"{path}: check {c.id!r}: {key} = {sel}", hit,
                               by_stages=key == "a" and c.rule in ("gap-grows", "degrades") or
                               key == "b" and c.rule == "gap-grows")
+        _two_stage_counts(f"{path}: check {c.id!r}", c, rows)
     return exp
+
+
+def _two_stage_counts(where: str, check: Check, rows: Sequence[Dict[str, Any]]) -> None:
+    """degrades and gap-grows compare the smallest selected P with the largest: a check whose selectors share one
+    stage count would read "not yet run" for good after all its runs trained. Refused."""
+    keys = {"degrades": ("a",), "gap-grows": ("a", "b")}.get(check.rule)
+    if keys is None:
+        return
+    found = {k: sorted({int(r["stages"]) for r in selects(rows, check.selectors[k])}) for k in keys}
+    if len(set.intersection(*(set(v) for v in found.values()))) < 2:
+        at = " and ".join(f"{k} = {check.selectors[k]} at P = {', '.join(map(str, v))}" for k, v in found.items())
+        raise SweepConfigError(f"{where}: rule {check.rule!r} compares the smallest P with the largest, but {at} "
+                               + ("share" if len(keys) > 1 else "has") + " fewer than two stage counts: select (and "
+                               "run) two or more, e.g. drop `stages` from the selector")
 
 
 def _one_run_per_seed(where: str, hit: Sequence[Dict[str, Any]], by_stages: bool) -> None:
@@ -382,7 +408,7 @@ def _one_run_per_seed(where: str, hit: Sequence[Dict[str, Any]], by_stages: bool
         groups.setdefault((r["seed"], r["stages"]) if by_stages else (r["seed"],), []).append(r)
     for rs in groups.values():
         if len(rs) > 1:
-            keys = sorted(k for k in rs[0] if k not in ("run",) and len({repr(r.get(k)) for r in rs}) > 1)
+            keys = sorted(k for k in rs[0] if k not in ("run", "base") and len({repr(r.get(k)) for r in rs}) > 1)
             values = "; ".join(f"{k} = {sorted({repr(r.get(k)) for r in rs})}" for k in keys)
             raise SweepConfigError(f"{where} matches {len(rs)} configurations of seed {rs[0]['seed']}"
                                    f"{' at P = ' + str(rs[0]['stages']) if by_stages else ''} ({values}): the rule "
@@ -427,11 +453,29 @@ def find(experiments: Sequence[Experiment], name: str) -> Tuple[Experiment, Opti
 def selects(rows: Sequence[Dict[str, Any]], selector: Dict[str, Any]) -> List[Dict[str, Any]]:
     """The rows (run config dicts with a ``recipe`` key) matching ``selector``.
 
-    ``stages = "max"`` keeps the largest stage count among the rows matching the rest.
+    A row's ``base`` (its 1x config, :meth:`Experiment.row`) is matched where it has one: at every horizon
+    ``anneal_steps = 20`` is the configuration whose 1x run anneals over 20 steps. A table or list matches its
+    JSON cell (:func:`staleopt.sweep.collect` stores them so). ``stages = "max"`` keeps the largest stage count
+    among the rows matching the rest.
     """
     rest = {k: v for k, v in selector.items() if not (k == "stages" and v == "max")}
-    hit = [r for r in rows if all(r.get(k) == v for k, v in rest.items())]
+    hit = [r for r in rows if all(_same(_cell(r, k), v) for k, v in rest.items())]
     if selector.get("stages") == "max" and hit:
         top = max(int(r["stages"]) for r in hit)
         hit = [r for r in hit if int(r["stages"]) == top]
     return hit
+
+
+def _cell(row: Dict[str, Any], key: str) -> Any:
+    base = row.get("base")
+    return base[key] if isinstance(base, dict) and key in base else row.get(key)
+
+
+def _same(cell: Any, value: Any) -> bool:
+    """``cell == value``, a JSON cell decoded first when ``value`` is a table or a list."""
+    if isinstance(value, (dict, list)) and isinstance(cell, str):
+        try:
+            cell = json.loads(cell)
+        except ValueError:
+            return False
+    return cell == value

@@ -34,6 +34,11 @@ degrades   ``a_s`` at the smallest P minus at the      both intervals above   bo
 ``m`` is the check's margin (default 0.01, one accuracy point), in the
 metric's units. Anything else is "not reproduced", with the reason.
 
+A check some of whose planned runs have not finished is judged on the seeds
+paired so far, and its reason says so ("on 2 of 3 planned seeds (1 run not
+finished)"); a compared group with no finished run, or (degrades, gap-grows)
+the smallest or largest *planned* P without one, reads "not yet run".
+
 **Horizons.** A check is evaluated at each of its run lengths (horizons,
 :mod:`staleopt.ledger.spec`) on the runs of that length alone. The per-seed
 *gap* ``g_s`` is ``a_s - b_s`` (better, not-worse, matches), the growth of
@@ -58,6 +63,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import pandas as pd
 
 from .. import metrics, stats
+from ..claims import decisive_digits
 from ..errors import ConfigError
 from ..stats import t_interval
 from .spec import Check, selects
@@ -113,10 +119,12 @@ class Trend:
     change: Tuple[float, float] = (math.nan, math.nan)   # mean and half-width of c = sigma (g_long - g_short)
 
 
-def scores(records: pd.DataFrame, recipe_of: Dict[str, str], horizon_of: Optional[Dict[str, int]] = None) -> List[Dict]:
+def scores(records: pd.DataFrame, recipe_of: Dict[str, str], horizon_of: Optional[Dict[str, int]] = None,
+           base_of: Optional[Dict[str, Dict]] = None) -> List[Dict]:
     """One dict per finished run: its config columns, its last record's columns, ``recipe``, ``horizon`` (from
     ``horizon_of``, default 1), ``metric`` (the run's task's, :func:`staleopt.metrics.task_of`), ``score``
-    (its final value: the final test accuracy of a classifier), ``diverged``."""
+    (its final value: the final test accuracy of a classifier), ``diverged``, and ``base`` (its 1x config, which
+    selectors match: :attr:`staleopt.ledger.spec.Experiment.base_of`) where ``base_of`` has it."""
     out = []
     if records.empty:
         return out
@@ -134,6 +142,8 @@ def scores(records: pd.DataFrame, recipe_of: Dict[str, str], horizon_of: Optiona
                    seed=int(last["seed"]), metric=metric.column,
                    score=stats.scored(float(last[metric.column]), last["status"] == "diverged", metric),
                    diverged=last["status"] == "diverged")
+        if base_of and run in base_of:
+            row["base"] = base_of[run]
         out.append(row)
     return out
 
@@ -253,17 +263,46 @@ def _metric(check: Check, groups: Dict[str, List[Dict]]) -> Tuple[metrics.Metric
     return metrics.get(found[0]) if found else metrics.ACCURACY, None
 
 
-def evaluate(check: Check, runs: Sequence[Dict], experiment: str, setting: str) -> Row:
-    """The ledger row of ``check`` on the finished ``runs`` (from :func:`scores`)."""
+def _recorded(value) -> bool:
+    try:
+        return not math.isnan(float(value))
+    except (TypeError, ValueError):
+        return False
+
+
+def evaluate(check: Check, runs: Sequence[Dict], experiment: str, setting: str,
+             planned: Optional[Sequence[Dict]] = None) -> Row:
+    """The ledger row of ``check`` on the finished ``runs`` (from :func:`scores`). ``planned``: the rows of the runs
+    it compares, finished or not (:meth:`staleopt.ledger.spec.Experiment.row`): a verdict on fewer seeds than
+    planned says so, and degrades and gap-grows take their smallest and largest P from them (module docstring)."""
     groups = {k: selects(runs, sel) for k, sel in check.selectors.items()}
     metric, mixed = _metric(check, groups)
+    plan = None if planned is None else {k: selects(planned, sel) for k, sel in check.selectors.items()}
+    judged = {"seeds": None, "stages": None}   # the seeds (and ends' stage counts) a verdict is computed on
 
     diverged = {r["seed"] for g in groups.values() for r in g if r["diverged"]}
+
+    def partial() -> str:
+        """Where the verdict's seeds are fewer than the planned runs': on how many, and why."""
+        if plan is None or judged["seeds"] is None:
+            return ""
+        ends = judged["stages"]
+        want = [r for g in plan.values() for r in g if ends is None or len({x["stages"] for x in g}) < 2
+                or r["stages"] in ends]
+        seeds = set.intersection(*({r["seed"] for r in g} for g in plan.values()))
+        if len(judged["seeds"]) >= len(seeds):
+            return ""
+        finished = {r.get("run") for g in groups.values() for r in g}
+        left = len({r["run"] for r in want} - finished)
+        return (f"on {len(judged['seeds'])} of {len(seeds)} planned seeds"
+                + (f" ({left} run{'s' if left != 1 else ''} not finished)" if left else ""))
 
     def row(ours, verdict, reason="", d=(), gaps=()):
         mean, half, _ = t_interval(d)
         if _no_mean(d):
             verdict, reason = NOT, _no_mean(d)
+        note = partial() if verdict != NOT_RUN else ""
+        reason = "; ".join(x for x in (note, reason) if x)
         return Row(experiment, check.id, check.claim, check.source, check.paper_number, setting, ours, verdict, reason,
                    mean, half, tuple(gaps), metric=metric.column,
                    diverged=tuple(s for s, _ in gaps if s in diverged))
@@ -273,6 +312,13 @@ def evaluate(check: Check, runs: Sequence[Dict], experiment: str, setting: str) 
         return row("-", NOT_RUN, "no finished runs yet of " + "; ".join(describe(check.selectors[k]) for k in missing))
     if mixed:
         return row("-", NOT, mixed)
+    if check.metric is not None:   # (a metric of another task: every run would score NaN and drop out)
+        lacking = [r for g in groups.values() for r in g if not r["diverged"] and not _recorded(r.get(metric.column))]
+        if lacking:
+            have = [c for c in metrics.METRICS if any(_recorded(r.get(c)) for r in lacking)]
+            return row("-", NOT, f"{len(lacking)} finished run(s) compared record no {metric.label} "
+                                 f"({metric.column!r}), the check's metric" + (f"; they record {', '.join(have)}: "
+                                                                               "name one of those" if have else ""))
 
     def value(r):   # the run's score in the check's metric
         return stats.scored(float(r[metric.column]), r["diverged"], metric) if check.metric is not None \
@@ -301,21 +347,22 @@ def evaluate(check: Check, runs: Sequence[Dict], experiment: str, setting: str) 
         ours = "; ".join([group_text(_label(check.selectors["a"], a), a),
                           group_text(_label(check.selectors["b"], b), b), _diff_text(gain_name, d)])
         mean = t_interval(d)[0]
+        near = f"{mean:+.{decisive_digits(abs(mean), m, 3)}f}" if math.isfinite(mean) else f"{mean:+}"
         if check.rule == "better":
             verdict, note = _judge(d, lambda lo, hi: lo > 0, lambda mu: mu > 0)
             reason = {PARTLY: "ahead on average, but the 95% interval of the difference includes 0",
                       NOT: f"not ahead: mean difference {mean:+.3f}"}.get(verdict, "")
-        elif check.rule == "not-worse":
+        elif check.rule == "not-worse":  # (the margin as the check's file writes it: 0.005 read "0.01")
             verdict, note = _judge(d, lambda lo, hi: lo > -m, lambda mu: mu > -m)
-            reason = {PARTLY: f"mean difference {mean:+.3f} is above -{m:.2f}, but the 95% interval reaches below "
-                              f"-{m:.2f}",
-                      NOT: f"behind by {_beyond(-mean, m)}, more than the margin {m:.2f}"}.get(verdict, "")
+            reason = {PARTLY: f"mean difference {near} is above -{m:g}, but the 95% interval reaches below -{m:g}",
+                      NOT: f"behind by {_beyond(-mean, m)}, more than the margin {m:g}"}.get(verdict, "")
         else:
             verdict, note = _judge(d, lambda lo, hi: -m < lo and hi < m, lambda mu: abs(mu) < m)
-            reason = {PARTLY: f"mean difference {mean:+.3f} is within ±{m:.2f}, but the 95% interval leaves ±{m:.2f}",
-                      NOT: f"differs by {_beyond(mean, m, '+')}, more than the margin ±{m:.2f}"}.get(verdict, "")
+            reason = {PARTLY: f"mean difference {near} is within ±{m:g}, but the 95% interval leaves ±{m:g}",
+                      NOT: f"differs by {_beyond(mean, m, '+')}, more than the margin ±{m:g}"}.get(verdict, "")
         reason = note or reason
         sa, sb = by_seed(a), by_seed(b)
+        judged["seeds"] = set(sa) & set(sb)
         both = sum(math.isinf(sa[s]) and sa[s] == sb[s] for s in set(sa) & set(sb))  # both diverged: gap 0
         if both and both == len(d):
             verdict, reason = NOT, f"both diverged (an infinite score) in all {both} paired seeds: nothing to compare"
@@ -325,11 +372,15 @@ def evaluate(check: Check, runs: Sequence[Dict], experiment: str, setting: str) 
     if check.rule == "gap-grows":
         a, b = _by_stages(groups["a"]), _by_stages(groups["b"])
         stages = sorted(set(a) & set(b))
+        unfinished = _unfinished_ends(plan, ("a", "b"), stages)
+        if unfinished:
+            return row("-", NOT_RUN, unfinished)
         if len(stages) < 2:
             return row("-", NOT_RUN, "needs both methods at two or more stage counts")
         gaps = {p: _paired(by_seed(a[p]), by_seed(b[p])) for p in stages}
         lo_p, hi_p = stages[0], stages[-1]
         seeds = sorted(set(by_seed(a[lo_p])) & set(by_seed(b[lo_p])) & set(by_seed(a[hi_p])) & set(by_seed(b[hi_p])))
+        judged.update(seeds=set(seeds), stages={lo_p, hi_p})
         d = [_minus(_minus(by_seed(a[hi_p])[s], by_seed(b[hi_p])[s]),
                     _minus(by_seed(a[lo_p])[s], by_seed(b[lo_p])[s])) for s in seeds]
         name_a, name_b = check.selectors["a"].get("method"), check.selectors["b"].get("method")
@@ -343,9 +394,13 @@ def evaluate(check: Check, runs: Sequence[Dict], experiment: str, setting: str) 
     # degrades
     a, ref = _by_stages(groups["a"]), groups["reference"]
     stages = sorted(a)
+    unfinished = _unfinished_ends(plan, ("a",), stages)
+    if unfinished:
+        return row("-", NOT_RUN, unfinished)
     if len(stages) < 2:
         return row("-", NOT_RUN, "needs the method at two or more stage counts")
     lo_p, hi_p = stages[0], stages[-1]
+    judged.update(seeds=set(by_seed(a[lo_p])) & set(by_seed(a[hi_p])) & set(by_seed(ref)), stages={lo_p, hi_p})
     growth = _paired(by_seed(a[lo_p]), by_seed(a[hi_p]))
     drop = _paired(by_seed(ref), by_seed(a[hi_p]))
     drops = _paired_by_seed(by_seed(ref), by_seed(a[hi_p]))
@@ -375,6 +430,21 @@ def evaluate(check: Check, runs: Sequence[Dict], experiment: str, setting: str) 
                              + (notes or "but a 95% interval includes 0"), drop, drops)
 
 
+def _unfinished_ends(plan: Optional[Dict[str, List[Dict]]], keys: Sequence[str], finished: Sequence[int]) -> str:
+    """Why a rule that compares the smallest P with the largest is not judged yet: an end of the planned stage
+    counts (of every group in ``keys``) with no finished runs (a verdict at the largest *finished* P compared
+    another P than the claim's); "" when both ends have runs or nothing is planned."""
+    if plan is None:
+        return ""
+    want = sorted(set.intersection(*({r["stages"] for r in plan[k]} for k in keys)))
+    if len(want) < 2:
+        return ""
+    ends = [f"P={p} (the {which} planned)" for p, which in ((want[0], "smallest"), (want[-1], "largest"))
+            if p not in finished]
+    return f"no finished runs yet at {' and '.join(ends)}; the rule compares P={want[0]} with P={want[-1]}" if ends \
+        else ""
+
+
 def _ratio(check: Check, runs: Sequence[Dict]) -> Tuple[float, int]:
     """``(tau_max / steps, steps)`` of the runs ``check`` compares: the largest forward delay among them over the
     run length (the longest run's last step: a diverged run stops early); NaN when unknown."""
@@ -385,13 +455,15 @@ def _ratio(check: Check, runs: Sequence[Dict]) -> Tuple[float, int]:
 
 
 def evaluate_horizons(check: Check, runs: Sequence[Dict], experiment: str, setting: str,
-                      horizons: Sequence[int]) -> List[Row]:
-    """One row per horizon in ``horizons``: ``check`` on the runs of that length (``runs`` carry ``horizon``)."""
+                      horizons: Sequence[int], planned: Optional[Sequence[Dict]] = None) -> List[Row]:
+    """One row per horizon in ``horizons``: ``check`` on the runs of that length (``runs`` and ``planned``, as
+    :func:`evaluate` takes it, carry ``horizon``)."""
     out = []
     for h in horizons:
         mine = [r for r in runs if r.get("horizon", 1) == h]
+        plan = None if planned is None else [r for r in planned if r.get("horizon", 1) == h]
         ratio, steps = _ratio(check, mine)
-        out.append(dataclasses.replace(evaluate(check, mine, experiment, setting), horizon=h, ratio=ratio,
+        out.append(dataclasses.replace(evaluate(check, mine, experiment, setting, plan), horizon=h, ratio=ratio,
                                        steps=steps))
     return out
 
