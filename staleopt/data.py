@@ -163,11 +163,7 @@ def _mnist1d(root=None, download=False, cache=True, **kw) -> Data:
         raise ConfigError(f"mnist1d num_samples = {args['num_samples']} must be a multiple of 10 (it makes "
                           f"num_samples // 10 samples of each of its 10 classes): use {args['num_samples'] // 10 * 10}"
                           f" or {args['num_samples'] // 10 * 10 + 10}")
-    split = args["train_split"]
-    if isinstance(split, bool) or not isinstance(split, (int, float)) or \
-            not 1 <= int(args["num_samples"] * split) < args["num_samples"]:
-        raise ConfigError(f"mnist1d train_split must lie in (0, 1) and leave samples on both sides of the split "
-                          f"of num_samples={args['num_samples']}, got {split!r}")
+    _check_split("mnist1d", args["train_split"], args["num_samples"])
     key = hashlib.sha256(json.dumps(args, sort_keys=True).encode()).hexdigest()[:16]
     path = cache_dir() / f"mnist1d-{key}.npz"
     arrays = None
@@ -422,6 +418,14 @@ def _cifar(name: str, root=None, download=False, augment=True, verify=True) -> D
 # ---------------------------------------------------------------------------------------------
 # synthetic
 
+def _check_split(dataset: str, split, num_samples: int) -> None:
+    """``train_split`` a number that leaves samples on both sides of the split of ``num_samples``."""
+    if isinstance(split, bool) or not isinstance(split, numbers.Real) or \
+            not 1 <= int(num_samples * split) < num_samples:
+        raise ConfigError(f"{dataset} train_split must lie in (0, 1) and leave samples on both sides of the split of "
+                          f"num_samples={num_samples}, got {split!r}")
+
+
 def _check_synthetic_task(task) -> None:
     if task not in ("classification", "regression"):
         raise ConfigError(f"synthetic task must be 'classification' or 'regression', got {task!r}")
@@ -443,10 +447,7 @@ def _synthetic(root=None, download=False, task="classification", num_samples=100
     check_int("synthetic num_classes", num_classes, 1)
     check_int("synthetic num_samples", num_samples, 2)
     check_int("synthetic seed", seed)
-    if isinstance(train_split, bool) or not isinstance(train_split, numbers.Real) or \
-            not 1 <= int(num_samples * train_split) < num_samples:
-        raise ConfigError(f"synthetic train_split must lie in (0, 1) and leave samples on both sides of the split of "
-                          f"num_samples={num_samples}, got {train_split!r}")
+    _check_split("synthetic", train_split, num_samples)
     for name, v in (("separation", separation), ("noise", noise)):  # (-1 gave the data of 1: another run id)
         if isinstance(v, bool) or not isinstance(v, numbers.Real) or not (math.isfinite(v) and v >= 0):
             raise ConfigError(f"synthetic {name} is a standard deviation, a finite number >= 0; got {v!r}")
@@ -893,19 +894,36 @@ def load(name: str = "mnist1d", *, root=None, download: bool = False, **kwargs) 
                       "or a pair (train, test) of datasets of (x, y) samples")
 
 
+def _check_task(name: str, task) -> None:
+    if task not in ("classification", "regression", "lm"):
+        raise ConfigError(f"dataset {name!r}: task must be 'classification', 'regression' or 'lm', got {task!r}")
+
+
+def _as_input(name: str, x, split: str) -> torch.Tensor:
+    """The first ``split`` input ``x`` as a tensor, in the models' dtype (else a DataError naming the fix)."""
+    try:
+        inputs = torch.as_tensor(x)
+    except (TypeError, ValueError, RuntimeError):
+        raise DataError(f"dataset {name!r}: the first {split} input is a {type(x).__name__}, not an array of "
+                        "numbers: convert it in the dataset (for images, torchvision.transforms.ToTensor())"
+                        ) from None
+    if inputs.is_floating_point() and inputs.dtype != torch.get_default_dtype():
+        raise DataError(f"dataset {name!r}: the {split} inputs are {inputs.dtype} (numpy's default float64 for a "
+                        f"numpy array) but the models are built in torch's default dtype, "
+                        f"{torch.get_default_dtype()}: return x.astype(numpy.float32) or x.float() (or set "
+                        "torch.set_default_dtype to match)")
+    return inputs
+
+
 def _checked(d: Data) -> Data:
     """A :class:`Data` a user's factory built: its task one of the three, and its first train input in the models'
-    dtype (float64 inputs failed at the first step inside torch; a misspelled task trained with the MSE loss)."""
-    if d.task not in ("classification", "regression", "lm"):
-        raise ConfigError(f"dataset {d.name!r}: task must be 'classification', 'regression' or 'lm', got {d.task!r}")
+    dtype and ``input_shape`` (float64 inputs failed at the first step inside torch; a misspelled task trained with
+    the MSE loss)."""
+    _check_task(d.name, d.task)
     if len(d.train) == 0 or len(d.test) == 0:
         raise DataError(f"dataset {d.name!r}: both splits must hold samples ({len(d.train)} train, {len(d.test)} "
                         "test)")
-    x = torch.as_tensor(d.train[0][0])
-    if x.is_floating_point() and x.dtype != torch.get_default_dtype():
-        raise DataError(f"dataset {d.name!r}: the train inputs are {x.dtype} but the models are built in torch's "
-                        f"default dtype, {torch.get_default_dtype()}: convert them (x.float(), or "
-                        "x.astype(numpy.float32))")
+    x = _as_input(d.name, d.train[0][0], "train")
     if tuple(x.shape) != tuple(d.input_shape) and d.task != "lm":
         raise DataError(f"dataset {d.name!r}: input_shape = {tuple(d.input_shape)} but the first train input has "
                         f"shape {tuple(x.shape)}: the model is built for input_shape")
@@ -935,19 +953,6 @@ def from_datasets(train: Dataset, test: Dataset, name: str = "custom", task: Opt
             raise DataError(f"dataset {name!r}: a sample must be a pair (x, y), but the first {split} sample is "
                             f"{what}: wrap the dataset so that it returns (input, target), e.g. a Dataset whose "
                             "__getitem__ returns (d[i]['x'], d[i]['y']), or a TensorDataset of exactly two tensors")
-    def as_input(x, split):
-        try:
-            inputs = torch.as_tensor(x)
-        except (TypeError, ValueError, RuntimeError):
-            raise DataError(f"dataset {name!r}: the first {split} input is a {type(x).__name__}, not an array of "
-                            "numbers: convert it in the dataset (for images, torchvision.transforms.ToTensor())"
-                            ) from None
-        if inputs.is_floating_point() and inputs.dtype != torch.get_default_dtype():
-            raise DataError(f"dataset {name!r}: the {split} inputs are {inputs.dtype} (numpy's default float64 for a "
-                            f"numpy array) but the models are built in torch's default dtype, "
-                            f"{torch.get_default_dtype()}: return x.astype(numpy.float32) or x.float() (or set "
-                            "torch.set_default_dtype to match)")
-        return inputs
     if train is test or (isinstance(train, TensorDataset) and isinstance(test, TensorDataset) and
                          len(train) == len(test) and train.tensors[0].data_ptr() == test.tensors[0].data_ptr()):
         warnings.warn(f"dataset {name!r}: the test split is the training split (the same samples): every test "
@@ -961,8 +966,8 @@ def from_datasets(train: Dataset, test: Dataset, name: str = "custom", task: Opt
         raise DataError(f"dataset {name!r}: the first train target is a {type(y).__name__} ({y!r:.40}), not a number "
                         "or an array of numbers: a class is an integer index (map names to 0..C-1, e.g. "
                         "{c: i for i, c in enumerate(sorted(classes))}), a regression target a float") from None
-    inputs = as_input(x, "train")
-    seen = as_input(test[0][0], "test")
+    inputs = _as_input(name, x, "train")
+    seen = _as_input(name, test[0][0], "test")
     integer = not (y.is_floating_point() or y.is_complex())
     if task is None and integer and tuple(y.shape) == (1,) and torch.as_tensor(x).is_floating_point():
         raise DataError(f"dataset {name!r}: the first target is an integer tensor of shape (1,), which reads as a "
@@ -974,8 +979,7 @@ def from_datasets(train: Dataset, test: Dataset, name: str = "custom", task: Opt
                       "integer targets (int(y), or y.argmax() of a one-hot row) to train a classifier; pass "
                       "task='regression' to from_datasets if they are regression values", stacklevel=3)
     task = task or (("lm" if y.dim() else "classification") if integer else "regression")
-    if task not in ("classification", "regression", "lm"):
-        raise ConfigError(f"dataset {name!r}: task must be 'classification', 'regression' or 'lm', got {task!r}")
+    _check_task(name, task)
     if seen.dtype != inputs.dtype or (task != "lm" and seen.shape != inputs.shape):  # (a text's windows may vary)
         raise DataError(f"dataset {name!r}: the first test input is {seen.dtype} of shape {tuple(seen.shape)}, the "
                         f"first train input {inputs.dtype} of shape {tuple(inputs.shape)}: the model is built for "
