@@ -257,11 +257,21 @@ def test_ledger_scores_are_in_each_runs_task_metric():
 
 _RECIPES = """
 [lm.cpu]
+description = "text-markov"
+seeds = [0, 1]
+model = "gpt"
+data = "text-markov"
+[lm.paper]
+description = "text-markov"
+seeds = [0, 1]
+model = "gpt"
+data = "text-markov"
+[cls.cpu]
 description = "synthetic"
 seeds = [0, 1]
 model = "mlp"
 data = "synthetic"
-[lm.paper]
+[cls.paper]
 description = "synthetic"
 seeds = [0, 1]
 model = "mlp"
@@ -296,6 +306,11 @@ def test_a_check_names_its_metric_and_its_margin_is_in_its_units(tmp_path):
     (tmp_path / "lm.toml").write_text(_EXPERIMENT + 'metric = "bleu"\n')
     with pytest.raises(SweepConfigError, match="unknown metric 'bleu'"):
         spec.load_experiment(tmp_path / "lm.toml")
+    # a metric the selected runs do not record (a classifier's perplexity) read "not yet run" for good: refused
+    (tmp_path / "cls.toml").write_text(_EXPERIMENT.replace('"lm"', '"cls"') + 'metric = "test_ppl"\nmargin = 2.0\n')
+    with pytest.raises(SweepConfigError, match=r"selects runs of 'synthetic': a classification run records no "
+                                               r"test perplexity"):
+        spec.load_experiment(tmp_path / "cls.toml")
 
 
 def test_staleopt_train_prints_perplexity_for_a_language_model(capsys):

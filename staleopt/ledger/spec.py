@@ -55,6 +55,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from .. import data as datasets
 from .. import metrics, sweep
 from ..config import RunConfig, field_names, refuse_default_spellings
 from ..errors import ConfigError, SweepConfigError
@@ -383,7 +384,21 @@ def load_experiment(path: Path, scale: str = "cpu", recipes: Optional[Dict[str, 
                               by_stages=key == "a" and c.rule in ("gap-grows", "degrades") or
                               key == "b" and c.rule == "gap-grows")
         _two_stage_counts(f"{path}: check {c.id!r}", c, rows)
+        _recorded_metric(f"{path}: check {c.id!r}", c, rows)
     return exp
+
+
+def _recorded_metric(where: str, check: Check, rows: Sequence[Dict[str, Any]]) -> None:
+    """A check's ``metric`` is one its selected runs record (a classifier's runs record no perplexity: every score
+    NaN, the row "not yet run" for good). A user's dataset, whose task is known once loaded, is not checked here."""
+    if check.metric is None:
+        return
+    for key, sel in check.selectors.items():
+        for r in selects(rows, sel):
+            try:
+                metrics.planned(datasets.task(r["data"], **r["data_kwargs"]), check.metric)
+            except ConfigError as e:
+                raise SweepConfigError(f"{where}: {key} = {sel} selects runs of {r['data']!r}: {e}") from None
 
 
 def _two_stage_counts(where: str, check: Check, rows: Sequence[Dict[str, Any]]) -> None:
