@@ -800,3 +800,15 @@ def test_degrades_and_gap_grows_wait_for_the_largest_planned_p(tmp_path):
     _finish_p3(exp, out)
     assert {r.id: r.verdict for r in ledger.rows([(exp, None)], out)} == {"b": REPRODUCED, "d": REPRODUCED,
                                                                           "g": REPRODUCED}
+
+
+def test_a_run_that_two_configurations_reach_at_two_horizons_is_refused(tmp_path):
+    """epochs = [2, 4] with horizons [1, 2]: the 2x run of epochs 2 is the 1x run of epochs 4. The loader kept the
+    first and the other row read "not yet run" for good."""
+    runs = ('[[runs]]\nrecipe = "tiny"\nmethod = ["gpipe"]\nstages = [1]\n[[runs]]\nrecipe = "tiny"\n'
+            'method = ["pipedream"]\nstages = [3]\nepochs = [2, 4]\n')
+    with pytest.raises(SweepConfigError, match=r"at horizon 2x is the run of another 1x configuration at 1x"):
+        _tiny(tmp_path, runs, _check_toml("better", a='method = "pipedream", epochs = 2', b='method = "gpipe"'),
+              "[1, 2]")
+    _tiny(tmp_path, runs.replace("epochs = [2, 4]", "epochs = [2, 3]"),
+          _check_toml("better", a='method = "pipedream", epochs = 2', b='method = "gpipe"'), "[1, 2]")

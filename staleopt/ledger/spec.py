@@ -370,6 +370,13 @@ def load_experiment(path: Path, scale: str = "cpu", recipes: Optional[Dict[str, 
                     exp.recipe_of[c.run_id()] = name
                     exp.horizon_of[c.run_id()] = h
                     exp.base_of[c.run_id()] = base.to_dict()
+                elif exp.base_of[c.run_id()] != base.to_dict():  # (one run would stand for two rows, one left empty)
+                    other = exp.horizon_of[c.run_id()]
+                    raise SweepConfigError(
+                        f"{path}: [[runs]] #{i + 1}: run {c.run_id()} at horizon {h}x is the run of another 1x "
+                        f"configuration at {other}x (a grid that varies a length the horizons scale, e.g. epochs = "
+                        "[2, 4] with horizons [1, 2]): one run cannot stand for both; vary that length by the "
+                        "horizons instead, or drop one value")
     try:  # (across recipes: they share one runs folder)
         refuse_default_spellings(exp.configs)
     except ConfigError as e:
