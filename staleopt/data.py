@@ -1076,8 +1076,9 @@ def batches(dataset: Dataset, batch_size: int, *, shuffle: bool = False,
     :class:`TokenWindows` gathered and an
     :class:`ImageTensors` augmented a whole batch at once, on the tensors'
     device; any other dataset goes through a ``DataLoader`` with
-    ``num_workers=0``, so its random transforms draw from this process's torch
-    RNG. ``start`` skips the first ``start`` minibatches of the pass without
+    ``num_workers=0``, so its random transforms draw from this process's global
+    RNGs (torch's, numpy's, Python's ``random``: :func:`staleopt.train.run` seeds
+    all three and its checkpoint holds them). ``start`` skips the first ``start`` minibatches of the pass without
     loading them (the draws are the same), which is how a run resumes in the
     middle of an epoch.
     """
