@@ -222,15 +222,16 @@ def expand(base: Dict[str, Any], grid: Dict[str, Sequence[Any]], inherited: Sequ
 
 
 def _recorded(root: Path, skip: set) -> List[Tuple[str, dict]]:
-    """``(run id, config)`` of every run folder in ``root`` but ``skip`` whose ``config.json`` reads as a dict."""
+    """``(run id, config)`` of every run folder in ``root`` but ``skip`` whose ``config.json`` reads
+    (:func:`read_config`)."""
     out = []
     for path in sorted(root.iterdir()) if root.is_dir() else ():
         if path.name not in skip and (path / "config.json").is_file():
             try:
-                d = json.loads((path / "config.json").read_text())
-            except (OSError, ValueError):
+                d = read_config(path)
+            except RunFileError:
                 continue  # (a damaged run: run_state reports it)
-            if isinstance(d, dict) and {"model", "data"} <= set(d):
+            if {"model", "data"} <= set(d):
                 out.append((path.name, d))
     return out
 

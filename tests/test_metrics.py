@@ -255,28 +255,10 @@ def test_ledger_scores_are_in_each_runs_task_metric():
     assert {r["metric"] for r in cls} == {"test_acc"} and cls[0]["score"] == pytest.approx(0.7)
 
 
-_RECIPES = """
-[lm.cpu]
-description = "text-markov"
-seeds = [0, 1]
-model = "gpt"
-data = "text-markov"
-[lm.paper]
-description = "text-markov"
-seeds = [0, 1]
-model = "gpt"
-data = "text-markov"
-[cls.cpu]
-description = "synthetic"
-seeds = [0, 1]
-model = "mlp"
-data = "synthetic"
-[cls.paper]
-description = "synthetic"
-seeds = [0, 1]
-model = "mlp"
-data = "synthetic"
-"""
+_RECIPES = "".join(f'[{recipe}.{scale}]\ndescription = "{data}"\nseeds = [0, 1]\nmodel = "{model}"\ndata = "{data}"\n'
+                   for recipe, model, data in (("lm", "gpt", "text-markov"), ("cls", "mlp", "synthetic"))
+                   for scale in ("cpu", "paper"))
+
 
 _EXPERIMENT = """
 title = "LM"

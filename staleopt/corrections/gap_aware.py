@@ -100,7 +100,7 @@ class GapAware(Correction):
         out = []
         for p, v, k in zip(view.params, self._v[view.index][1], self._steps(view)):
             lr = 1.0 if not self.from_direction else self._max_lr[groups[id(p)]] if id(p) in groups else top
-            if k == 0 or not isinstance(lr, torch.Tensor) and not lr > 0:
+            if k == 0 or _never_stepped(lr):
                 out.append(None)
                 continue
             c = v.div(1.0 - self.beta ** k).sqrt_().add_(self.eps).mul_(lr)
@@ -161,8 +161,7 @@ class GapAware(Correction):
                 k = groups.get(id(p))
                 if p.grad is None or k is None or n == 0:  # (n = 0: no statistics yet, G = 1)
                     continue
-                if self.from_direction and not isinstance(self._max_lr[k], torch.Tensor) and \
-                        not self._max_lr[k] > 0:  # (eta_max = 0: C = 0, no average step to measure by; G = 1)
+                if self.from_direction and _never_stepped(self._max_lr[k]):  # (C = 0: no average step; G = 1)
                     continue
                 grads.append(p.grad)
                 ws.append(w)
@@ -250,6 +249,12 @@ def _larger(m, lr):
     ref = lr if isinstance(lr, torch.Tensor) else m
     lr = torch.as_tensor(lr, dtype=ref.dtype, device=ref.device).detach().clone()
     return lr if m is None else torch.maximum(torch.as_tensor(m, dtype=ref.dtype, device=ref.device), lr)
+
+
+def _never_stepped(eta_max) -> bool:
+    """A Python-number ``eta_max`` of 0: the group never took a step, ``C = 0`` (a 0-d tensor is not read back to the
+    host: :func:`_unset` makes its ``C`` infinite instead)."""
+    return not isinstance(eta_max, torch.Tensor) and not eta_max > 0
 
 
 def _unset(c: torch.Tensor) -> torch.Tensor:
