@@ -269,7 +269,8 @@ class PipelineOptimizer(torch.optim.Optimizer):
                               "whose step() works without a closure")
         if memory not in STRATEGIES:
             raise ConfigError(f"memory must be 'minimal' (exactly max(tau) versions per stage) or 'fast' (one more "
-                              f"per delayed stage, fewer copies per step), got {memory!r}")
+                              f"per delayed stage, none dropped within a step: steps a GradScaler skips or with more "
+                              f"passes than before run again), got {memory!r}")
         if shared_parameters not in ("replicate", "error", "first-owner"):
             raise ConfigError(f"shared_parameters must be 'replicate' (a replica per stage that uses a tied "
                               f"parameter), 'error' (refuse a parameter used by two stages) or 'first-owner' (every "
