@@ -401,7 +401,7 @@ class PipelineOptimizer(torch.optim.Optimizer):
         _take_over([p for s in self._partition for p in s.params] + self._outside, self)
         self._hooks = [model.register_forward_pre_hook(_Callback(self._on_forward_start)),
                        model.register_forward_hook(_Callback(self._on_forward_end))]
-        self._hooks += self._replicas.hooks(_Callback(self._attached))
+        self._hooks += self._replicas.hooks(_Callback(self._model_training))
         self._stepping = False  # inside step(), around the base step: the only place it may run
         self._hooks.append(base_optimizer.register_step_pre_hook(_Callback(self._on_base_step)))
         # a module's state_dict reads, and its load_state_dict writes, the parameters' own storage with w_t (not
@@ -1162,8 +1162,11 @@ class PipelineOptimizer(torch.optim.Optimizer):
         self._restore()
         yield self._model
 
-    def _attached(self) -> bool:
-        return self._detached is None
+    def _model_training(self) -> bool:
+        """Whether a forward with gradients is a training forward: the model's mode decides, as in
+        :meth:`_on_forward_start`, whatever the mode of a module inside it (a tied head put in eval mode to
+        turn its dropout off still sits in its own stage and reads its replica)."""
+        return self._model.training
 
     def _check_attached(self) -> None:
         if self._detached is not None:

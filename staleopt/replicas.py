@@ -137,8 +137,8 @@ class Replicas:
         return sum(r.nbytes for r in self.items)
 
     def hooks(self, active) -> List:
-        """Forward pre- and post-hooks on each using module: while ``active()`` (a training forward of the
-        engine's model) the module reads its replicas through :class:`ReplicaRead`; afterwards (also when its
+        """Forward pre- and post-hooks on each using module: while ``active()`` (the engine's model in training
+        mode) and gradients are on, the module reads its replicas through :class:`ReplicaRead`; afterwards (also when its
         forward raises) it holds the tied parameter again."""
         handles = []
         for group in self._by_module.values():
@@ -180,7 +180,7 @@ class _Substitute(EngineHook):
         self.owner, self.group, self.active = owner, group, active
 
     def __call__(self, module, args):
-        if module.training and torch.is_grad_enabled() and self.active():
+        if torch.is_grad_enabled() and self.active():  # (the model's mode decides, not the module's own)
             saved = self.owner._saved.setdefault(id(module), [])
             for r in self.group:
                 saved.append((r, module._parameters[r.key]))

@@ -123,6 +123,27 @@ def test_replica_histories_match_the_reference_engine_bit_for_bit(method, base, 
         assert torch.equal(p, q)
 
 
+@pytest.mark.parametrize("from_step", [0, 3])
+def test_a_tied_module_in_eval_mode_still_reads_its_replica(from_step):
+    """The model's mode makes a forward a training forward, not the using module's own: a tied head put in eval
+    mode (to turn its dropout off) while the model trains sits in its own stage and reads its replica; an
+    ``nn.Linear`` computes the same in either mode, so the run is the train-mode run bit for bit (it read the
+    owner stage's view of the tied matrix)."""
+    def run(head_eval):
+        model = TiedNet()
+        opt = staleopt.PipelineOptimizer(model, torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9),
+                                         stages=3, schedule="pipedream")
+        for t, (x, y) in enumerate(_data(8)):
+            if head_eval and t == from_step:
+                model.head.eval()
+            opt.zero_grad()
+            _mse(model(x), y).backward()
+            opt.step()
+        return [p.detach().clone() for p in model.parameters()]
+
+    assert all(torch.equal(a, b) for a, b in zip(run(False), run(True)))
+
+
 def test_replica_memory_is_counted():
     """A replica is one weight copy plus its stage's H stored versions: the memory a pipeline stage holds."""
     model = TiedNet()
