@@ -308,6 +308,16 @@ class PipelineOptimizer(torch.optim.Optimizer):
                              "parameters that are not this model's: it was made for another model object (a copy, or "
                              "the model before it was rebuilt); make it from this one: "
                              "stages=staleopt.partition_model(model, ...)")
+        if isinstance(stages, Partition):
+            held = {id(p) for s in user_partition for u in s.units for p in u.params}
+            names = {id(p): n for n, p in model.named_parameters()}
+            missing = [names.get(id(p), "?") for g in base_optimizer.param_groups for p in g["params"]
+                       if p.requires_grad and id(p) not in held and id(p) in mine]
+            if missing:
+                raise StageError(f"the partition holds no stage for the trainable parameters {missing[:5]}"
+                                 f"{' ...' if len(missing) > 5 else ''}, which the base optimizer updates: it was "
+                                 "made before they were added (or unfrozen), and they would train without delay; "
+                                 "make it from the model as it is now: stages=staleopt.partition_model(model, ...)")
         self._shared_parameters = shared_parameters
         replicas = []
         if shared_parameters == "replicate":

@@ -537,6 +537,19 @@ def test_a_partition_of_another_model_object_is_refused():
     staleopt.PipelineOptimizer(twin, torch.optim.SGD(twin.parameters(), lr=0.1), stages=part)
 
 
+def test_a_partition_that_misses_trainable_parameters_is_refused():
+    """A Partition made before a head was added (or a layer unfrozen) holds no stage for it: the head would train
+    without delay and the only warning blamed a freeze. Refused at construction, naming the parameters; one that
+    the base optimizer does not update is no one's business."""
+    model = mlp()
+    part = staleopt.partition_model(model, 2)
+    model.add_module("head", nn.Linear(3, 2).double())
+    with pytest.raises(StageError, match=r"\['head.weight', 'head.bias'\].*partition_model\(model"):
+        staleopt.PipelineOptimizer(model, torch.optim.SGD(model.parameters(), lr=0.1), stages=part)
+    body = [p for n, p in model.named_parameters() if not n.startswith("head")]
+    staleopt.PipelineOptimizer(model, torch.optim.SGD(body, lr=0.1), stages=part)
+
+
 @pytest.mark.parametrize("microbatch_passes", [True, False])
 def test_a_checkpoint_between_a_forward_and_its_backward_resumes_by_running_that_microbatch_again(microbatch_passes):
     """The saved pass counts leave out the forward whose backward had not run (a new process cannot run it): the
