@@ -92,7 +92,7 @@ from .corrections.base import Correction
 from .errors import (CheckpointError, ConfigError, CorrectionError, DetachedError, LoopError, OptimizerMismatchError,
                      RecomputeNotice, SegmentError, SharedParameterError, StageError)
 from .history import STRATEGIES, History, SlotHistory, StageView, Targets
-from .partition import Partition, dataflow, partition_model, refuse_shared
+from .partition import Dataflow, Partition, dataflow, partition_model, refuse_shared
 from .recompute import RecomputeWindow, reached_parameters
 from .replicas import EngineHook, Replica, Replicas, plan_replicas, refuse_with_replicas
 from .schedules import Schedule
@@ -123,6 +123,15 @@ _SCALAR_STATE = frozenset({"mu_product", "eta", "mu"})
 
 #: id(parameter) -> (weak reference to it, weak reference to the PipelineOptimizer driving it)
 _DRIVERS: Dict[int, Tuple[weakref.ref, weakref.ref]] = {}
+
+
+def _hook_parametrized(module: nn.Module) -> bool:
+    """Whether ``module`` computes a weight in a forward pre-hook from other parameters: the older
+    ``torch.nn.utils.weight_norm`` (``weight_g``, ``weight_v``) and ``torch.nn.utils.spectral_norm``
+    (``weight_orig``)."""
+    from torch.nn.utils.spectral_norm import SpectralNorm
+    from torch.nn.utils.weight_norm import WeightNorm
+    return any(isinstance(h, (SpectralNorm, WeightNorm)) for h in module._forward_pre_hooks.values())
 
 
 def _drivers(params: Sequence[torch.Tensor]) -> List["PipelineOptimizer"]:
@@ -384,7 +393,10 @@ class PipelineOptimizer(torch.optim.Optimizer):
         self._ptr_params = [p for v in self._views for p in v.params]
         self._ptrs = [p.data_ptr() for p in self._ptr_params]  # where the parameters' storage was (every one)
         self._device_type = self._views[0].params[0].device.type
-        self._autocast_outside = False  # autocast that casts weights was on when the latest training forward began
+        self._autocast = None  # the dtype of an autocast that may cast weights, on at the latest training forward
+        self._casts: Dict[Optional[torch.dtype], FrozenSet[int]] = {}  # that autocast (or None) -> stages whose
+        # weights the forward's graph reads through casts (found once per autocast dtype: _check_graph_reads)
+        self._computed: FrozenSet[int] = frozenset()  # stages whose forward computes a weight (Dataflow.computed)
         self._param_dtypes = frozenset(p.dtype for p in self._ptr_params)  # (autocast copies the others' weights)
         self._stage_of_param = self._partition.stage_index()
         self._check_renormalizing([max(f, b) for f, b in zip(tf, tb)])
@@ -401,7 +413,7 @@ class PipelineOptimizer(torch.optim.Optimizer):
         replica_at = {r.tensor.data_ptr(): r.tensor for r in self._replicas.items}
         self._view_of_param = {id(replica_at.get(d.data_ptr(), p)): v.index  # what graph walks find: a replica
                                for v in self._views for p, d in zip(v.params, v.data)}  # stands for its own view
-        self._copies_weights = False  # that graph reads cast copies of the weights (autocast inside forward)
+        self._stage_of_unit = self._partition._unit_stages()
         self._initialized = True
         for c in self._corrections:
             c.bind(self)
@@ -490,20 +502,21 @@ class PipelineOptimizer(torch.optim.Optimizer):
                               "ids, max_norm, 2.0) for the ids of the batch (a constraint at rest is part of w_t)")
 
     def _warn_parametrized(self, split: List[bool]) -> None:
-        """A parametrized weight (``parametrizations.weight_norm``, the older ``weight_norm``'s ``weight_g`` and
-        ``weight_v``, any ``register_parametrization``) is computed from its parameters in the forward pass; its
-        backward reads the parameters again, by then holding the backward view, while its saved results (the norm)
-        and ``W^T delta`` hold the forward view: a mix no pipeline computes where the two views differ. Warned."""
+        """A parametrized weight (``parametrizations.weight_norm``, any ``register_parametrization``, the older
+        hook-based ``torch.nn.utils.weight_norm`` and ``spectral_norm``) is computed from its parameters in the
+        forward pass; its backward reads the parameters again, by then holding the backward view, while its saved
+        results (the norm) and ``W^T delta`` hold the forward view: a mix no pipeline computes where the two views
+        differ. Warned."""
         stage = self._stage_of_param
         found = [name for name, m in self._model.named_modules()
-                 if (torch.nn.utils.parametrize.is_parametrized(m) or hasattr(m, "weight_g"))
+                 if (torch.nn.utils.parametrize.is_parametrized(m) or _hook_parametrized(m))
                  and any(split[stage[id(p)]] for p in m.parameters() if id(p) in stage)]
         if found:
             warnings.warn(f"the module(s) {found[:3]} compute their weight from parametrized parameters (weight norm, "
-                          "a parametrization) in a stage whose forward and backward read different versions: the "
-                          "backward of the parametrization reads the backward view while its saved norm and "
-                          "W^T delta read the forward view, a mix no pipeline computes (docs/wrapper.md, Limits; "
-                          "a linear parametrization such as 2 * X is exact). Exact with stashing (tau_bkwd = "
+                          "spectral norm, a parametrization) in a stage whose forward and backward read different "
+                          "versions: the backward of the parametrization reads the backward view while its saved "
+                          "norm and W^T delta read the forward view, a mix no pipeline computes (docs/wrapper.md, "
+                          "Limits; a linear parametrization such as 2 * X is exact). Exact with stashing (tau_bkwd = "
                           "tau_fwd: pipedream, pipemare-stash) or with the parametrization folded into a plain "
                           "weight", stacklevel=3)
 
@@ -984,8 +997,8 @@ class PipelineOptimizer(torch.optim.Optimizer):
             self._calls, self._checkpointed = [], False
             self._load(backward=False)
             dev = self._device_type  # (autocast makes no copy of a weight already in its dtype)
-            self._autocast_outside = torch.is_autocast_enabled(dev) and \
-                any(d != torch.get_autocast_dtype(dev) for d in self._param_dtypes)
+            self._autocast = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) and \
+                any(d != torch.get_autocast_dtype(dev) for d in self._param_dtypes) else None
             self._fresh_casts()
             self._in_forward = True
         else:
@@ -1027,17 +1040,14 @@ class PipelineOptimizer(torch.optim.Optimizer):
             outputs = [t for t in leaves if isinstance(t, torch.Tensor) and t.grad_fn is not None]
             if not outputs and not any(isinstance(t, torch.Tensor) for t in leaves):
                 self._opaque_output(output)
-            if not self._traced:
-                self._trace(outputs)
+            flow = None if self._traced else self._trace(outputs)
             if self._ahead and self._plan().needs_checkpoint:
                 self._check_checkpointed(outputs)
-            if (self._autocast_outside or self._copies_weights) and self._backward_views_differ():
-                self._warn_once("autocast", "under autocast the backward pass multiplies with the cast copies of "
-                                "the forward weights, so the backward views (tau_bkwd != tau_fwd, T2) are not "
-                                "applied and the step behaves as with weight stashing; "
-                                + ("autocast was entered inside model.forward (as accelerate's mixed precision "
-                                   "does), " if self._copies_weights and not self._autocast_outside else "")
-                                + "run without autocast to simulate the backward views")
+            if self._autocast not in self._casts:
+                flow = flow or dataflow(outputs, self._partition.units)
+                self._casts[self._autocast] = frozenset(self._stage_of_unit[u] for u in flow.copied)
+            if self._casts[self._autocast] or self._computed:
+                self._check_graph_reads(self._casts[self._autocast])
             for t in outputs:  # (leaves would keep their hooks: only outputs with a grad_fn)
                 t.register_hook(self._calls_back[0])
 
@@ -1057,11 +1067,40 @@ class PipelineOptimizer(torch.optim.Optimizer):
             "cannot hook the output to load the backward views and the backward would silently read the "
             f"forward's weights: {fix}")
 
-    def _trace(self, outputs) -> None:
-        """Check the first training forward's graph: stages contiguous, weights read without casts."""
+    def _check_graph_reads(self, casts: FrozenSet[int]) -> None:
+        """Where a stage's backward view differs from its forward view, warn (once each) of the weights the
+        forward's graph reads through a cast (``casts``: autocast's, or ``.to(dtype)``) or computes with
+        (``self._computed``): the backward multiplies with those tensors, computed from the forward view, so
+        the backward view does not reach them (design §1 asks ``W^T delta`` at ``u_bkwd``)."""
+        plan = self._plan()
+        differ = {i for i, (f, b) in enumerate(zip(*plan.delays)) if f != b} | \
+            {self._views[i].stage for _, views in plan.rewriters for i in views}
+        if casts & differ:
+            self._warn_once("autocast", f"under autocast (or .to(dtype) in the forward) stage(s) "
+                            f"{sorted(casts & differ)} multiply with cast copies of their weights, made from the "
+                            "forward view, so in the backward pass their backward views (tau_bkwd != tau_fwd, T2) are not applied and "
+                            "they train as with weight stashing; "
+                            + ("autocast was entered inside model.forward (as accelerate's mixed precision does), "
+                               if self._autocast is None else "")
+                            + "run without autocast (or keep the weights in the dtype the ops compute in) to "
+                            "simulate the backward views")
+        if self._computed & differ:
+            units = [u.name for u, s in zip(self._partition.units, self._stage_of_unit)
+                     if s in self._computed & differ][:3]
+            self._warn_once("computed", f"the unit(s) {units} compute a weight from a parameter in the forward pass "
+                            "before applying it (W * mask, scale * W, 1 + W, W.clone()): the backward pass "
+                            "multiplies with that result, made from the forward view, so their stage's backward "
+                            "view (tau_bkwd != tau_fwd, T2) does not reach it, a mix no pipeline computes "
+                            "(docs/wrapper.md, Limits). Exact with stashing (pipedream, pipemare-stash), or apply "
+                            "the computation to the weights at rest (a mask: multiply the weight by it after each "
+                            "opt.step())")
+
+    def _trace(self, outputs) -> Dataflow:
+        """Check the first training forward's graph: stages contiguous, weights read without casts or
+        computations where the views differ (:meth:`_check_graph_reads`). Returns the graph's :class:`Dataflow`."""
         self._traced = True
         flow = dataflow(outputs, self._partition.units)
-        self._copies_weights = bool(flow.copied)
+        self._computed = frozenset(self._stage_of_unit[u] for u in flow.computed)
         try:
             self._partition.check(flow, self._shared_parameters)
         except SharedParameterError as e:
@@ -1078,8 +1117,7 @@ class PipelineOptimizer(torch.optim.Optimizer):
         except Exception:
             self._restore()
             raise
-        stage_of_unit = self._partition._unit_stages()
-        read = {stage_of_unit[u] for u in flow.first_use} | {r.stage for r in self._replicas.items}
+        read = {self._stage_of_unit[u] for u in flow.first_use} | {r.stage for r in self._replicas.items}
         idle = [s for s in self._partition if s.index not in read]
         if idle and len(idle) == self._partition.num_stages and self._partition.num_stages > 1:
             warnings.warn("the first training forward read none of the model's parameters, so no stage reads a "
@@ -1096,6 +1134,7 @@ class PipelineOptimizer(torch.optim.Optimizer):
                           "never run in training (an unused head or pooler), freeze their parameters "
                           "(requires_grad_(False)) or remove them before building the PipelineOptimizer",
                           stacklevel=2)
+        return flow
 
     def _backward_views_differ(self) -> bool:
         plan = self._plan()

@@ -170,12 +170,33 @@ class Dataflow:
     ``copied``: units whose weights the graph reads through a copy (autocast's casts, ``.to(dtype)``).
     ``shared``: triples ``(a, b, j)``, ``b > a``: parameter ``j`` of unit ``a``, read by more than one node,
     is applied to data computed with the weights of unit ``b`` (tied weights, a module applied twice).
+    ``computed``: units whose weight the graph applies to data after computing with it (``W * mask``,
+    ``scale * W``, ``1 + W``, ``W.clone()``: an op on the weight path other than a view, a cast or a lookup), so
+    the backward multiplies with a tensor computed from the forward's version (:data:`_READS_NO_INPUT`
+    consumers, e.g. an addition, read no input in their backward and are left out).
     """
 
     first_use: Dict[int, int]
     crossings: FrozenSet[Tuple[int, int]]
     copied: FrozenSet[int]
     shared: FrozenSet[Tuple[int, int, int]] = frozenset()
+    computed: FrozenSet[int] = frozenset()
+
+
+#: Graph nodes (names without their trailing number) that pass a weight on unchanged in value: views, and casts
+#: (``Dataflow.copied``); lookups (embeddings, indexing) whose result is data, read in no later backward as a weight.
+_PASSES_WEIGHT = frozenset(
+    "TBackward TransposeBackward PermuteBackward ViewBackward UnsafeViewBackward ReshapeAliasBackward "
+    "ExpandBackward UnsqueezeBackward SqueezeBackward AsStridedBackward SliceBackward SelectBackward "
+    "UnbindBackward SplitBackward SplitWithSizesBackward NarrowBackward AliasBackward DiagonalBackward "
+    "ViewAsRealBackward ViewAsComplexBackward ToCopyBackward EmbeddingBackward EmbeddingBagBackward "
+    "IndexBackward IndexSelectBackward GatherBackward".split())
+#: Nodes whose backward reads none of their inputs: a computed weight they consume is not multiplied with.
+_READS_NO_INPUT = frozenset("AddBackward SubBackward CatBackward StackBackward".split())
+
+
+def _op(node) -> str:
+    return node.name().rstrip("0123456789").lstrip("_")
 
 
 def dataflow(outputs: Any, units: Sequence[Unit]) -> Dataflow:
@@ -192,7 +213,8 @@ def dataflow(outputs: Any, units: Sequence[Unit]) -> Dataflow:
     weight: Dict[Any, Optional[Tuple[int, int]]] = {}  # node -> (unit, id(param)) on a weight path
     first_use: Dict[int, int] = {}
     uses: Dict[int, int] = {}  # id(param) -> how many nodes read it
-    found, copied = set(), set()
+    found, copied, computed = set(), set(), set()
+    changed: Dict[Any, bool] = {}  # weight-path node -> an op other than _PASSES_WEIGHT's lies between it and the leaf
     stack = [(r, False) for r in roots]
     while stack:
         node, expanded = stack.pop()
@@ -202,6 +224,7 @@ def dataflow(outputs: Any, units: Sequence[Unit]) -> Dataflow:
         if leaf is not None:  # a leaf tensor, or the replica a module read (staleopt.replicas)
             u = unit_of.get(id(leaf))
             top[node], weight[node] = (-1, None) if u is None else (u, (u, id(leaf)))
+            changed[node] = False
             continue
         children = [c for c, _ in node.next_functions if c is not None]
         if not expanded:
@@ -214,8 +237,12 @@ def dataflow(outputs: Any, units: Sequence[Unit]) -> Dataflow:
         weight[node] = weights[0] if len(children) == 1 and weights else None
         if weights and data:
             found.update((w, max(data), pid) for w, pid in weights if max(data) > w)
-        if weight[node] is not None and node.name().startswith("ToCopyBackward"):
-            copied.add(weight[node][0])
+            if _op(node) not in _READS_NO_INPUT:
+                computed.update(weight[c][0] for c in children if weight[c] is not None and changed[c])
+        if weight[node] is not None:
+            changed[node] = changed[children[0]] or _op(node) not in _PASSES_WEIGHT
+            if node.name().startswith("ToCopyBackward"):
+                copied.add(weight[node][0])
         for c in children:
             if leaf_variable(c) is not None and weight[c] is not None:
                 u, pid = weight[c]
@@ -224,7 +251,7 @@ def dataflow(outputs: Any, units: Sequence[Unit]) -> Dataflow:
     crossings = frozenset((a, b) for a, b, pid in found if uses.get(pid, 0) <= 1)
     index = {id(p): j for u in units for j, p in enumerate(u.params)}
     shared = frozenset((a, b, index[pid]) for a, b, pid in found if uses.get(pid, 0) > 1)
-    return Dataflow(first_use, crossings, frozenset(copied), shared)
+    return Dataflow(first_use, crossings, frozenset(copied), shared, frozenset(computed))
 
 
 def leaf_variable(node) -> Optional[torch.Tensor]:

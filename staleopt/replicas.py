@@ -138,8 +138,8 @@ class Replicas:
 
     def hooks(self, active) -> List:
         """Forward pre- and post-hooks on each using module: while ``active()`` (the engine's model in training
-        mode) and gradients are on, the module reads its replicas through :class:`ReplicaRead`; afterwards (also when its
-        forward raises) it holds the tied parameter again."""
+        mode) and gradients are on, the module reads its replicas through :class:`ReplicaRead`; afterwards (also when
+        its forward raises) it holds the tied parameter again."""
         handles = []
         for group in self._by_module.values():
             module = group[0].module

@@ -6,6 +6,7 @@ import warnings
 
 import pytest
 import torch
+from torch import nn
 
 import staleopt
 from helpers import batches, mlp, mse
@@ -148,3 +149,29 @@ def test_autocast_warns_only_where_it_copies_weights(params, warned):
     assert bool(caught) is warned
     if not warned:
         assert torch.equal(_flat(with_autocast), _flat(run(False)[0]))
+
+
+def test_autocast_that_casts_no_weight_gives_no_warning():
+    """bfloat16 weights with a LayerNorm kept in float32, under bfloat16 autocast: autocast casts no weight (the
+    layer norm runs in float32), so dataflow's backward views apply and it trains otherwise than stashing. The
+    parameters' dtypes differ from autocast's, and that alone warned that the step behaves as with stashing: the
+    graph decides now (its casts, found once per autocast dtype)."""
+    def run(schedule):
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(4, 4), nn.Tanh(), nn.Linear(4, 4), nn.LayerNorm(4), nn.Linear(4, 2))
+        model.to(torch.bfloat16)[3].float()
+        opt = staleopt.PipelineOptimizer(model, torch.optim.SGD(model.parameters(), lr=0.5), stages=3,
+                                         schedule=schedule)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            for x, y in batches(5, in_dim=4, out_dim=2, dtype=torch.bfloat16):
+                opt.zero_grad()
+                with torch.autocast("cpu", dtype=torch.bfloat16):
+                    out = model(x)
+                mse(out.float(), y.float()).backward()
+                opt.step()
+        return model, [w for w in caught if "autocast" in str(w.message)]
+
+    model, caught = run("dataflow")
+    assert caught == []
+    assert not torch.equal(_flat(model), _flat(run("pipemare-stash")[0]))

@@ -5,6 +5,7 @@ import warnings
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 import staleopt
@@ -635,13 +636,13 @@ def test_an_embedding_that_renormalizes_in_its_forward_is_refused_under_delays()
     assert model.emb.weight[x.unique()].norm(dim=1).max() <= 0.5 + 1e-6
 
 
-@pytest.mark.parametrize("kind", ["parametrizations", "old"])
+@pytest.mark.parametrize("kind", ["parametrizations", "old", "spectral"])
 def test_a_parametrized_weight_under_differing_views_is_warned_about(kind):
     """weight_norm's backward reads g and v at the backward view while its saved norm and W^T delta hold the forward
     view (wrapper.md said "the forward view"): a mix no pipeline computes, warned at construction where a stage's two
     views differ; not under stashing (tau_bkwd = tau_fwd)."""
-    norm = (torch.nn.utils.parametrizations.weight_norm if kind == "parametrizations"
-            else torch.nn.utils.weight_norm)
+    norm = {"parametrizations": torch.nn.utils.parametrizations.weight_norm, "old": torch.nn.utils.weight_norm,
+            "spectral": torch.nn.utils.spectral_norm}[kind]  # (the last two compute the weight in a pre-hook)
 
     def build(schedule):
         torch.manual_seed(0)
@@ -656,6 +657,53 @@ def test_a_parametrized_weight_under_differing_views_is_warned_about(kind):
 
     assert len(build("dataflow")) == 1 and "['0']" in build("dataflow")[0]
     assert build("pipemare-stash") == []
+
+
+class _Masked(nn.Module):
+    """``F.linear(h, l2.weight * mask)`` (a pruned layer): the product is computed from the forward view and saved
+    for ``W^T delta``; ``how`` picks another computed weight, or none."""
+
+    def __init__(self, how):
+        super().__init__()
+        torch.manual_seed(0)
+        self.l1, self.l2, self.how = nn.Linear(3, 4), nn.Linear(4, 2), how
+        self.register_buffer("mask", (torch.rand(2, 4) > 0.5).to(torch.get_default_dtype()))
+
+    def forward(self, x):
+        h = torch.tanh(self.l1(x))
+        w = {"mask": self.l2.weight * self.mask, "clone": self.l2.weight.clone(), "plain": self.l2.weight}[self.how]
+        return F.linear(h, w, self.l2.bias)
+
+
+@pytest.mark.parametrize("how, schedule, warned", [("mask", "dataflow", True), ("clone", "pipemare", True),
+                                                    ("mask", "pipemare-stash", False), ("plain", "dataflow", False)])
+def test_a_weight_computed_in_the_forward_under_differing_views_is_warned_about(how, schedule, warned):
+    """``W * mask`` (``scale * W``, ``W.clone()``) in the forward: the backward multiplies with the product made
+    from the forward view, so the backward view never reaches it and the run trains as no pipeline does (1.6e-2
+    from design §1's reference after 8 steps), silently. Warned at the first training forward, naming the unit,
+    where the stage's views differ (T2's rewrite too); not under stashing, not for a weight read as it is."""
+    model = _Masked(how)
+    opt = staleopt.PipelineOptimizer(model, torch.optim.SGD(model.parameters(), lr=0.1), stages=2,
+                                     schedule=schedule)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(3):
+            opt.zero_grad()
+            model(torch.randn(4, 3)).pow(2).mean().backward()
+            opt.step()
+    got = [str(w.message) for w in caught if "compute a weight from a parameter" in str(w.message)]
+    assert len(got) == warned and (not warned or "['l2']" in got[0])
+
+
+@pytest.mark.parametrize("name", staleopt.models.names())
+def test_no_model_of_the_zoo_computes_a_weight(name):
+    """The graph test of computed weights (``Dataflow.computed``) finds none in the models staleopt ships
+    (embeddings, positional embeddings added to tokens, attention's packed projections, residual blocks)."""
+    from staleopt.partition import dataflow, units_of
+    model = staleopt.models.get(name, seed=0)
+    shape = staleopt.models.info(name).input_shape
+    x = torch.randint(0, 10, (2, *shape)) if name == "gpt" else torch.randn(2, *shape)
+    assert dataflow(model(x), units_of(model)).computed == frozenset()
 
 
 @pytest.mark.parametrize("method", ["dataflow", "pipemare"])
