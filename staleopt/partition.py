@@ -365,6 +365,16 @@ class Partition:
         if bad:
             a, b = bad[0]
             ua, ub = self.units[a], self.units[b]
+            if ua.module_type == "Replica" and ub.name.startswith(ua.name + "."):
+                raise StageOrderError(
+                    f"{ua.name!r} registers a tied weight ({ua.param_names[0]!r}) and applies it to data computed "
+                    f"by its own submodule {ub.name!r} (stage {unit_stage[b]}), but its replica of that weight sits "
+                    f"where {ua.name!r} is registered, before its submodules (stage {unit_stage[a]}): a module's "
+                    "replica cannot follow the module's own children, and ordering by execution does not change "
+                    f"that. Move that use into a submodule of {ua.name!r} registered after the others and called "
+                    "last (self.out = nn.Linear(d, vocab, bias=False); self.out.weight = <the tied weight>; "
+                    "return self.out(h)), or keep the module in one stage (explicit cut points: "
+                    "stages=staleopt.partition_model(model, [cuts]))")
             raise StageOrderError(
                 f"stage {unit_stage[a]} holds {ua.name!r} ({ua.module_type}), whose weights the forward pass "
                 f"applies to data computed by {ub.name!r} ({ub.module_type}) in the later stage "

@@ -144,6 +144,56 @@ def test_a_tied_module_in_eval_mode_still_reads_its_replica(from_step):
     assert all(torch.equal(a, b) for a, b in zip(run(False), run(True)))
 
 
+class _Dec(nn.Module):
+    """A decoder that applies the tied matrix itself after its submodules (``own=True``), or through a last
+    submodule of its own whose weight is the tied one (the fix the error names)."""
+
+    def __init__(self, own):
+        super().__init__()
+        self.fc1, self.fc2, self.own = nn.Linear(D, D), nn.Linear(D, D), own
+        if not own:
+            self.out = nn.Linear(D, V, bias=False)
+
+    def forward(self, h):
+        h = torch.tanh(self.fc2(torch.tanh(self.fc1(h))))
+        return F.linear(h, self.out_weight) if self.own else self.out(h)
+
+
+class _ContainerTied(nn.Module):
+    def __init__(self, own):
+        super().__init__()
+        torch.manual_seed(0)
+        self.tok, self.enc, self.dec = nn.Embedding(V, D), nn.Linear(D, D), _Dec(own)
+        if own:
+            self.dec.out_weight = self.tok.weight
+        else:
+            self.dec.out.weight = self.tok.weight
+        self.double()
+
+    def forward(self, x):
+        return self.dec(torch.tanh(self.enc(self.tok(x))))
+
+
+def test_a_module_that_applies_a_tied_weight_after_its_submodules_is_told_how_to_move_it():
+    """A container that registers the tied matrix and applies it after its own submodules: its replica sits where
+    the container is registered, before them. The error said to order units by execution, which then failed with
+    advice to register the weight on a later module (it was): it names the cause and the fix, which trains."""
+    model = _ContainerTied(own=True)
+    opt = staleopt.PipelineOptimizer(model, torch.optim.SGD(model.parameters(), lr=0.05), stages=4,
+                                     schedule="pipedream")
+    with pytest.raises(staleopt.errors.StageOrderError, match="'dec' registers a tied weight .*'dec.fc2'.*self.out"):
+        model(_data(1)[0][0])
+    opt.remove_hooks()
+    model = _ContainerTied(own=False)
+    opt = staleopt.PipelineOptimizer(model, torch.optim.SGD(model.parameters(), lr=0.05), stages=4,
+                                     schedule="pipedream")
+    assert [(r.module_name, r.stage) for r in opt.replicas] == [("dec.out", 3)]
+    for x, y in _data(3):
+        opt.zero_grad()
+        _mse(model(x), y).backward()
+        opt.step()
+
+
 def test_replica_memory_is_counted():
     """A replica is one weight copy plus its stage's H stored versions: the memory a pipeline stage holds."""
     model = TiedNet()
