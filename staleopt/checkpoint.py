@@ -10,14 +10,18 @@ its records and its completion marker.
                                                        # numpy's global RNG, the data-order and augmentation
                                                        # generators
              "epoch", "batch", "losses",               # position: batches done in the epoch, their losses
-             "records", "elapsed"}                     # per-epoch records so far, training seconds so far
+             "records", "elapsed",                     # per-epoch records so far, training seconds so far
+             "finished",                               # True in the final state: the run is over
+             "threads"}                                # torch's thread count the run trains under
 
 Python's ``random`` and numpy's global RNG are in the state because a user's
 dataset or model may draw from them (a transform's ``np.random.normal``
 noise, a ``random.random() < 0.5`` flip): a run resumed in the middle of an
 epoch draws what the uninterrupted run would. A checkpoint saved before they
 were (it lacks them) still loads: its run resumes as it did then, bit-for-bit
-unless the data or model draws from ``random`` or numpy.
+unless the data or model draws from ``random`` or numpy. The same holds for
+``finished`` and ``threads``: without them a run resumes as it did before they
+were saved.
 
 **Atomic.** Every file is written under a temporary name next to it, flushed
 to disk and renamed over the old one (``os.replace``): a process killed at any
@@ -191,6 +195,9 @@ def read_done(path: PathLike, fix: str = "delete the run's folder (or marker) to
                            f"results cannot be trusted: {fix}") from None
     if not isinstance(done, dict) or not isinstance(done.get("status"), str):
         raise RunFileError(f"{path} is not a completion marker (a JSON object with a 'status'); {fix}")
+    if not isinstance(done.get("train_fn", ""), str):
+        raise RunFileError(f"{path} is not a completion marker: its 'train_fn' is not a 'module:function' "
+                           f"string; {fix}")
     return done
 
 

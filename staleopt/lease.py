@@ -11,6 +11,9 @@ racing for one generation exactly one wins and the loser backs off. The claim
 with the largest ``n`` is the current one. Its owner keeps it alive by
 touching it (the *heartbeat*: the file's modification time) every
 ``timeout / 10`` seconds from a background thread (:meth:`Lease.beating`).
+``claimed`` holds microseconds, so no two claims name the same owner. A ``prefix``
+other than ``claim.`` names claims of another kind in a shared folder
+(``staleopt train --out OUT`` claims ``OUT.claim.<n>`` beside OUT).
 
 A claim is **stale** when its owner is gone:
 
@@ -27,10 +30,13 @@ again atomically, so two launches cannot both take over one dead owner's run.
 An owner whose claim was taken over (a heartbeat that stalled past
 ``timeout``, e.g. a suspended process) finds a newer generation when it checks
 (:meth:`Lease.check`, called before each write) and stops with
-:class:`~staleopt.errors.ClaimLostError` instead of writing.
+:class:`~staleopt.errors.ClaimLostError` instead of writing. The check compares
+the current claim's owner with its own, not only the file name: a number reused
+after the run was released and claimed again is another launch's claim.
 """
 from __future__ import annotations
 
+import datetime
 import json
 import math
 import os
@@ -98,7 +104,8 @@ class Owner:
     @classmethod
     def me(cls, launch: str) -> "Owner":
         pid = os.getpid()
-        return cls(socket.gethostname(), pid, _start_time(pid), launch, time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+        claimed = datetime.datetime.now().astimezone().isoformat(timespec="microseconds")
+        return cls(socket.gethostname(), pid, _start_time(pid), launch, claimed)
 
     def alive_here(self) -> Optional[bool]:
         """Whether the owner process still runs, when it ran on this host; ``None`` for another host."""
@@ -112,17 +119,17 @@ class Owner:
         return f"{self.host}:{self.pid} (launch {self.launch})"
 
 
-def _generation(path: Path) -> Optional[int]:
-    suffix = path.name[len(_PREFIX):]
-    return int(suffix) if path.name.startswith(_PREFIX) and suffix.isdigit() else None
+def _generation(path: Path, prefix: str = _PREFIX) -> Optional[int]:
+    suffix = path.name[len(prefix):]
+    return int(suffix) if path.name.startswith(prefix) and suffix.isdigit() else None
 
 
-def claims(run_dir: Union[str, os.PathLike]) -> List[Tuple[int, Path]]:
-    """The claim files of ``run_dir`` as ``(generation, path)``, oldest first."""
+def claims(run_dir: Union[str, os.PathLike], prefix: str = _PREFIX) -> List[Tuple[int, Path]]:
+    """The claim files of ``run_dir`` (named ``prefix<n>``) as ``(generation, path)``, oldest first."""
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         return []
-    found = ((_generation(p), p) for p in run_dir.iterdir())
+    found = ((_generation(p, prefix), p) for p in run_dir.iterdir())
     return sorted((n, p) for n, p in found if n is not None)
 
 
@@ -151,9 +158,10 @@ def _read(path: Path) -> Tuple[Optional[Owner], Optional[float]]:
     return (owner, age) if owner is not None else (None, None)
 
 
-def holder(run_dir: Union[str, os.PathLike], timeout: float = DEFAULT_TIMEOUT) -> Optional[Tuple[Owner, float]]:
+def holder(run_dir: Union[str, os.PathLike], timeout: float = DEFAULT_TIMEOUT,
+           prefix: str = _PREFIX) -> Optional[Tuple[Owner, float]]:
     """The live owner of ``run_dir``'s current claim and its heartbeat age, or ``None`` (free or stale)."""
-    found = claims(run_dir)
+    found = claims(run_dir, prefix)
     if not found:
         return None
     owner, age = _read(found[-1][1])
@@ -165,9 +173,9 @@ def holder(run_dir: Union[str, os.PathLike], timeout: float = DEFAULT_TIMEOUT) -
 class Lease:
     """A claim this process holds: :meth:`check` it before writing, :meth:`release` it when done."""
 
-    def __init__(self, path: Path, owner: Owner, timeout: float):
-        self.path, self.owner, self.timeout = path, owner, timeout
-        self.generation = _generation(path)
+    def __init__(self, path: Path, owner: Owner, timeout: float, prefix: str = _PREFIX):
+        self.path, self.owner, self.timeout, self.prefix = path, owner, timeout, prefix
+        self.generation = _generation(path, prefix)
         self._stop = threading.Event()
         self._lost = False
 
@@ -175,9 +183,10 @@ class Lease:
         return f"Lease({str(self.path)!r}, owner={self.owner})"
 
     def held(self) -> bool:
-        """Whether this claim is still the current one (no launch took it over)."""
-        found = claims(self.path.parent)
-        return not self._lost and bool(found) and found[-1][1] == self.path
+        """Whether this claim is still the current one and names this owner (no launch took it over)."""
+        found = claims(self.path.parent, self.prefix)
+        return (not self._lost and bool(found) and found[-1][1] == self.path
+                and read_owner(self.path) == self.owner)
 
     def check(self) -> None:
         """Raise :class:`~staleopt.errors.ClaimLostError` when another launch took this run over."""
@@ -202,7 +211,7 @@ class Lease:
         return self
 
     def release(self) -> None:
-        """Stop the heartbeat and delete the claim file (if it is still ours)."""
+        """Stop the heartbeat and delete the claim file (if it still names this owner)."""
         self._stop.set()
         if self.held():
             self.path.unlink(missing_ok=True)
@@ -214,11 +223,12 @@ class Lease:
         self.release()
 
 
-def acquire(run_dir: Union[str, os.PathLike], launch: str, timeout: float = DEFAULT_TIMEOUT) -> Optional[Lease]:
+def acquire(run_dir: Union[str, os.PathLike], launch: str, timeout: float = DEFAULT_TIMEOUT,
+            prefix: str = _PREFIX) -> Optional[Lease]:
     """Claim ``run_dir`` for this process, taking over a stale claim; ``None`` when a live owner holds it.
 
     ``timeout``: seconds without a heartbeat after which a claim is stale.
-    The directory is created if needed.
+    The directory is created if needed. ``prefix``: the claim files' names (``prefix<n>``).
     """
     check_timeout(timeout)
     if not isinstance(launch, str) or not launch:
@@ -229,15 +239,15 @@ def acquire(run_dir: Union[str, os.PathLike], launch: str, timeout: float = DEFA
     if run_dir.exists() and not run_dir.is_dir():
         raise ConfigError(f"the run folder {run_dir} is a file: claim a folder")
     run_dir.mkdir(parents=True, exist_ok=True)
-    found = claims(run_dir)
+    found = claims(run_dir, prefix)
     if found:
         owner, age = _read(found[-1][1])
         if owner is not None and age <= timeout and owner.alive_here() is not False:
             return None
     generation = found[-1][0] + 1 if found else 0
     me = Owner.me(launch)
-    path = run_dir / f"{_PREFIX}{generation}"
-    private = run_dir / f".{_PREFIX}{generation}.{uuid.uuid4().hex}"
+    path = run_dir / f"{prefix}{generation}"
+    private = run_dir / f".{prefix}{generation}.{uuid.uuid4().hex}"
     try:
         private.write_text(json.dumps(asdict(me), sort_keys=True) + "\n")
         os.link(private, path)  # atomic: fails if another process created this generation first
@@ -249,5 +259,8 @@ def acquire(run_dir: Union[str, os.PathLike], launch: str, timeout: float = DEFA
     finally:
         private.unlink(missing_ok=True)
     for _, older in found:  # the dead owners' claims
-        older.unlink(missing_ok=True)
-    return Lease(path, me, timeout)
+        try:
+            older.unlink(missing_ok=True)
+        except OSError:  # a folder by that name (not a claim): older than ours, so it no longer counts
+            pass
+    return Lease(path, me, timeout, prefix)

@@ -18,10 +18,13 @@ the hash of its resolved config)::
     SWEEP_DIR/runs/<run_id>/config.json    written first
                             claim.<n>      while a process trains the run: its owner and heartbeat
                                            (:mod:`staleopt.lease`)
+                            train_fn       the train function ("module:function") that may write the
+                                           checkpoint: a launch with another one does not resume it
                             checkpoint.pt  the run's last checkpoint (:mod:`staleopt.checkpoint`)
                             records.csv    per-epoch records, rewritten after every epoch
                             done           written last, by atomic rename: the run is finished (JSON:
-                                           status, seconds, rows and SHA-256 of records.csv)
+                                           status, seconds, rows and SHA-256 of records.csv, the train
+                                           function, torch's thread count)
                             error.txt      the traceback, when the train function raised or its worker
                                            process died
 
@@ -53,7 +56,8 @@ The runner knows nothing about training: it calls
 ``staleopt.train.run``) whose rows are epochs with at least the columns
 :data:`RECORD_COLUMNS`. A train function that takes a ``checkpoint`` keyword
 gets a :class:`~staleopt.checkpoint.Checkpoint` for ``checkpoint.pt`` and
-``records.csv`` in the run's directory.
+``records.csv`` in the run's directory (``checkpoint_every`` and
+``keep_checkpoints`` are refused for one that does not).
 """
 from __future__ import annotations
 
@@ -83,7 +87,7 @@ from .checkpoint import (EXACT_FLOATS, Checkpoint, atomic_write_text, check_ever
 from . import methods
 from .config import (_LATER_FIELDS, CORRECTION_FIELDS, RunConfig, field_names, refuse_default_spellings,
                      refuse_ineffective, validate_field)
-from .errors import ClaimLostError, ConfigError, OutputError, RunFileError, SweepConfigError
+from .errors import CheckpointError, ClaimLostError, ConfigError, OutputError, RunFileError, SweepConfigError
 from .validate import check_int
 from .stats import check_level, divergence_count, interval, per_run, status_text, t_interval
 
@@ -324,6 +328,10 @@ def read_config(run_dir: Union[str, os.PathLike]) -> Dict[str, Any]:
                            "delete the run's folder to run it again") from None
     if not isinstance(config, dict):
         raise RunFileError(f"{path} is not a run config (a JSON object); delete the run's folder to run it again")
+    missing = [k for k in field_names() if k not in config and k not in _LATER_FIELDS]
+    if missing:
+        raise RunFileError(f"{path} is not a run config: it lacks {', '.join(map(repr, missing))}; delete the run's "
+                           "folder to run it again")
     for key, default in _LATER_FIELDS.items():
         config.setdefault(key, default)
     return config
@@ -360,6 +368,17 @@ def _resolve_fn(train_fn) -> Callable:
         return getattr(importlib.import_module(module), name)
     except (ImportError, AttributeError) as e:
         raise ConfigError(f"cannot import train function {train_fn!r}: {e}") from e
+
+
+def _trained_by(run_dir: Path) -> Optional[str]:
+    """The train function that may have written ``run_dir``'s checkpoint (its ``train_fn`` file); ``None`` when
+    the run has no checkpoint, or the file is missing (written before it was recorded) or unreadable."""
+    if not (run_dir / "checkpoint.pt").is_file():
+        return None
+    try:
+        return (run_dir / "train_fn").read_text().strip() or None
+    except (OSError, UnicodeDecodeError):
+        return None
 
 
 def _takes_checkpoint(fn: Callable) -> bool:
@@ -411,7 +430,15 @@ def _execute(train_fn, config: Dict[str, Any], run_dir: str, progress: bool,
             (run_dir / "error.txt").unlink(missing_ok=True)
             atomic_write_text(run_dir / "config.json", json.dumps(cfg.to_dict(), indent=2, sort_keys=True) + "\n")
             fn = _resolve_fn(train_fn)
-            records = fn(cfg, progress=progress, **({"checkpoint": checkpoint} if _takes_checkpoint(fn) else {}))
+            takes = _takes_checkpoint(fn)
+            by = _trained_by(run_dir)
+            if takes and by not in (None, train_fn_name(fn)):
+                raise CheckpointError(f"{run_dir / 'checkpoint.pt'} was written by the train function {by!r}, not "
+                                      f"{train_fn_name(fn)!r}: resuming it would mix their results. Launch with "
+                                      f"{by!r}, or delete the checkpoint to train the run from step 0")
+            if takes:  # (before it can write a checkpoint)
+                atomic_write_text(run_dir / "train_fn", train_fn_name(fn) + "\n")
+            records = fn(cfg, progress=progress, **({"checkpoint": checkpoint} if takes else {}))
             missing = [c for c in RECORD_COLUMNS if c not in getattr(records, "columns", ())]
             if missing or len(records) == 0:
                 raise TypeError(f"the train function must return a non-empty DataFrame with columns "
@@ -422,6 +449,8 @@ def _execute(train_fn, config: Dict[str, Any], run_dir: str, progress: bool,
                     "train_fn": train_fn_name(fn)}
             if "resumed_at_step" in records.attrs:
                 done["resumed_at_step"] = int(records.attrs["resumed_at_step"])
+            if "threads" in records.attrs:
+                done["threads"] = int(records.attrs["threads"])
             checkpoint.complete(records, done)  # records, then done, then the checkpoint goes
         except ClaimLostError:
             return cfg.run_id(), "claimed", time.perf_counter() - t0
@@ -646,7 +675,9 @@ def run_sweep(sweep: Union[Sweep, str, os.PathLike, Sequence[RunConfig]], out: U
     A worker process that dies fails only its run (:func:`_run_pool`).
 
     Each run saves a checkpoint at its epoch ends (and every ``checkpoint_every``
-    steps), resumes from it, and deletes it once ``done`` is written unless ``keep_checkpoints``.
+    steps), resumes from it, and deletes it once ``done`` is written unless ``keep_checkpoints``;
+    both options are refused for a train function that takes no ``checkpoint`` keyword. A run whose
+    checkpoint another train function wrote, like a run it finished, is refused (``ConfigError``).
     Runs claimed by another live launch are left to it (:attr:`SweepReport.claimed`);
     ``claim_timeout``: seconds without a heartbeat after which a claim is stale
     (:mod:`staleopt.lease`).
@@ -666,6 +697,13 @@ def run_sweep(sweep: Union[Sweep, str, os.PathLike, Sequence[RunConfig]], out: U
     lease.check_timeout(claim_timeout)
     train_fn = DEFAULT_TRAIN_FN if train_fn is None else train_fn
     resolved = _resolve_fn(train_fn)  # fail before starting anything, whatever the executor
+    takes = _takes_checkpoint(resolved)
+    if (checkpoint_every is not None or keep_checkpoints) and not takes:
+        raise ConfigError(f"the train function {train_fn_name(resolved)!r} takes no checkpoint keyword, so "
+                          "checkpoint_every and keep_checkpoints (--checkpoint-every, --keep-checkpoints) would do "
+                          "nothing: no checkpoint is written, and a killed run starts over from step 0. Give it a "
+                          "keyword checkpoint=None and pass it on (staleopt.train.run(config, progress=progress, "
+                          "checkpoint=checkpoint)), or leave those options out")
     if workers == 1:
         train_fn = resolved
     root = Path(out).resolve() / "runs"  # absolute: Ray workers may run elsewhere
@@ -690,6 +728,9 @@ def run_sweep(sweep: Union[Sweep, str, os.PathLike, Sequence[RunConfig]], out: U
         elif state == "running":
             report.claimed.append(cfg.run_id())
         else:
+            by = _trained_by(root / cfg.run_id()) if takes else None
+            if by not in (None, name):  # its checkpoint is another function's: resuming it would mix them
+                other.setdefault(by, []).append(cfg.run_id())
             pending.append(cfg)
             options = {"launch": launch, "claim_timeout": claim_timeout, "checkpoint_every": checkpoint_every,
                        "keep_checkpoint": keep_checkpoints, "retry_failed": state == "failed",
@@ -699,9 +740,10 @@ def run_sweep(sweep: Union[Sweep, str, os.PathLike, Sequence[RunConfig]], out: U
         refuse_default_spellings(pending, _recorded(root, {c.run_id() for c in configs}))
     if other:  # a run's results are its train function's: another one's would be kept as this one's
         by, ids = next(iter(other.items()))
-        raise ConfigError(f"{sum(map(len, other.values()))} finished run(s) in {root} were trained by the train "
-                          f"function {by!r} (run {ids[0]}, ...), not by this launch's {name!r}: their results would "
-                          "be kept as this function's. Pass --out to a new directory (or delete those runs), or "
+        raise ConfigError(f"{sum(map(len, other.values()))} run(s) in {root} were trained by the train function "
+                          f"{by!r} (run {ids[0]}, ...; finished, or checkpointed to be resumed), not by this launch's "
+                          f"{name!r}: their results would be kept as this function's. Pass --out to a new directory "
+                          "(or delete those runs, or an unfinished run's checkpoint.pt to train it from step 0), or "
                           "launch with the train function that trained them")
     pbar = tqdm(total=len(jobs), desc="sweep", unit="run", disable=not bar or not jobs)
 

@@ -112,7 +112,7 @@ from . import data as datasets
 from . import hardware, methods, models, segments
 from .config import LR_WARMUP_SCHEDULES, RunConfig
 from .corrections.nesterov import ASYNCPP_MOMENTUM_DECAY
-from .errors import ConfigError, DataError
+from .errors import CheckpointError, ConfigError, DataError
 from .methods import Pipeline
 from .optimizer import PipelineOptimizer
 from .partition import partition_model
@@ -123,6 +123,9 @@ __all__ = ["run", "method_args", "steps_per_epoch", "total_steps", "build_optimi
 #: Columns of the records :func:`run` returns, in order.
 RECORD_COLUMNS = ("epoch", "step", "train_loss", "test_loss", "test_acc", "test_ppl", "best_loss", "lr_base",
                   "wall_time", "status", "tau_max", "utilization", "memory_bytes", "memory_ratio_gpipe")
+
+#: The keys of the state :func:`run` saves and needs to resume (``finished`` and ``threads`` may be missing: older).
+_STATE_KEYS = ("model", "optimizer", "scheduler", "rng", "epoch", "batch", "losses", "records", "elapsed")
 
 #: Samples per evaluation batch; for language models, tokens per evaluation batch.
 _EVAL_BATCH = 1000
@@ -393,6 +396,9 @@ def run(config: Union[RunConfig, Mapping[str, Any]], progress: bool = False,
     equal an uninterrupted run's except
     ``wall_time``, which adds up the training seconds of every launch.
     ``records.attrs["resumed_at_step"]`` is the step it continued from (0: from scratch).
+    A kept final checkpoint says the run is over (``finished``): resuming it trains nothing.
+    A run resumed under another torch thread count than it was saved with trains under the saved count, with a
+    warning; ``records.attrs["threads"]`` is the count the run trained under.
     ``progress`` shows a bar over the run's optimizer steps with its ETA and the running loss.
     ``on_epoch(record)`` is called with each epoch's record as the epoch ends (``staleopt train``
     prints it then).
@@ -447,21 +453,37 @@ def _train(config: RunConfig, device: torch.device, progress: bool, checkpoint, 
 
     records, first_epoch, done_batches, losses, elapsed = [], 1, 0, [], 0.0
     saved = checkpoint.load(config.run_id()) if checkpoint is not None else None
+    threads = torch.get_num_threads()
+    run_threads = threads if saved is None else saved.get("threads", threads)  # (not saved before: as it was)
     if saved is not None:
+        missing = [k for k in _STATE_KEYS if k not in saved]
+        if missing:
+            raise CheckpointError(f"{checkpoint.path} is not a checkpoint of staleopt.train.run (its state lacks "
+                                  f"{missing}): another train function saved it. Resume it with that function, "
+                                  "or delete the file to start the run over")
         model.load_state_dict(saved["model"])
         opt.load_state_dict(saved["optimizer"])
         scheduler.load_state_dict(saved["scheduler"])
         ckpt.set_rng_state(saved["rng"], device, order=order)
         records, first_epoch, done_batches = saved["records"], saved["epoch"], saved["batch"]
         losses, elapsed = saved["losses"], saved["elapsed"]
+        if saved.get("finished"):  # the final state of a run that is over: nothing left to train
+            first_epoch = config.epochs + 1
+        elif run_threads != threads:
+            warnings.warn(f"{checkpoint.path} was saved under {run_threads} torch thread(s), this process has "
+                          f"{threads}; torch's float results depend on the thread count, so the run continues under "
+                          f"{run_threads} (then {threads} again). Resume with {run_threads} threads (staleopt sweep "
+                          f"--worker-threads {run_threads}, torch.set_num_threads({run_threads})) to avoid this",
+                          stacklevel=3)
+            torch.set_num_threads(run_threads)
     resumed_at = opt.step_count
 
-    def save(epoch, batch, epoch_losses, order_state):
+    def save(epoch, batch, epoch_losses, order_state, finished=False):
         checkpoint.save({"run_id": config.run_id(), "config": config.to_dict(), "model": model.state_dict(),
                          "optimizer": opt.state_dict(), "scheduler": scheduler.state_dict(),
                          "rng": ckpt.rng_state(device, order=order_state), "epoch": epoch, "batch": batch,
                          "losses": list(epoch_losses), "records": list(records),
-                         "elapsed": time.perf_counter() - start})
+                         "elapsed": time.perf_counter() - start, "finished": finished, "threads": run_threads})
 
     model.train()
     start = time.perf_counter() - elapsed
@@ -535,15 +557,18 @@ def _train(config: RunConfig, device: torch.device, progress: bool, checkpoint, 
             finished = status == "diverged" or opt.step_count >= total or epoch == config.epochs
             if checkpoint is not None:  # the checkpoint first: records on disk always have one (or a done marker)
                 if not finished or checkpoint.keep:  # (a kept checkpoint holds the final state)
-                    save(epoch + 1, 0, [], order.get_state())
+                    save(epoch + 1, 0, [], order.get_state(), finished)
                 checkpoint.write_records(pd.DataFrame(records, columns=list(RECORD_COLUMNS)))
             if finished:
                 break
     finally:
         bar.close()
         opt.remove_hooks()
+        if torch.get_num_threads() != threads:
+            torch.set_num_threads(threads)
     if checkpoint is not None:
         checkpoint.finish()
     out = pd.DataFrame(records, columns=list(RECORD_COLUMNS))
     out.attrs["resumed_at_step"] = resumed_at
+    out.attrs["threads"] = run_threads
     return out

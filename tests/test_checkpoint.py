@@ -7,6 +7,7 @@ import subprocess
 import sys
 import threading
 import time
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -201,6 +202,54 @@ def test_bad_checkpoints_are_clear_errors(tmp_path):
     for bad in (0, -3, 2.5, True):
         with pytest.raises(CheckpointError, match="checkpoint every = .* must be an int >= 1 or None"):
             Checkpoint(path, every=bad)
+
+
+def test_a_checkpoint_of_another_layout_is_a_checkpoint_error(tmp_path):
+    """A checkpoint of this run's id saved by another train function (its own state) ended in KeyError: 'model'."""
+    c, path = cfg(), tmp_path / "run.ckpt"
+    atomic_write_bytes(path, {"run_id": c.resolve().run_id(), "weights": torch.zeros(2), "step": 3})
+    with pytest.raises(CheckpointError, match=f"{path} is not a checkpoint of staleopt.train.run .*lacks "
+                                              r"\['model', .*another train function.*delete the file"):
+        train.run(c, checkpoint=Checkpoint(path))
+
+
+@pytest.mark.parametrize("kw", [dict(max_steps=20), dict(lr=2.0)], ids=["max_steps", "diverged"])
+def test_a_kept_checkpoint_of_a_run_that_stopped_early_trains_nothing(tmp_path, kw):
+    """A run that ended before its last epoch (max_steps, or it diverged) kept a final checkpoint saying "go on at
+    the next epoch": resumed from it, the run trained on after its end and added records."""
+    c, path = cfg(method="pipemare", stages=3, **kw), tmp_path / "run.ckpt"
+    first = train.run(c, checkpoint=Checkpoint(path, keep=True))
+    assert len(first) < c.epochs and read_checkpoint(path)["finished"] is True
+    again = train.run(c, checkpoint=Checkpoint(path, keep=True))
+    assert again.attrs["resumed_at_step"] == first["step"].iloc[-1]
+    same_records(again, first)
+
+
+def test_a_resume_under_another_thread_count_trains_under_the_saved_one(tmp_path):
+    """torch's float results depend on its thread count, which was neither in the run id nor in the checkpoint: a run
+    resumed under another count mixed both. The rest of the run now trains under the saved count, with a warning,
+    and the caller's count is put back. A checkpoint saved without a count resumes under the caller's, silently."""
+    c, path = cfg(method="pipemare", stages=3), tmp_path / "run.ckpt"
+    old = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        assert interrupted_run(c, path, 5, 3)["threads"] == 1
+        torch.set_num_threads(2)
+        seen = []
+        with pytest.warns(UserWarning, match="saved under 1 torch thread.*has 2.*continues under 1"):
+            resumed = train.run(c, checkpoint=Checkpoint(path, every=5),
+                                on_epoch=lambda record: seen.append(torch.get_num_threads()))
+        assert seen == [1, 1] and resumed.attrs["threads"] == 1 and torch.get_num_threads() == 2
+        torch.set_num_threads(1)
+        state = interrupted_run(c, path, 5, 3)
+        del state["threads"], state["finished"]  # as saved before they were
+        atomic_write_bytes(path, state)
+        torch.set_num_threads(2)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            assert train.run(c, checkpoint=Checkpoint(path, every=5)).attrs["threads"] == 2
+    finally:
+        torch.set_num_threads(old)
 
 
 # --------------------------------------------------------------------------------- kill -9 of real processes

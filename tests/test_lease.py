@@ -167,3 +167,46 @@ def test_dry_run_shows_claimed_runs_and_their_owners(tmp_path, capsys):
     assert f"claimed by {socket.gethostname()}:{os.getpid()} (launch abc123), heartbeat" in lines[0]
     assert lines[1].split()[1] == "incomplete"  # its owner is gone: free to take over
     held.release()
+
+
+def test_a_claim_number_used_again_is_not_the_stalled_owners(tmp_path):
+    """After a takeover and a release the numbering starts over at claim.0: a stalled owner whose claim was taken
+    over found a claim of its name again (a later launch's), and held() compared only the path, so two processes
+    trained one run and the stalled one's release deleted the other's claim. The owner is compared now (here all
+    three are this process and one launch id: the claim's time tells them apart)."""
+    run_dir = tmp_path / "r"
+    stalled = lease.acquire(run_dir, "L", timeout=30)
+    old = time.time() - 31
+    os.utime(stalled.path, (old, old))  # suspended past the timeout
+    lease.acquire(run_dir, "L", timeout=30).release()  # taken over, then let go (its train function raised)
+    third = lease.acquire(run_dir, "L", timeout=30)
+    assert third.path == stalled.path and third.held()  # the same file name, another owner
+    assert not stalled.held()
+    with pytest.raises(ClaimLostError, match="took over"):
+        stalled.check()
+    stalled.release()  # must not delete the third's claim
+    assert third.path.exists() and third.held()
+    third.release()
+    assert not third.path.exists()
+
+
+def test_a_claim_that_is_a_folder_blocks_nothing(tmp_path):
+    """A folder named claim.0 (not a claim) ended the launch with an untyped IsADirectoryError."""
+    run_dir = tmp_path / "r"
+    (run_dir / "claim.0").mkdir(parents=True)
+    assert lease.holder(run_dir) is None
+    mine = lease.acquire(run_dir, "me")
+    assert mine is not None and mine.generation == 1 and mine.held()
+    mine.release()
+
+
+def test_claims_of_another_prefix_are_apart(tmp_path):
+    """``staleopt train --out OUT`` claims OUT.claim.<n> in the user's folder: neither it nor a run's claim.<n>
+    sees the other."""
+    mine = lease.acquire(tmp_path, "me", prefix="a.csv.claim.")
+    assert mine.path.name == "a.csv.claim.0" and lease.claims(tmp_path) == []
+    assert lease.acquire(tmp_path, "other", prefix="a.csv.claim.") is None
+    assert lease.holder(tmp_path, prefix="a.csv.claim.")[0].launch == "me"
+    assert lease.acquire(tmp_path, "other", prefix="b.csv.claim.") is not None
+    mine.release()
+    assert not mine.path.exists()

@@ -10,6 +10,7 @@ import json
 import os
 import pickle
 import signal
+import socket
 import sys
 from pathlib import Path
 
@@ -252,7 +253,7 @@ def _finished_sweep(tmp_path):
 
 
 @pytest.mark.parametrize("damage", ["last row missing", "row cut mid-line", "empty", "binary", "bad config",
-                                    "empty done"])
+                                    "empty done", "config lacks a key", "empty config", "train_fn not a string"])
 def test_results_reports_a_damaged_run_and_summarizes_the_others(tmp_path, capsys, damage):
     out, run_dirs = _finished_sweep(tmp_path)
     bad = run_dirs[1]
@@ -268,6 +269,14 @@ def test_results_reports_a_damaged_run_and_summarizes_the_others(tmp_path, capsy
         records.write_bytes(bytes(range(256)))
     elif damage == "bad config":
         (bad / "config.json").write_text("{not json")
+    elif damage == "config lacks a key":  # (results ended in "ValueError: cannot convert float NaN to integer")
+        config = json.loads((bad / "config.json").read_text())
+        del config["stages"]
+        (bad / "config.json").write_text(json.dumps(config))
+    elif damage == "empty config":
+        (bad / "config.json").write_text("{}")
+    elif damage == "train_fn not a string":  # (a launch ended in "TypeError: unhashable type: 'list'")
+        (bad / "done").write_text(json.dumps({**json.loads((bad / "done").read_text()), "train_fn": ["x"]}))
     else:
         (bad / "done").write_text("")
     assert sweep.run_state(bad) == "damaged" and sweep.damage(bad)
@@ -466,6 +475,60 @@ def test_an_empty_done_file_makes_the_run_damaged_not_a_crash(tmp_path, capsys):
                  "--train-fn", "test_sweep:fake_train"]) == 1
     err = capsys.readouterr().err
     assert f"damaged, left alone: {run_dirs[0] / 'done'} is not a readable completion marker" in err
+
+
+def _second_launch(tmp_path, seed):
+    """``staleopt train`` of another configuration (another seed) into the same --out."""
+    (tmp_path / f"c{seed}.json").write_text(json.dumps(cfg(epochs=1, seed=seed).to_dict()))
+    return main(["train", "--config", str(tmp_path / f"c{seed}.json"), "--out", str(tmp_path / "rec.csv")])
+
+
+def test_two_train_launches_on_one_out_cannot_both_write_it(tmp_path, monkeypatch, capsys):
+    """Two `train --out OUT` launches that start before either has written anything (a job array whose --out forgot
+    the task index) both trained and both exited 0: the last to finish replaced the other's finished run. The first
+    now holds a claim beside OUT, and the second is refused at start, naming it."""
+    save, second = Checkpoint.save, []
+
+    def first_save(self, state):  # the second launch starts while the first has written nothing yet
+        if not second:
+            second.append(_second_launch(tmp_path, 1))
+        save(self, state)
+    monkeypatch.setattr(Checkpoint, "save", first_save)
+    assert main(_train_args(tmp_path, cfg(epochs=2))) == 0  # (it saves at the end of epoch 1)
+    assert second == [2]
+    err = capsys.readouterr().err
+    assert f"{tmp_path / 'rec.csv'} is being written by {socket.gethostname()}:{os.getpid()} (launch " in err
+    assert json.loads((tmp_path / "rec.csv.done").read_text())["run_id"] == cfg(epochs=2).run_id()
+    assert not list(tmp_path.glob("rec.csv.claim.*"))  # let go at the end
+
+
+def test_train_out_stops_writing_once_its_claim_is_taken_over(tmp_path, monkeypatch, capsys):
+    """The checkpoint and records writes of `train --out` are guarded by its claim; a dead launch's claim (kill -9)
+    is taken over at once."""
+    (tmp_path / "rec.csv.claim.0").write_text(json.dumps({"host": socket.gethostname(), "pid": 2 ** 22 + 1,
+                                                          "started": None, "launch": "dead", "claimed": "then"}))
+    save = Checkpoint.save
+
+    def taken_over(self, state):  # its heartbeat stalled and another launch took OUT over
+        claim = sorted(tmp_path.glob("rec.csv.claim.*"))[-1]
+        (tmp_path / f"rec.csv.claim.{int(claim.name.rsplit('.', 1)[1]) + 1}").write_text(json.dumps(
+            {"host": "elsewhere", "pid": 1, "started": None, "launch": "other", "claimed": "now"}))
+        save(self, state)
+    monkeypatch.setattr(Checkpoint, "save", taken_over)
+    assert main(_train_args(tmp_path, cfg(epochs=2))) == 2
+    assert "another launch took over" in capsys.readouterr().err
+    assert not (tmp_path / "rec.csv.ckpt").exists() and not (tmp_path / "rec.csv").exists()
+    assert not (tmp_path / "rec.csv.claim.0").exists()  # the dead launch's claim was taken over
+    assert lease.read_owner(tmp_path / "rec.csv.claim.2").launch == "other"  # left to the launch that took over
+
+
+def test_a_run_records_its_torch_thread_count(tmp_path):
+    """torch's float results depend on the thread count: each run's done marker says which it trained under."""
+    c = cfg(epochs=1)
+    sweep.run_sweep([c], tmp_path / "s", bar=False, threads=1)
+    assert sweep.read_done(tmp_path / "s" / "runs" / c.run_id() / "done")["threads"] == 1
+    assert main(_train_args(tmp_path, c)) == 0
+    assert json.loads((tmp_path / "rec.csv.done").read_text())["threads"] == torch.get_num_threads()
 
 
 def test_a_learning_rate_beyond_float32_diverges_instead_of_failing(tmp_path):

@@ -4,6 +4,7 @@ import json
 import os
 import re
 import random
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -519,6 +520,76 @@ def test_a_relaunch_with_another_train_function_is_refused(tmp_path, capsys):
     assert "staleopt.train:run" in capsys.readouterr().err
     assert {d: d.read_bytes() for d in done} == before
     assert len(sweep.run_sweep(path, tmp_path / "s", train_fn=broken_train, bar=False).skipped) == len(done)
+
+
+def checkpointing_crash(config, progress=False, checkpoint=None):
+    """A train function that takes a checkpoint: it saves one of its own, then its machine goes down."""
+    checkpoint.save({"run_id": config.run_id(), "weights": [1.0]})
+    raise RuntimeError("the machine went down")
+
+
+def checkpointing_train(config, progress=False, checkpoint=None):
+    """fake_train with a ``checkpoint`` keyword (it leaves the checkpoint it finds as it is)."""
+    return fake_train(config, progress)
+
+
+def test_a_relaunch_does_not_resume_another_train_functions_checkpoint(tmp_path, capsys):
+    """A finished run of another train function was refused, but an unfinished run's checkpoint was resumed by any
+    function: its records were half one function's, half the other's. The function is recorded in the run's folder
+    (train_fn) before it can write a checkpoint, and a launch with another one is refused the same way."""
+    path, out = _write(tmp_path), tmp_path / "s"
+    report = sweep.run_sweep(path, out, train_fn=checkpointing_crash, bar=False)
+    assert len(report.failed) == 4
+    run_dir = out / "runs" / report.failed[0]
+    assert (run_dir / "train_fn").read_text() == "test_sweep:checkpointing_crash\n"
+    with pytest.raises(ConfigError, match="4 run.* trained by the train function 'test_sweep:checkpointing_crash' "
+                                          r"\(run .*checkpointed.*not by this launch's "
+                                          "'test_sweep:checkpointing_train'"):
+        sweep.run_sweep(path, out, train_fn=checkpointing_train, bar=False)
+    assert main(["sweep", str(path), "--out", str(out), "--no-bar"]) == 2  # the default train function
+    assert "not by this launch's 'staleopt.train:run'" in capsys.readouterr().err
+    assert sweep.run_state(run_dir) == "failed" and (run_dir / "checkpoint.pt").is_file()
+    # a launch that got past that check (a race with another launch) fails the run, naming both functions
+    options = {"launch": "x", "checkpoint_every": None}
+    result = sweep._execute(checkpointing_train, sweep.read_config(run_dir), str(run_dir), False, options)
+    assert result[1] == "failed" and "CheckpointError" in (run_dir / "error.txt").read_text()
+    assert "written by the train function 'test_sweep:checkpointing_crash'" in (run_dir / "error.txt").read_text()
+    # a function without checkpoints resumes none: it may train the runs
+    shutil.copytree(out, tmp_path / "copy")
+    assert len(sweep.run_sweep(path, tmp_path / "copy", train_fn=fake_train, bar=False).finished) == 4
+    # a run whose checkpoint predates the record resumes as before
+    (run_dir / "train_fn").unlink()
+    assert sweep._execute(checkpointing_train, sweep.read_config(run_dir), str(run_dir), False, options)[1] == "ok"
+
+
+def test_checkpoint_options_are_refused_for_a_train_function_without_checkpoints(tmp_path, capsys):
+    """--checkpoint-every and --keep-checkpoints were dropped without a word for a train function that takes no
+    checkpoint: no checkpoint was written, so a killed run started over from step 0."""
+    path, out = _write(tmp_path), tmp_path / "s"
+    for options in (dict(checkpoint_every=5), dict(keep_checkpoints=True)):
+        with pytest.raises(ConfigError, match="the train function 'test_sweep:fake_train' takes no checkpoint "
+                                              "keyword.*checkpoint_every and keep_checkpoints.*do nothing"):
+            sweep.run_sweep(path, out, train_fn=fake_train, bar=False, **options)
+    assert main(["sweep", str(path), "--out", str(out), "--no-bar", "--train-fn", "test_sweep:fake_train",
+                 "--checkpoint-every", "5", "--keep-checkpoints"]) == 2
+    assert "--checkpoint-every, --keep-checkpoints" in capsys.readouterr().err
+    assert not out.exists()  # refused before anything was written
+    report = sweep.run_sweep(path, out, train_fn=checkpointing_train, bar=False, checkpoint_every=5,
+                             keep_checkpoints=True)
+    assert len(report.finished) == 4
+
+
+def test_results_tells_runs_of_other_thread_counts_apart(tmp_path, capsys):
+    """torch's float results depend on the thread count: a run's ``done`` records it, and results says when the
+    runs it summarizes were trained under several."""
+    path, out = _write(tmp_path), tmp_path / "s"
+    sweep.run_sweep(path, out, train_fn=fake_train, bar=False)
+    assert main(["results", str(out)]) == 0
+    assert "thread counts" not in capsys.readouterr().out
+    for i, done in enumerate(sorted((out / "runs").glob("*/done"))):
+        done.write_text(json.dumps({**json.loads(done.read_text()), "threads": 1 if i else 2}))
+    assert main(["results", str(out)]) == 0
+    assert "different torch thread counts (3 under 1, 1 under 2;" in capsys.readouterr().out
 
 
 def test_results_leaves_no_time_table_of_an_earlier_call_and_groups_by_constant_keys(tmp_path, capsys):

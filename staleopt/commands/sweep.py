@@ -217,6 +217,19 @@ def _check_outputs(sweep_dir: Path, outputs: dict) -> None:
         seen[where] = flag
 
 
+def _thread_counts(sweep_dir: Path) -> dict:
+    """Torch thread count -> number of finished runs trained under it (their ``done`` markers' ``threads``)."""
+    counts = {}
+    for done in sorted((sweep_dir / "runs").glob("*/done")):
+        try:
+            threads = json.loads(done.read_text()).get("threads")
+        except (OSError, UnicodeDecodeError, ValueError, AttributeError):
+            continue  # (a damaged marker: reported as such)
+        if isinstance(threads, int) and not isinstance(threads, bool):
+            counts[threads] = counts.get(threads, 0) + 1
+    return counts
+
+
 def run_results_command(args) -> int:
     from .. import speedup, sweep
     from ..config import field_names
@@ -280,6 +293,11 @@ def run_results_command(args) -> int:
     if "excess_loss" in summary.columns:
         print("(excess_loss: the lowest test loss above the dataset's best achievable loss, nats per token)")
     print(f"\n{sum(states.values())} runs: " + ", ".join(f"{n} {s}" for s, n in sorted(states.items())))
+    threads = _thread_counts(sweep_dir)
+    if len(threads) > 1:  # (torch's float results depend on the thread count)
+        print("runs trained under different torch thread counts (" + ", ".join(
+            f"{n} under {t}" for t, n in sorted(threads.items())) + "; 'threads' in each run's done): torch's "
+            "float results depend on the thread count, so they may differ from one another in the last digits")
     failed = failed_runs_note(sweep_dir, "the summary is")
     if failed:
         print(failed, file=sys.stderr)

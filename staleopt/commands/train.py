@@ -10,7 +10,7 @@ import time
 import tomllib
 from pathlib import Path
 
-from .. import data, methods, train
+from .. import data, lease, methods, train
 from ..checkpoint import Checkpoint, check_writable, read_done, read_records
 from ..config import (_LATER_FIELDS, CHOICES, CORRECTION_FIELDS, RunConfig, field_names, refuse_ineffective,
                       validate_field)
@@ -44,6 +44,8 @@ checksum), then deletes the checkpoint unless --keep-checkpoint; the same
 command run again then prints the finished records (checked against the
 marker) and trains nothing, unless --rerun. An OUT that is neither finished
 nor resumable (no OUT.done, no OUT.ckpt) is not overwritten without --rerun.
+While it runs, the launch holds the claim OUT.claim.<n> beside OUT: a second
+launch on the same --out is refused at start, naming the first.
 """
 
 
@@ -191,6 +193,21 @@ def checkpoint_of(out: Path, every=None, keep: bool = False):
                       done=out.with_name(out.name + ".done"))
 
 
+def _claim(out: Path) -> lease.Lease:
+    """The claim ``OUT.claim.<n>`` of ``staleopt train --out OUT`` (:mod:`staleopt.lease`);
+    :class:`~staleopt.errors.ConfigError` naming the launch that holds it."""
+    prefix = out.name + ".claim."
+    claim = lease.acquire(out.parent, lease.new_launch_id(), prefix=prefix)
+    if claim is None:
+        held = lease.holder(out.parent, prefix=prefix)
+        who = f"{held[0]}, heartbeat {held[1]:.0f} s ago" if held else "another launch"
+        raise ConfigError(f"{out} is being written by {who} (its claim {prefix}<n> is beside it): two launches "
+                          "would overwrite each other's run. Wait for it to end, or choose another --out (a "
+                          f"launch that died on another host lets go {lease.DEFAULT_TIMEOUT:g} s after its last "
+                          "heartbeat)")
+    return claim
+
+
 def _finished(config: RunConfig, checkpoint: Checkpoint):
     """The records of the finished run at ``--out`` (verified against its marker), or ``None`` when unfinished."""
     out = checkpoint.records
@@ -252,11 +269,21 @@ def run(args) -> int:
                           "OUT.ckpt)")
     check_int("--checkpoint-every", args.checkpoint_every, 1, optional=True, why="optimizer steps between checkpoints")
     checkpoint = checkpoint_of(Path(args.out), args.checkpoint_every, args.keep_checkpoint) if args.out else None
+    if checkpoint is None:
+        return _run(args, config, None)
+    check_writable(checkpoint.path.parent)  # before training: a read-only folder fails now, not at epoch 1
+    with _claim(Path(args.out)) as claim:  # held (and checked before every write) until the run is done
+        checkpoint.guard = claim.check
+        return _run(args, config, checkpoint)
+
+
+def _run(args, config: RunConfig, checkpoint) -> int:
+    """Train (or, finished, print) the run of ``staleopt train``; ``checkpoint``: ``--out``'s, or ``None``."""
     if checkpoint is not None:
-        check_writable(checkpoint.path.parent)  # before training: a read-only folder fails now, not at epoch 1
         if args.rerun:  # the finished run's marker goes when the rerun first writes (a rerun that fails at once
             checkpoint.path.unlink(missing_ok=True)  # leaves the finished run as it was)
-            checkpoint.guard = lambda: checkpoint.done.unlink(missing_ok=True)
+            check = checkpoint.guard
+            checkpoint.guard = lambda: (check(), checkpoint.done.unlink(missing_ok=True))
         else:
             finished = _finished(config, checkpoint)
             if finished is not None:
@@ -275,6 +302,7 @@ def run(args) -> int:
     if checkpoint is not None:  # the records, then OUT.done, then the checkpoint goes
         checkpoint.complete(records, {"run_id": config.run_id(), "status": str(records["status"].iloc[-1]),
                                       "seconds": time.perf_counter() - t0, "resumed_at_step": int(resumed),
+                                      "threads": int(records.attrs["threads"]),
                                       "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
     if resumed:
         print(f"(resumed from its checkpoint at step {resumed}: the epochs before it were printed by the "
