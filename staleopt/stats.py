@@ -145,17 +145,19 @@ def interval_text(mean: float, lo: float, hi: float, digits: int = 3) -> str:
     return f"{mean:.{digits}f} [{lo:.{digits}f}, {hi:.{digits}f}]"
 
 
-def interval_caption(seeds, level: float = 0.95, bounds: Optional[Tuple[float, float]] = ACCURACY) -> str:
+def interval_caption(seeds, level: float = 0.95, bounds: Optional[Tuple[float, float]] = ACCURACY,
+                     unit: str = "seed") -> str:
     """What :func:`interval` gives for groups of ``seeds`` values (clipped to ``bounds``), in words for a table
     or axis label. ``seeds``: one count, or every cell's (a table whose cells have 3 and 5 runs shows ranges
-    and t-intervals: the caption says which)."""
+    and t-intervals: the caption says which). ``unit``: what a value is, ``"run"`` where a cell pools the
+    runs of several configurations (not seeds of one)."""
     sizes = sorted({int(n) for n in ([seeds] if isinstance(seeds, numbers.Integral) else seeds)})
     if not sizes:
         raise ConfigError("interval_caption needs at least one cell's number of seeds")
 
     def over(ns):
         lo, hi = ns[0], ns[-1]
-        return f"{lo} seed{'s' if hi != 1 else ''}" if lo == hi else f"{lo}-{hi} seeds"
+        return f"{lo} {unit}{'s' if hi != 1 else ''}" if lo == hi else f"{lo}-{hi} {unit}s"
     few, many = [n for n in sizes if n < MIN_SEEDS_FOR_T], [n for n in sizes if n >= MIN_SEEDS_FOR_T]
     within = f" within [{bounds[0]:g}, {bounds[1]:g}]" if bounds is not None else ""
     t = f"[{level:.0%} t-interval{within}]"

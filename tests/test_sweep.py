@@ -442,6 +442,14 @@ def test_results_command_prints_and_writes_csv(tmp_path, capsys):
     (tmp_path / "s" / "report.json").write_text('{"target": 0.5}')  # the sweep's own target, as the demo writes it
     assert main(["results", str(tmp_path / "s")]) == 0
     assert set(pd.read_csv(tmp_path / "s" / "results" / "speedup.csv").target) == {0.5}
+    per_p = pd.read_csv(tmp_path / "s" / "results" / "speedup.csv")
+    capsys.readouterr()
+    # --by method pools each method's runs over P: the caption counts runs, not seeds, and names the pooled key;
+    # the time table stays per configuration (pooled, GPipe's time over all P matched no stage count)
+    assert main(["results", str(tmp_path / "s"), "--by", "method"]) == 0
+    out = capsys.readouterr().out
+    assert "over 4 runs; a row pools its runs over every value of stages" in out and "over 4 seeds" not in out
+    pd.testing.assert_frame_equal(pd.read_csv(tmp_path / "s" / "results" / "speedup.csv"), per_p)
 
 
 def test_sweep_dry_run_lists_states(tmp_path, capsys):
@@ -452,6 +460,11 @@ def test_sweep_dry_run_lists_states(tmp_path, capsys):
     assert [l.split()[1] for l in lines[:4]] == ["done", "pending", "pending", "pending"]
     assert lines[-1].endswith("4 runs in " + str(tmp_path / "s"))
     assert main(["sweep", str(_write(tmp_path, "[grid]\nseed=1\n", "bad.toml"))]) == 2
+    (tmp_path / "a_file").write_text("")  # what the launch refuses, the dry run refuses too
+    assert main(["sweep", str(path), "--out", str(tmp_path / "a_file"), "--dry-run"]) == 2
+    assert "is a file, not a folder" in capsys.readouterr().err
+    assert main(["sweep", str(path), "--out", str(tmp_path / "s"), "--train-fn", "foo", "--dry-run"]) == 2
+    assert "'module:function'" in capsys.readouterr().err
 
 
 def test_summary_rejects_bad_groupings_and_levels_and_keeps_none_apart():

@@ -160,6 +160,11 @@ def run_sweep_command(args) -> int:
         lease.check_timeout(timeout)
     except ConfigError as e:
         raise ConfigError(f"--claim-timeout: {e}") from None
+    for folder in (out, out / "runs"):  # (the launch's own checks, before a dry run lists what it would do)
+        if folder.exists() and not folder.is_dir():
+            raise ConfigError(f"--out {str(out)!r}: {folder} is a file, not a folder: give a folder to write into")
+    if args.train_fn is not None:
+        sweep._resolve_fn(args.train_fn)
     if args.dry_run:
         for cfg in configs:
             run_dir = out / "runs" / cfg.run_id()
@@ -232,7 +237,6 @@ def _thread_counts(sweep_dir: Path) -> dict:
 
 def run_results_command(args) -> int:
     from .. import speedup, sweep
-    from ..config import field_names
     from .. import metrics
     from ..stats import interval_caption, interval_text
     from ..sweep import interval_sizes
@@ -264,9 +268,10 @@ def run_results_command(args) -> int:
     if target is not None and not summary.empty:  # (before anything is written: a bad target changes no file)
         # the figures' configurations (method, the keys that split lines, P: a key set per method such as GPipe's
         # microbatches splits nothing, docs/experiments.md), or the --by groups
-        keys = ([*sweep.varying_keys(records), "stages"] if by is None else
-                [k for k in summary.columns if k in field_names() and k != "method"])
-        fast = speedup.speedup_table(records, target, keys=["method", *dict.fromkeys(keys)], metric=metric)
+        # (always the figures' configurations: a time table over --by groups pooled GPipe's times over P and matched
+        # no stage count)
+        keys = ["method", *sweep.varying_keys(records), "stages"]
+        fast = speedup.speedup_table(records, target, keys=keys, metric=metric)
     records.to_csv(args.records or mine / "records.csv", index=False)
     summary.to_csv(args.csv or mine / "summary.csv", index=False)
     if fast is None:  # an earlier call's time table would not match this summary
@@ -283,7 +288,13 @@ def run_results_command(args) -> int:
                       zip(summary[col], summary[f"{col}_lo"], summary[f"{col}_hi"])]
     shown = shown.drop(columns=[f"{c}_{s}" for c in values for s in ("lo", "hi", "ci", "interval", "n")] + ["diverged"])
     print(shown.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
-    caption = interval_caption(interval_sizes(summary, values), args.level, metric.bounds)
+    runs = records.drop_duplicates("run") if "run" in records.columns else records
+    pooled = [] if by is None else [k for k in ("method", "stages", *sweep.varying_keys(records))
+                                    if k not in by and k in runs.columns and runs.groupby(by)[k].nunique().max() > 1]
+    caption = interval_caption(interval_sizes(summary, values), args.level, metric.bounds,
+                               unit="run" if pooled else "seed")
+    if pooled:
+        caption += f"; a row pools its runs over every value of {', '.join(pooled)}"
     if any(math.isinf(v) for c in values for v in summary[c]):  # (stats.interval: no t-interval holds an infinite mean)
         caption += "; a mean of inf shows the range [min, inf]"
     what = "accuracies" if metric is metrics.ACCURACY else \
