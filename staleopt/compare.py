@@ -202,11 +202,11 @@ def write_report(records: pd.DataFrame, out: Union[str, os.PathLike], target: Op
                                                              target=math.nan if target is None else target,
                                                              level=level, memory=memory),
                                where / "accuracy_vs_stages.png")),
-               Path(plots.save(plots.plot_accuracy_vs_epoch(records, largest, level=level,
+               Path(plots.save(plots.plot_accuracy_vs_epoch(records, largest,
                                                             title=f"{title}, P = {largest}", metric=metric),
                                where / f"accuracy_vs_epoch_P{largest}.png"))]
     if target is not None:
-        figures.append(Path(plots.save(plots.plot_accuracy_vs_time(records, largest, target=target, level=level,
+        figures.append(Path(plots.save(plots.plot_accuracy_vs_time(records, largest, target=target,
                                                                    title=f"{title}, P = {largest}", metric=metric),
                                        where / f"accuracy_vs_time_P{largest}.png")))
     files.append(out / "report.json")

@@ -426,6 +426,21 @@ def test_compare_out_never_overwrites_records_its_runs_cannot_rebuild(tmp_path):
         check_report_folder(tmp_path)
 
 
+def test_compare_target_without_gpipe_says_there_is_no_speedup(tmp_path, capsys):
+    """--target without gpipe among --methods printed "speedup over GPipe" with a bare "-" in every cell, which
+    read as "never reached" though every run reached it; the target still times the runs (speedup.csv, the figure
+    against pipeline time), so the table says there is no gpipe run and keeps the counts."""
+    out = tmp_path / "c"
+    assert main(["compare", "--model", "mlp", "--data", "synthetic", "--set", 'data_kwargs={"num_samples": 100}',
+                 "--set", "epochs=1", "--set", "max_steps=2", "--no-bar", "--seeds", "0", "--methods",
+                 "pipedream,pipemare", "--stages", "1", "--target", "0.05", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "time to accuracy 0.050: no gpipe runs, so no speedup over GPipe (add gpipe to --methods" in printed
+    assert printed.count("- (1/1 reached, no gpipe time)") == 2
+    assert pd.read_csv(out / "speedup.csv")["reached"].tolist() == [1, 1]
+    assert (out / "accuracy_vs_time_P1.png").exists()
+
+
 def _raises(num_classes, input_shape):
     raise KeyError("no such layer")
 

@@ -391,6 +391,16 @@ def test_time_to_accuracy_panel_and_figure_numbers():
     assert [t.get_text() for t in ax.texts] == ["1/2"]
 
 
+def test_a_speedup_cell_without_a_gpipe_time_keeps_its_count():
+    """Runs that reached the target with no GPipe time to compare (no GPipe runs) were a bare "-", as if none
+    had reached it."""
+    records = _hand_records()
+    table = speedup_pivot(speedup.speedup_table(records[records["method"] == "pipemare"], 0.5))
+    assert table.loc["pipemare"].tolist() == ["- (2/2 reached, no gpipe time)", "- (1/2 reached, no gpipe time)"]
+    assert speedup_pivot(speedup.speedup_table(records[records["method"] == "pipemare"], 0.7)).loc[
+        "pipemare", "P=2"] == "- (0/2)"
+
+
 @pytest.mark.parametrize("path", sorted((REPO / "experiments").glob("*.toml")), ids=lambda p: p.name)
 def test_example_sweeps_are_valid(path):
     spec = sweep.load_sweep(path)

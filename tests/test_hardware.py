@@ -366,6 +366,34 @@ def test_command_line_output_and_argument_mistakes_are_one_line_errors(tmp_path,
         assert re.search(message, err) and "Traceback" not in err, (argv, err)
 
 
+def test_an_unknown_method_is_named_before_the_default_stage_count_is_priced(capsys):
+    """A misspelt --method or --compare name on a small model (--stages left at its default, 107) was reported as
+    "stages=107 is out of range", a value the user never gave; now the name is the error, with the known names,
+    and the default stage count, where it is the error, is named as --stages' default."""
+    from staleopt.cli import main
+    for flag, names in (("--method", "pipemrae"), ("--compare", "gpipe,pipemrae")):
+        assert main(["hardware", "--model", "mlp", flag, names]) == 2
+        err = capsys.readouterr().err
+        assert f"{flag}: unknown schedule or method 'pipemrae'" in err and "pipemare" in err and "107" not in err
+    assert main(["hardware", "--model", "mlp", "--method", "pipemare"]) == 2
+    err = capsys.readouterr().err
+    assert "--stages defaults to 107" in err and "has 3: pass --stages P with 1 <= P <= 3" in err
+    assert main(["hardware", "--model", "mlp", "--method", "pipemare", "--stages", "5"]) == 2
+    assert "stages=5 is out of range" in capsys.readouterr().err
+    assert main(["hardware", "--model", "mlp", "--method", "pipemare", "--stages", "3"]) == 0
+
+
+def test_a_repeated_stage_count_is_refused(tmp_path, capsys):
+    """--stages 2,2,3 priced P = 2 twice (two identical rows in the table and hardware.csv); sweep files and
+    compare refuse a repeated value."""
+    from staleopt.cli import main
+    out = tmp_path / "hw"
+    assert main(["hardware", "--model", "mlp", "--method", "pipemare", "--stages", "2,2,3", "--out", str(out)]) == 2
+    assert "--stages 2,2,3: 2 is already in the list; give each value once" in capsys.readouterr().err
+    assert not (out / "hardware.csv").exists()
+    assert main(["hardware", "--model", "mlp", "--method", "pipemare", "--stages", "2,3", "--out", str(out)]) == 0
+
+
 def test_time_to_accuracy_cuts_a_default_phase_at_the_run():
     """A run shorter than the method's default warmup (1000 steps) was refused with an error about that default;
     now as speedup.pipeline_time: the warmup covers the whole run."""

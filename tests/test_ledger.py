@@ -77,6 +77,31 @@ def test_cli_lists_and_dry_runs_the_paper_scale(tmp_path, capsys):
     assert len(shards[0]) == len(shards[1]) == 5 and shards[0] | shards[1] == {l.split()[0] for l in lines}
 
 
+def test_list_shows_the_selected_claims_and_tier_and_modes_exclude_each_other(tmp_path, capsys):
+    """--list listed every experiment with the quick tier's run count whatever --claim and --tier said, --list
+    --dry-run did only --list, and --dry-run --report-only estimated training for runs it would never train."""
+    exps = spec.load_all("cpu")
+    assert cli.main(["reproduce", "--list", "--tier", "ladder"]) == 0
+    ladder = len(ledger.plan([(e, None) for e in exps], "ladder")[0])
+    assert ladder > len(ledger.plan([(e, None) for e in exps], "quick")[0])
+    assert capsys.readouterr().out.splitlines()[-1] == f"{ladder} distinct runs at scale cpu, tier ladder"
+    assert cli.main(["reproduce", "--list", "--claim", "t1-recovers", "--tier", "ladder"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    e, check = spec.find(exps, "t1-recovers")
+    runs = len(e.configs_for(check, "ladder"))
+    assert lines[0].startswith(f"{e.name}: ") and lines[0].endswith(f", {runs} runs")
+    assert lines[1].split()[:4] == ["t1-recovers", check.rule, str(runs), "runs"]
+    assert lines[2] == f"{runs} distinct runs at scale cpu, tier ladder" and len(lines) == 3
+    assert cli.main(["reproduce", "--list", "--claim", "t1-recovers"]) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == f"{len(e.configs_for(check, 'quick'))} distinct runs at " \
+                                                        "scale cpu, tier quick"
+    for modes in (["--list", "--dry-run"], ["--dry-run", "--report-only"], ["--list", "--report-only"]):
+        with pytest.raises(SystemExit) as exit_:
+            cli.main(["reproduce", *modes, "--out", str(tmp_path / "r")])
+        assert exit_.value.code == 2 and "not allowed with argument" in capsys.readouterr().err
+    assert not (tmp_path / "r").exists()
+
+
 def test_a_missing_dataset_is_refused_before_any_run_and_download_fetches_it(tmp_path, capsys, monkeypatch):
     """``--scale paper`` without CIFAR-10 named ``--download``, which reproduce lacked, and launched every run to
     fail: the data is checked first, and ``--download`` is the flag the message names."""

@@ -1,6 +1,8 @@
 """A report's figures and tables show the same configurations, numbers and intervals (found by a read-only review):
 a sweep that varies a key within a method and P (lr), a key left unset for some runs (max_steps None), cells with
 different numbers of runs, and the colours of one method across the report's figures."""
+import inspect
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -258,3 +260,23 @@ def test_a_method_missing_only_at_the_figures_p_is_not_called_missing_from_the_s
     with pytest.raises(ConfigError, match=r"methods \['nope'\] are not in the sweep"):
         plots._lines(at, ["method"], ["pipemare", "nope"], every)
     assert [label for label, _, _ in plots._lines(at, ["method"], ["gpipe"], every)] == ["gpipe"]
+
+
+def test_plot_curves_and_time_refuse_a_level_they_do_not_draw(tmp_path, capsys):
+    """plot --curves/--time took any --level (2, nan) and drew the same figure for each (the curves draw means, no
+    interval), where the default figure refuses --level 2: refused as --target is with --curves; the plot
+    functions take no level."""
+    from staleopt.cli import main
+    records = _sweep(tmp_path, [RunConfig(**BASE, method=m, seed=s) for m in ("gpipe", "pipemare") for s in (0, 1)])
+    folder = str(tmp_path / "sweep")
+    for figure in ("--curves", "--time"):
+        for level in ("2", "nan", "0.5", "0.95"):
+            out = tmp_path / f"{figure[2:]}_{level}.png"
+            assert main(["plot", folder, figure, "--stages", "3", "--level", level, "--out", str(out)]) == 2
+            assert f"{figure} draws means and each seed's curve, no interval: leave --level out" in \
+                capsys.readouterr().err and not out.exists()
+        assert main(["plot", folder, figure, "--stages", "3", "--out", str(tmp_path / "ok.png"), "--dpi", "40"]) == 0
+    assert main(["plot", folder, "--level", "0.5", "--out", str(tmp_path / "a.png"), "--dpi", "40"]) == 0
+    assert main(["plot", folder, "--level", "2", "--out", str(tmp_path / "b.png")]) == 2
+    for draw in (plots.plot_accuracy_vs_epoch, plots.plot_accuracy_vs_time):
+        assert "level" not in inspect.signature(draw).parameters

@@ -144,13 +144,16 @@ def speedup_pivot(table):
     """Methods x stages table of :func:`staleopt.speedup.speedup_table`'s speedup over GPipe.
 
     A cell is ``"3.93x"`` when every run reached the target, ``"2.10x (2/3)"``
-    when only some did (mean over those), ``"- (0/3)"`` when none did.
+    when only some did (mean over those), ``"- (0/3)"`` when none did, and
+    ``"- (3/3 reached, no gpipe time)"`` when runs reached it but GPipe has no
+    time to it at that ``P`` (no GPipe runs, or none of them reached it).
     """
     def cell(r):
         if r.reached == 0:
             return f"- (0/{r.runs})"
-        text = f"{r.speedup:.2f}x" if math.isfinite(r.speedup) else "-"
-        return text + ("" if r.reached == r.runs else f" ({r.reached}/{r.runs})")
+        if not math.isfinite(r.speedup):
+            return f"- ({r.reached}/{r.runs} reached, no gpipe time)"
+        return f"{r.speedup:.2f}x" + ("" if r.reached == r.runs else f" ({r.reached}/{r.runs})")
     labels = _labels(table)
     return _pivot({(label, int(r.stages)): cell(r) for label, r in zip(labels, table.itertuples())}, labels)
 

@@ -9,7 +9,7 @@ import torch
 
 from .. import methods as methods_module
 from .. import models
-from ..errors import ConfigError, ScheduleError
+from ..errors import ConfigError, ScheduleError, StageError
 from ..hardware import activation_sizes, memory_report
 from ..methods import PHASE_LENGTHS, build
 from ..partition import partition_model
@@ -36,6 +36,9 @@ examples:
 
 _MIB = 2 ** 20
 
+#: ``--stages`` when not given: one stage per parametrized operator of resnet50-cifar (PipeMare Table 2).
+DEFAULT_STAGES = 107
+
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("hardware", help="utilization and memory of methods (analytic hardware model)",
@@ -43,7 +46,9 @@ def register(subparsers) -> None:
     p.add_argument("--model", required=True, help="model name from staleopt.models (e.g. resnet50-cifar)")
     p.add_argument("--method", default=None, help="method or schedule name (e.g. pipemare)")
     p.add_argument("--compare", default=None, help="comma-separated methods side by side (e.g. gpipe,pipemare)")
-    p.add_argument("--stages", default="107", help="P, or a comma-separated list to sweep (e.g. 1,2,4,8)")
+    p.add_argument("--stages", default=None,
+                   help=f"P, or a comma-separated list to sweep (e.g. 1,2,4,8); default {DEFAULT_STAGES}, "
+                        "resnet50-cifar's operators (PipeMare's P on CIFAR-10)")
     p.add_argument("--microbatches", type=int, default=1, help="microbatches per minibatch N (default: 1)")
     p.add_argument("--optimizer", default="sgd-momentum", choices=["sgd", "sgd-momentum", "adam", "adamw", "nadamw"],
                    help="optimizer whose state is counted (default: sgd-momentum)")
@@ -68,8 +73,10 @@ def _stages(text: str):
         raise ConfigError(f"--stages must be an int or comma-separated ints (e.g. 1,2,4,8), got {text!r}") from None
     if not values:
         raise ConfigError(f"--stages needs ints >= 1, got {text!r}")
-    for value in values:
+    for i, value in enumerate(values):
         check_int("--stages", value, minimum=1)
+        if value in values[:i]:  # (the same P twice would be priced twice: two identical rows)
+            raise ConfigError(f"--stages {text}: {value} is already in the list; give each value once")
     return values
 
 
@@ -184,7 +191,13 @@ def run(args) -> int:
     if not methods:
         raise ConfigError(f"{'--compare' if args.compare else '--method'} names no method: give NAME (--method) or "
                           "NAME,NAME,... (--compare), names from staleopt.methods.names()")
-    stages_list = _stages(args.stages)
+    flag = "--compare" if args.compare else "--method"
+    for m in methods:  # (before any partition: a misspelt name is the error, not the stage count)
+        try:
+            methods_module.build(m, 1, 1)
+        except ScheduleError as e:
+            raise ScheduleError(f"{flag}: {e}") from None
+    stages_list = _stages(str(DEFAULT_STAGES) if args.stages is None else args.stages)
     runs = [_pipeline_of(m, stages_list[0], args.microbatches) for m in methods]  # ("1f1b-flush" is "pipedream-flush")
     twice = [m for m, r in zip(methods, runs) if runs.count(r) > 1]
     if twice:
@@ -201,6 +214,11 @@ def run(args) -> int:
     except TypeError as e:  # (a factory of the user's that needs num_classes and input_shape)
         raise ConfigError(f"model {args.model!r} could not be built from the options given ({e}): pass --data NAME "
                           "(a dataset of staleopt.data or file.py:function), whose classes and input shape build it")
+    if args.stages is None:
+        most = len(partition_model(model, "max"))
+        if DEFAULT_STAGES > most:
+            raise StageError(f"--stages defaults to {DEFAULT_STAGES} (resnet50-cifar's parametrized operators), and "
+                             f"model {args.model!r} has {most}: pass --stages P with 1 <= P <= {most}")
     example = None
     if args.microbatch_size is not None:
         check_int("--microbatch-size", args.microbatch_size, 1, why="samples per microbatch")

@@ -53,7 +53,9 @@ def register(subparsers) -> None:
                    help="value shown against stages, and its metric in the curves (default: the best over epochs "
                         "of the sweep's metric, best_acc for classification, best_ppl for a language model)")
     p.add_argument("--methods", default=None, help="comma-separated methods to draw (default: all in the sweep)")
-    p.add_argument("--level", type=float, default=0.95, help="confidence level of the bands (default 0.95)")
+    p.add_argument("--level", type=float, default=None,
+                   help="confidence level of the default figure's bands (default 0.95); --curves and --time draw "
+                        "no interval")
     p.add_argument("--title", default=None, help="figure title (default: read off the runs' configs)")
     p.add_argument("--dpi", type=int, default=150)
     p.set_defaults(func=run)
@@ -78,6 +80,10 @@ def run(args) -> int:
     if args.curves and args.target is not None:
         raise ConfigError("--target is the target of the default figure's speedup panel and of --time; --curves "
                           "draws the metric against epochs, which has none: leave --target out")
+    if (args.curves or args.time) and args.level is not None:
+        raise ConfigError(f"--level is the confidence level of the default figure's bands; --"
+                          f"{'curves' if args.curves else 'time'} draws means and each seed's curve, no interval: "
+                          "leave --level out")
     methods = args.methods.split(",") if args.methods else None
     records = collect(sweep_dir)
     if records.empty:
@@ -97,18 +103,19 @@ def run(args) -> int:
             raise ConfigError(f"--{'curves' if args.curves else 'time'} needs --stages P (one of the sweep's "
                               "stage counts)")
         if args.curves:
-            fig = plots.plot_accuracy_vs_epoch(records, args.stages, level=args.level, methods=methods,
+            fig = plots.plot_accuracy_vs_epoch(records, args.stages, methods=methods,
                                                title=f"{title}, P = {args.stages}", metric=metric)
             out = args.out or mine / f"accuracy_vs_epoch_P{args.stages}.png"
         else:
-            fig = plots.plot_accuracy_vs_time(records, args.stages, target=target, level=args.level,
+            fig = plots.plot_accuracy_vs_time(records, args.stages, target=target,
                                               methods=methods, title=f"{title}, P = {args.stages}", metric=metric)
             out = args.out or mine / f"accuracy_vs_time_P{args.stages}.png"
     else:
         if args.stages is not None:
             raise ConfigError("--stages selects the stage count of --curves or --time; the default figure shows "
                               "all stages")
-        fig = plots.plot_accuracy_vs_stages(records, metric=args.metric, level=args.level, methods=methods,
+        level = 0.95 if args.level is None else args.level
+        fig = plots.plot_accuracy_vs_stages(records, metric=args.metric, level=level, methods=methods,
                                             title=title, target=target)
         out = args.out or mine / "accuracy_vs_stages.png"
     print(f"wrote {plots.save(fig, out, dpi=args.dpi)}")

@@ -52,9 +52,12 @@ def register(subparsers) -> None:
     p.add_argument("--doc", default=None, metavar="PATH", help="write the ledger page here (all experiments)")
     p.add_argument("--workers", type=int, default=2, help="parallel runs, one torch thread each (default 2)")
     p.add_argument("--ledger-dir", default=None, metavar="DIR", help="experiment files (default experiments/ledger)")
-    p.add_argument("--list", action="store_true", help="list experiments, checks and run counts; run nothing")
-    p.add_argument("--dry-run", action="store_true", help="list the runs and their state; run nothing")
-    p.add_argument("--report-only", action="store_true", help="train nothing: rows (and --doc) from finished runs")
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--list", action="store_true",
+                      help="list the selected experiments, their checks and run counts in --tier; run nothing")
+    mode.add_argument("--dry-run", action="store_true", help="list the runs and their state; run nothing")
+    mode.add_argument("--report-only", action="store_true",
+                      help="train nothing: rows (and --doc) from finished runs")
     p.add_argument("--download", action="store_true",
                    help="download a missing dataset (--scale paper: CIFAR-10) before training; without it a "
                         "missing dataset is refused before any run starts")
@@ -82,11 +85,8 @@ def run(args) -> int:
     configs, _ = ledger.plan(selection, args.tier)
     out = Path(args.out or ("runs/reproduce" if args.scale == "cpu" else "runs/reproduce-paper"))
     if args.list:
-        for e in experiments:
-            print(f"{e.name}: {e.title} ({e.paper}), {len(e.configs)} runs")
-            for c in e.checks:
-                print(f"  {c.id:32s} {c.rule:9s} {len(e.configs_for(c)):3d} runs  {c.source}")
-        print(f"{len(ledger.plan([(e, None) for e in experiments])[0])} distinct runs at scale {args.scale}")
+        _list(selection, ledger.plan, args.tier)
+        print(f"{len(configs)} distinct runs at scale {args.scale}, tier {args.tier}")
         return 0
     mine = sweep.shard(configs, *shard) if shard else configs  # (this launch's runs: what it lists and costs)
     if args.dry_run:
@@ -119,6 +119,21 @@ def run(args) -> int:
             print(f"failed: {out / 'runs' / run_id / 'error.txt'}")
         return 0 if report.ok else 1
     return 0
+
+
+def _list(selection, plan, tier: str) -> None:
+    """Print the experiments of ``selection`` (as of ``spec.find``) with their selected checks (all where the whole
+    experiment is selected) and the runs of each in ``tier``."""
+    chosen = {}   # experiment name -> its part of the selection
+    for e, check in selection:
+        chosen.setdefault(e.name, []).append((e, check))
+    for part in chosen.values():
+        e = part[0][0]
+        ids = {c.id for _, c in part if c is not None}
+        checks = e.checks if any(c is None for _, c in part) else [c for c in e.checks if c.id in ids]
+        print(f"{e.name}: {e.title} ({e.paper}), {len(plan(part, tier)[0])} runs")
+        for c in checks:
+            print(f"  {c.id:32s} {c.rule:9s} {len(e.configs_for(c, tier)):3d} runs  {c.source}")
 
 
 def _check_doc(doc: Path, make: bool = True) -> None:

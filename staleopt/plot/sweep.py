@@ -377,14 +377,15 @@ def plot_accuracy_vs_stages(source, metric: Optional[str] = None, level: float =
     return fig
 
 
-def plot_accuracy_vs_epoch(source, stages: int, level: float = 0.95, methods: Optional[Sequence[str]] = None,
+def plot_accuracy_vs_epoch(source, stages: int, methods: Optional[Sequence[str]] = None,
                            title: Optional[str] = None, figsize: Tuple[float, float] = (6.5, 4.0), metric=None):
     """Test ``metric`` (default the records' task's: accuracy, perplexity) against epochs at ``P = stages``
     (PipeMare Fig. 7/8): the mean over every seed, each seed's own curve thin beside it.
 
     A run that diverged stopped: it counts at every later epoch with the value
     of its last record (marked ``x``), so the last point of a line is the mean
-    final value of the summary table, over the same runs.
+    final value of the summary table, over the same runs. The curves draw no
+    interval.
     """
     from matplotlib.figure import Figure
     records = _records(source)
@@ -453,7 +454,7 @@ def _accuracy_curves(ax, at: pd.DataFrame, keys: List[str], methods, x: str, y: 
     return diverged
 
 
-def plot_accuracy_vs_time(source, stages: int, target: Optional[float] = None, level: float = 0.95,
+def plot_accuracy_vs_time(source, stages: int, target: Optional[float] = None,
                           methods: Optional[Sequence[str]] = None, title: Optional[str] = None,
                           figsize: Tuple[float, float] = (6.5, 4.0), metric=None):
     """Test ``metric`` (default the records' task's: accuracy, perplexity) against simulated pipeline time at
@@ -465,7 +466,7 @@ def plot_accuracy_vs_time(source, stages: int, target: Optional[float] = None, l
     dashed line is ``target`` (default :func:`staleopt.speedup.shared_target`: the one a sweep folder's report
     was written with, else GPipe's mean best accuracy minus 0.01, or its best perplexity plus 1%, when the sweep
     has GPipe runs); a diverged run's
-    last epoch is marked ``x``.
+    last epoch is marked ``x``. The curves draw no interval.
     """
     from matplotlib.figure import Figure
     records = _records(source)
