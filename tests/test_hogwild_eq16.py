@@ -163,3 +163,19 @@ def test_buffers_are_updated_once_per_step_from_their_stages_pass():
         passes += len(eq16_step(opt, lambda: mse(model(x), y).backward()))
     assert passes > 5  # (not vacuous: several passes a step)
     assert int(model[1].num_batches_tracked) == int(model[6].num_batches_tracked) == 5
+
+
+def test_the_documented_passes_per_step_are_the_delay_laws():
+    """docs/schedules.md states eq. (16)'s cost, one pass per distinct delay, as the mean over 2000 draws at three
+    stage counts (it said 30.5 at P = 39 from an unkept count; the draws give 30.6): recomputed from the sentence."""
+    import re
+    from pathlib import Path
+    text = " ".join((Path(__file__).parents[1] / "docs" / "schedules.md").read_text().split())
+    found = re.search(r"that is ([\d.]+) passes per step on average at `P = (\d+)`, ([\d.]+) at `P = (\d+)` and "
+                      r"([\d.]+) at `P = (\d+)` \((\d+) draws", text)
+    assert found, "the sentence on eq. (16)'s passes per step moved: update this test"
+    *pairs, draws = found.groups()
+    for mean, stages in zip(pairs[::2], pairs[1::2]):
+        g, law = torch.Generator().manual_seed(0), schedules.Hogwild()
+        got = sum(len(set(law.sample(int(stages), 1, g)[0])) for _ in range(int(draws))) / int(draws)
+        assert f"{got:.1f}" == mean, (stages, got)

@@ -89,8 +89,8 @@ Choices that change numbers:
   Transformer (Table 9: WMT reuses IWSLT14's); T1's annealing over a quarter
   of the run and PipeMareW's warmup as long (App. C). The learning rate is
   ours: 0.05, because PipeMare's 0.1 with momentum, over a run this short, left
-  T1 alone at 0.709 final test accuracy at P = 39 against GPipe's 0.979 in a
-  20-epoch pilot (seed 0, same machine, 2026-11-23; a pilot, not in the repository).
+  T1 alone far below GPipe at P = 39 in a 20-epoch pilot (seed 0, a 2-core AMD
+  EPYC VM, 2026-11-23; its records were not kept).
 * **PipeOptim's recipe.** SGD momentum 0.9 with weight decay 5e-4, and AdamW
   (betas 0.9, 0.999); the learning rates are ours (0.02, 0.001).
 * **Hogwild!-style delays** (PipeMare App. E) use the `hogwild` schedule: each
