@@ -79,9 +79,9 @@ def eq16_step(optimizer: PipelineOptimizer, closure: Callable[[], torch.Tensor])
         if all(p.grad is None for ps in stages for p in ps):
             raise LoopError(f"eq16_step's closure left no gradient in the model's stages for the pass at delay {d}: "
                             "it must call loss.backward() on the model's output")
-        for i, ps in enumerate(stages):
-            if tau[i] == d:
-                grads[i] = [p.grad for p in ps]
+        for i, ps in enumerate(stages):  # (copies: DDP's gradient_as_bucket_view, or a zero_grad that zeroes
+            if tau[i] == d:                # in place, writes the next pass's gradient into the same tensors)
+                grads[i] = [None if p.grad is None else p.grad.detach().clone() for p in ps]
     optimizer.zero_grad()
     for ps, gs in zip(stages, grads):
         for p, g in zip(ps, gs):

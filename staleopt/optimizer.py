@@ -922,10 +922,14 @@ class PipelineOptimizer(torch.optim.Optimizer):
                     "with warnings.filterwarnings('ignore', category=staleopt.errors.RecomputeNotice).)"),
                     stacklevel=2)
             return
-        raise LoopError(f"{type(module).__name__} ran its forward during the backward pass outside "
-                        f"opt.checkpoint: torch.utils.checkpoint recomputes with the backward weights, but "
-                        f"schedule {self._schedule!r} recomputes with tau_recomp = {self._plan().recomp}; "
-                        "call opt.checkpoint(segment, x) instead (docs/wrapper.md)")
+        plan = self._plan()
+        if plan.recomp[stage] == plan.delays[1][stage]:  # (torch's recomputation reads u_bkwd = u_recomp here)
+            return
+        raise LoopError(f"{type(module).__name__} (stage {stage}) ran its forward during the backward pass outside "
+                        f"opt.checkpoint: torch.utils.checkpoint recomputes with the backward weights (tau_bkwd = "
+                        f"{plan.delays[1][stage]} there), but schedule {self._schedule!r} recomputes stage {stage} "
+                        f"with tau_recomp = {plan.recomp[stage]} (all stages: {plan.recomp}); call "
+                        "opt.checkpoint(segment, x) instead (docs/wrapper.md)")
 
     def _enter_recompute(self, window: RecomputeWindow) -> None:
         """The recomputation of ``window``'s segment begins: its stages' recompute views into the parameters."""

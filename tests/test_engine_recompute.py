@@ -272,7 +272,7 @@ def test_every_forward_of_an_accumulated_step_must_checkpoint(first):
 def test_torchs_checkpoint_under_a_recompute_schedule_is_caught(segments):
     """torch.utils.checkpoint would recompute with u_bkwd: a stage module running inside the backward pass
     outside opt.checkpoint raises (also mixed with opt.checkpoint, also torch's reentrant variant)."""
-    with pytest.raises(LoopError, match="outside opt.checkpoint.*tau_recomp = \\[3, 2, 2\\]"):
+    with pytest.raises(LoopError, match=r"\(stage \d\) ran .*outside opt.checkpoint.*all stages: \[3, 2, 2\]"):
         train(segments, CUSTOM, steps=1)
 
     class Reentrant(Net):
@@ -286,6 +286,18 @@ def test_torchs_checkpoint_under_a_recompute_schedule_is_caught(segments):
         model(x).sum().backward()
     # without recompute delays torch's checkpoint is the contract's recomputation (tau_recomp = tau_bkwd)
     train(segments, schedules.get("custom", tau_fwd=TF, tau_bkwd=TB), steps=1)
+
+
+@pytest.mark.parametrize("t2", [None, "causal"])
+def test_torchs_checkpoint_is_exact_where_a_stage_recomputes_with_its_backward_view(t2):
+    """A schedule that recomputes ahead at some stages only (tau_recomp = [3, 2, 0], tau_bkwd = [1, 1, 0]): torch's
+    checkpoint around stage 2, where tau_recomp = tau_bkwd, reads the contract's recompute view, and trains as the
+    hand-derived gradient says (it was refused, naming no stage)."""
+    tr = [3, 2, 0]
+    seg = [(0, 1, "opt"), (2, 2, "torch")]
+    corrections = [] if t2 is None else [DiscrepancyCorrection(0.3, accumulator=t2)]
+    got, _ = train(seg, schedules.get("custom", tau_fwd=TF, tau_bkwd=TB, tau_recomp=tr), corrections=corrections)
+    assert max_diff(got, hand_reference(seg, TF, TB, tr, decay=None if t2 is None else 0.3)) <= 1e-12
 
 
 def test_a_refused_recomputation_leaves_the_torch_checkpoint_guard_armed():

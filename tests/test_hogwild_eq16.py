@@ -39,7 +39,11 @@ def _reference(model, data, lr, momentum, K):
 
 
 @pytest.mark.parametrize("momentum,K", [(0.0, None), (0.9, 6)])
-def test_eq16_equals_a_hand_written_float64_reference(momentum, K):
+@pytest.mark.parametrize("grads_in_place", [False, True])
+def test_eq16_equals_a_hand_written_float64_reference(momentum, K, grads_in_place):
+    """``grads_in_place``: zero_grad zeroes the gradients in place, so every pass writes into the same tensors (as
+    under DDP's gradient_as_bucket_view): each stage keeps its own pass's gradient (it kept a reference, and all
+    stages stepped with the last pass's)."""
     steps, lr = 12, 0.05
     data = batches(steps, in_dim=SIZES[0], seed=12)
     ref = _reference(mlp(SIZES, seed=13), data, lr, momentum, K)
@@ -48,6 +52,9 @@ def test_eq16_equals_a_hand_written_float64_reference(momentum, K):
     opt = staleopt.PipelineOptimizer(model, torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum), stages=P,
                                      schedule=_hogwild(), seed=SEED,
                                      corrections=[] if K is None else [staleopt.corrections.LRReschedule(K)])
+    if grads_in_place:
+        zero_grad = opt.zero_grad
+        opt.zero_grad = lambda set_to_none=True: zero_grad(set_to_none=False)
     draws = _draws(steps)
     for t, (x, y) in enumerate(data):
         reads = []
