@@ -1145,6 +1145,8 @@ class PipelineOptimizer(torch.optim.Optimizer):
         return plan.delays[0] != plan.delays[1] or bool(plan.rewriters)
 
     def _on_backward_start(self, grad):
+        if "backward-pending" not in self._seen and self._microbatch_passes and self._counts is not None:
+            self._refuse_mixed_backward(self._counts[0] - self._counts[1])
         self._seen.add("backward")
         if "backward-pending" not in self._seen:
             self._seen.add("backward-pending")
@@ -1155,6 +1157,25 @@ class PipelineOptimizer(torch.optim.Optimizer):
             if self._last_pass():
                 self._expire(self._plan())
         self._load(backward=True)
+
+    def _refuse_mixed_backward(self, pending: int) -> None:
+        """With ``microbatch_passes``, a backward pass loads the backward view of the latest forward's microbatch.
+        Where the forwards of several microbatches ran before it (a summed loss, or ``l0.backward();
+        l1.backward()`` after both forwards) and their backward views differ (T2 rewrites each with its own
+        microbatch's delays), the earlier microbatches' ``W^T delta`` would read the latest's view: refused.
+        (A recompute schedule's windows load each pass's own views.)"""
+        if pending < 2 or self._ahead:
+            return
+        plans = self._step_plans()
+        reads = {(tuple(p.delays[1]), tuple(p.delays[0]) if any(v for _, v in p.rewriters) else None)
+                 for p in (plans[min(k, len(plans) - 1)] for k in range(self._pass - pending + 1, self._pass + 1))}
+        if len(reads) > 1:
+            raise LoopError(f"the training forwards of {pending} microbatches ran before this backward pass, and "
+                            "their backward views differ (microbatch_passes=True: each microbatch's own delays, "
+                            "which T2's rewrite reads), while one backward pass loads one: run each microbatch's "
+                            "forward and backward before the next forward ((loss_j / N).backward() right after its "
+                            "forward), or build the wrapper without microbatch_passes (every pass sees the "
+                            "minibatch's delays)")
 
     def _on_backward_end(self):
         """At the end of every backward pass the parameters hold ``w_t`` again (at rest, docs/design.md §1)."""

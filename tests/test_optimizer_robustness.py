@@ -737,3 +737,31 @@ def test_a_grad_scaler_stepping_the_base_optimizer_is_refused():
     with pytest.raises(LoopError, match="stepped directly"):
         scaler.step(base)
     assert opt.step_count == 0
+
+
+@pytest.mark.parametrize("order", ["summed", "one after the other"])
+def test_forwards_before_backwards_with_differing_microbatch_views_are_refused(order):
+    """microbatch_passes=True with T2: each microbatch's backward view is rewritten with its own delays, and a
+    backward pass loaded the latest forward's. A loop whose forwards all ran first (a summed loss, or the losses'
+    backwards one after the other) trained microbatch 0 with microbatch 1's view (1e-3 from the reference after
+    6 steps), silently: refused. Without T2 the backward views are equal (w_t) and the same loop trains."""
+    from staleopt.corrections import DiscrepancyCorrection
+
+    def losses(corrections):
+        model = mlp()
+        opt = staleopt.PipelineOptimizer(model, torch.optim.SGD(model.parameters(), lr=0.1), stages=3,
+                                         schedule="dataflow", microbatches=2, microbatch_passes=True,
+                                         corrections=corrections)
+        (x, y), = batches(1)
+        opt.zero_grad()
+        return [mse(model(xj), yj) / 2 for xj, yj in zip(x.chunk(2), y.chunk(2))]
+
+    def backward(ls):
+        if order == "summed":
+            sum(ls).backward()
+        else:
+            for loss in ls:
+                loss.backward()
+    with pytest.raises(LoopError, match="forwards of 2 microbatches ran before this backward"):
+        backward(losses([DiscrepancyCorrection(0.5)]))
+    backward(losses([]))
