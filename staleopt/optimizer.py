@@ -1082,8 +1082,8 @@ class PipelineOptimizer(torch.optim.Optimizer):
         if casts & differ:
             self._warn_once("autocast", f"under autocast (or .to(dtype) in the forward) stage(s) "
                             f"{sorted(casts & differ)} multiply with cast copies of their weights, made from the "
-                            "forward view, so in the backward pass their backward views (tau_bkwd != tau_fwd, T2) are not applied and "
-                            "they train as with weight stashing; "
+                            "forward view, so in the backward pass their backward views (tau_bkwd != tau_fwd, T2) "
+                            "are not applied and they train as with weight stashing; "
                             + ("autocast was entered inside model.forward (as accelerate's mixed precision does), "
                                if self._autocast is None else "")
                             + "run without autocast (or keep the weights in the dtype the ops compute in) to "
