@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import json
 import math
 import os
@@ -39,7 +40,7 @@ from typing import Optional, Sequence
 import pandas as pd
 import torch
 
-from staleopt import checkpoint, sweep
+from staleopt import checkpoint, sweep, train
 from staleopt.errors import CheckpointError
 from staleopt.machine import cpu_name
 
@@ -72,11 +73,13 @@ stages = 4
 STALL_AT = "STALEOPT_BENCH_STALL_AT"
 
 
+@functools.wraps(train.run, assigned=("__module__", "__name__", "__qualname__"))
 def train_stalling(config, progress=False, checkpoint=None):
     """``staleopt.train.run`` whose run, once it has saved a checkpoint at or after step ``$STALEOPT_BENCH_STALL_AT``,
     holds still until the process is killed: the killer finds the checkpoint it waits for however fast the run
-    is (polling alone could miss it when the rest of the run takes less than one poll)."""
-    from staleopt import train
+    is (polling alone could miss it when the rest of the run takes less than one poll). It gives
+    ``staleopt.train.run``'s results, and says so (``functools.wraps``), so the relaunch with the default train
+    function resumes its checkpoint."""
     at, save = int(os.environ[STALL_AT]), checkpoint.save
 
     def save_then_stall(state):
