@@ -224,11 +224,13 @@ def _check_outputs(sweep_dir: Path, outputs: dict) -> None:
 
 def _thread_counts(sweep_dir: Path) -> dict:
     """Torch thread count -> number of finished runs trained under it (their ``done`` markers' ``threads``)."""
+    from ..checkpoint import read_done
+    from ..errors import RunFileError
     counts = {}
     for done in sorted((sweep_dir / "runs").glob("*/done")):
         try:
-            threads = json.loads(done.read_text()).get("threads")
-        except (OSError, UnicodeDecodeError, ValueError, AttributeError):
+            threads = read_done(done).get("threads")
+        except RunFileError:
             continue  # (a damaged marker: reported as such)
         if isinstance(threads, int) and not isinstance(threads, bool):
             counts[threads] = counts.get(threads, 0) + 1
