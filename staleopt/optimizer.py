@@ -79,7 +79,7 @@ import contextlib
 import inspect
 import warnings
 import weakref
-from typing import Callable, Dict, FrozenSet, Iterable, List, NamedTuple, Optional, Sequence, Tuple, Union
+from typing import Callable, Dict, FrozenSet, Iterable, List, NamedTuple, Optional, Sequence, Set, Tuple, Union
 
 import torch
 import torch.nn.utils.parametrize
@@ -909,8 +909,7 @@ class PipelineOptimizer(torch.optim.Optimizer):
             return
         if not self._ahead:
             plan = self._plan()
-            rewritten = {self._views[i].stage for _, views in plan.rewriters for i in views}
-            if not self._noticed and (plan.delays[0][stage] != plan.delays[1][stage] or stage in rewritten):
+            if not self._noticed and stage in self._split_stages(plan):
                 self._noticed = True
                 warnings.warn(RecomputeNotice(
                     f"torch.utils.checkpoint recomputed {type(module).__name__} (stage {stage}) during the backward "
@@ -1071,14 +1070,18 @@ class PipelineOptimizer(torch.optim.Optimizer):
             "cannot hook the output to load the backward views and the backward would silently read the "
             f"forward's weights: {fix}")
 
+    def _split_stages(self, plan: "_PassPlan") -> Set[int]:
+        """The stages whose backward view differs from their forward view in ``plan``'s pass: other delays, or a
+        correction (T2) that rewrites the backward view."""
+        return {i for i, (f, b) in enumerate(zip(*plan.delays)) if f != b} | \
+            {self._views[i].stage for _, views in plan.rewriters for i in views}
+
     def _check_graph_reads(self, casts: FrozenSet[int]) -> None:
         """Where a stage's backward view differs from its forward view, warn (once each) of the weights the
         forward's graph reads through a cast (``casts``: autocast's, or ``.to(dtype)``) or computes with
         (``self._computed``): the backward multiplies with those tensors, computed from the forward view, so
         the backward view does not reach them (design §1 asks ``W^T delta`` at ``u_bkwd``)."""
-        plan = self._plan()
-        differ = {i for i, (f, b) in enumerate(zip(*plan.delays)) if f != b} | \
-            {self._views[i].stage for _, views in plan.rewriters for i in views}
+        differ = self._split_stages(self._plan())
         if casts & differ:
             self._warn_once("autocast", f"under autocast (or .to(dtype) in the forward) stage(s) "
                             f"{sorted(casts & differ)} multiply with cast copies of their weights, made from the "
