@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from staleopt import claims, speedup, sweep
+from staleopt import claims, machine, speedup, sweep
 from staleopt.cli import main
 from staleopt.commands.demo import DEFAULT_SWEEP, complete, markdown, speedup_pivot
 from staleopt.errors import ConfigError
@@ -84,6 +84,17 @@ def test_demo_command_prints_table_and_writes_figures(tiny, capsys):
         run = runs[(runs["method"] == row.method) & (runs["stages"] == row.stages)].index.item()
         assert row.best_acc == best[run]
     assert (clean / "records.csv").read_text().count("\n") == 1 + 16
+    info = json.loads((clean / "run.json").read_text())  # provenance: what ran, where, on which code, how loaded
+    assert info["sweep"] == str(path.resolve()) and info["runs"] == 4 and info["workers"] == 1
+    assert info["commit"] == machine.source_commit() and isinstance(info["load_average"], float)
+
+
+def test_run_json_names_a_sweep_file_of_the_checkout_by_its_path_in_it():
+    """docs/demo-checks/*/run.json name their sweep files so (docgen reads each one's description from it)."""
+    from types import SimpleNamespace
+    from staleopt.commands.demo import provenance
+    info = provenance(1.0, SimpleNamespace(total=0, finished=[]), [], 1, 1, 0.8, DEFAULT_SWEEP)
+    assert info["sweep"] == "experiments/demo.toml"
 
 
 def test_demo_summarizes_only_the_runs_of_its_sweep_file(tiny, tmp_path, capsys):

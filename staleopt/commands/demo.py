@@ -11,14 +11,16 @@ from pathlib import Path
 from typing import Optional
 
 from ..errors import ConfigError, RunFileError
-from ..machine import cpu_name
+from ..machine import cpu_name, source_commit
 from ..validate import check_int, output_dir
 
 __all__ = ["register", "run", "DEFAULT_SWEEP", "QUICK_SWEEP", "LM_SWEEP", "complete", "pivot", "speedup_pivot",
            "provenance", "markdown"]
 
+#: The checkout the package lives in (run.json names a sweep file inside it by its relative path).
+REPO_ROOT = Path(__file__).resolve().parents[2]
 #: The demo's sweep file, in the repository next to the package.
-DEFAULT_SWEEP = Path(__file__).resolve().parents[2] / "experiments" / "demo.toml"
+DEFAULT_SWEEP = REPO_ROOT / "experiments" / "demo.toml"
 #: ``staleopt demo --quick``'s: the same recipe with 4 of its methods and 1 of its seeds (under a minute on 2 cores).
 QUICK_SWEEP = DEFAULT_SWEEP.with_name("demo-quick.toml")
 #: ``staleopt demo --task lm``'s: the demo's methods on a GPT language model (docs/language-models.md).
@@ -158,8 +160,9 @@ def speedup_pivot(table):
     return _pivot({(label, int(r.stages)): cell(r) for label, r in zip(labels, table.itertuples())}, labels)
 
 
-def provenance(seconds: float, report, run_dirs, workers: int, threads: int, target) -> dict:
-    """Where and how a demo run happened: date, CPU, cores, torch version, workers, threads, target, times.
+def provenance(seconds: float, report, run_dirs, workers: int, threads: int, target, sweep_file: Path) -> dict:
+    """Where and how a demo run happened: date, CPU, cores, torch version, commit, sweep file, workers, threads,
+    target, times, and the machine's load average at the end (other jobs slow a run down).
 
     ``seconds``: this launch, wall clock; ``run_seconds``: the sum of every run's own
     training time (from the runs' ``done`` files, whichever launch trained them).
@@ -168,10 +171,15 @@ def provenance(seconds: float, report, run_dirs, workers: int, threads: int, tar
 
     from .. import sweep
     run_seconds = sum(sweep.read_done(Path(d) / "done")["seconds"] for d in run_dirs)
+    sweep_file = Path(sweep_file).resolve()
+    in_repo = sweep_file.is_relative_to(REPO_ROOT)
     return {"date": time.strftime("%Y-%m-%d", time.gmtime()), "cpu": cpu_name(), "cores": os.cpu_count(),
-            "torch": torch.__version__.split("+")[0], "workers": workers, "worker_threads": threads,
+            "torch": torch.__version__.split("+")[0], "commit": source_commit(),
+            "sweep": str(sweep_file.relative_to(REPO_ROOT) if in_repo else sweep_file),
+            "workers": workers, "worker_threads": threads,
             "target": target, "runs": report.total, "runs_trained_now": len(report.finished),
-            "seconds": round(seconds), "run_seconds": round(run_seconds)}
+            "seconds": round(seconds), "run_seconds": round(run_seconds),
+            "load_average": round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None}
 
 
 def _show(result) -> None:
@@ -379,7 +387,7 @@ def run(args) -> int:
           f"with {args.workers} worker(s) x {args.worker_threads} thread(s)")
     _show(result)
     info = provenance(elapsed, report, [out / 'runs' / r for r in sorted(set(records['run']))], args.workers,
-                      args.worker_threads, target)
+                      args.worker_threads, target, path)
     (out / "run.json").write_text(json.dumps(info, indent=2) + "\n")
     print(f"\nwrote {', '.join(map(str, result.figures + result.files + [out / 'run.json']))}")
     for run_id in report.failed:
