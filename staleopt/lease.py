@@ -3,7 +3,8 @@
 A process that trains a run first *claims* it: it creates ``RUN_DIR/claim.<n>``
 (``n = 0, 1, ...``, the claim's generation) holding its owner as JSON::
 
-    {"host": "node7", "pid": 4242, "started": 123456789, "launch": "5f0c9e2ab1d3", "claimed": "2025-..."}
+    {"host": "node7", "pid": 4242, "started": 123456789, "launch": "5f0c9e2ab1d3", "claimed": "2025-...",
+     "timeout": 600.0}
 
 Creation is atomic: the file is written under a private name and hard-linked
 to ``claim.<n>``, which fails when ``claim.<n>`` exists, so of two processes
@@ -17,7 +18,10 @@ other than ``claim.`` names claims of another kind in a shared folder
 
 A claim is **stale** when its owner is gone:
 
-* its heartbeat is older than ``timeout`` seconds (any host), or
+* its heartbeat is older than ``timeout`` seconds (any host): the owner's own ``timeout``, which its claim
+  records (it beats every tenth of it), so a launch or a status query with another ``--claim-timeout`` judges
+  the claim as its owner does; the caller's ``timeout`` only for a claim that records none (written before
+  claims recorded it), or
 * it was taken on this host and process ``pid`` no longer runs (or ``pid`` now
   belongs to a process started at another time, ``started`` being the
   process's start time in clock ticks from ``/proc/<pid>/stat``, on Linux).
@@ -93,19 +97,26 @@ def _pid_runs(pid: int) -> bool:
 
 @dataclass(frozen=True)
 class Owner:
-    """Who holds a claim: host name, process id and start time, the launch's id, when it claimed."""
+    """Who holds a claim: host name, process id and start time, the launch's id, when it claimed, and the
+    seconds without a heartbeat after which its claim is stale (``None`` in a claim that does not record it)."""
 
     host: str
     pid: int
     started: Optional[int]
     launch: str
     claimed: str
+    timeout: Optional[float] = None
 
     @classmethod
-    def me(cls, launch: str) -> "Owner":
+    def me(cls, launch: str, timeout: float) -> "Owner":
         pid = os.getpid()
         claimed = datetime.datetime.now().astimezone().isoformat(timespec="microseconds")
-        return cls(socket.gethostname(), pid, _start_time(pid), launch, claimed)
+        return cls(socket.gethostname(), pid, _start_time(pid), launch, claimed, timeout)
+
+    def stale_after(self, timeout: float) -> float:
+        """Seconds without a heartbeat after which this owner's claim is stale: its own :attr:`timeout`, else
+        (a claim that records none) ``timeout``."""
+        return self.timeout if self.timeout is not None else timeout
 
     def alive_here(self) -> Optional[bool]:
         """Whether the owner process still runs, when it ran on this host; ``None`` for another host."""
@@ -134,6 +145,8 @@ def claims(run_dir: Union[str, os.PathLike], prefix: str = _PREFIX) -> List[Tupl
 
 
 _FIELDS = {"host": (str,), "pid": (int,), "started": (int, type(None)), "launch": (str,), "claimed": (str,)}
+#: Fields a claim may lack (written before they were recorded): read as ``None``.
+_OPTIONAL = {"timeout": (int, float)}
 
 
 def read_owner(path: Union[str, os.PathLike]) -> Optional[Owner]:
@@ -142,8 +155,11 @@ def read_owner(path: Union[str, os.PathLike]) -> Optional[Owner]:
         data = json.loads(Path(path).read_text())
     except (OSError, UnicodeDecodeError, ValueError):
         return None
-    if not isinstance(data, dict) or set(data) != set(_FIELDS) or any(
-            not isinstance(data[k], kinds) or isinstance(data[k], bool) for k, kinds in _FIELDS.items()):
+    if not isinstance(data, dict) or not set(_FIELDS) <= set(data) <= set(_FIELDS) | set(_OPTIONAL) or any(
+            not isinstance(data[k], kinds) or isinstance(data[k], bool)
+            for k, kinds in {**_FIELDS, **_OPTIONAL}.items() if k in data):
+        return None
+    if "timeout" in data and not 0 < data["timeout"] < math.inf:
         return None
     return Owner(**data)
 
@@ -160,12 +176,13 @@ def _read(path: Path) -> Tuple[Optional[Owner], Optional[float]]:
 
 def holder(run_dir: Union[str, os.PathLike], timeout: float = DEFAULT_TIMEOUT,
            prefix: str = _PREFIX) -> Optional[Tuple[Owner, float]]:
-    """The live owner of ``run_dir``'s current claim and its heartbeat age, or ``None`` (free or stale)."""
+    """The live owner of ``run_dir``'s current claim and its heartbeat age, or ``None`` (free or stale).
+    ``timeout``: for a claim that does not record its owner's (:meth:`Owner.stale_after`)."""
     found = claims(run_dir, prefix)
     if not found:
         return None
     owner, age = _read(found[-1][1])
-    if owner is None or age > timeout or owner.alive_here() is False:
+    if owner is None or age > owner.stale_after(timeout) or owner.alive_here() is False:
         return None
     return owner, age
 
@@ -227,7 +244,8 @@ def acquire(run_dir: Union[str, os.PathLike], launch: str, timeout: float = DEFA
             prefix: str = _PREFIX) -> Optional[Lease]:
     """Claim ``run_dir`` for this process, taking over a stale claim; ``None`` when a live owner holds it.
 
-    ``timeout``: seconds without a heartbeat after which a claim is stale.
+    ``timeout``: seconds without a heartbeat after which this claim is stale (recorded in it; this process's
+    heartbeat beats every tenth of it), and another claim that records none (:meth:`Owner.stale_after`).
     The directory is created if needed. ``prefix``: the claim files' names (``prefix<n>``).
     """
     check_timeout(timeout)
@@ -242,10 +260,10 @@ def acquire(run_dir: Union[str, os.PathLike], launch: str, timeout: float = DEFA
     found = claims(run_dir, prefix)
     if found:
         owner, age = _read(found[-1][1])
-        if owner is not None and age <= timeout and owner.alive_here() is not False:
+        if owner is not None and age <= owner.stale_after(timeout) and owner.alive_here() is not False:
             return None
     generation = found[-1][0] + 1 if found else 0
-    me = Owner.me(launch)
+    me = Owner.me(launch, float(timeout))
     path = run_dir / f"{prefix}{generation}"
     private = run_dir / f".{prefix}{generation}.{uuid.uuid4().hex}"
     try:

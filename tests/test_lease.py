@@ -91,6 +91,25 @@ def test_claims_from_other_hosts_expire_with_their_heartbeat(tmp_path):
         lease.acquire(run_dir, "me", timeout=0)
 
 
+def test_a_claim_is_judged_by_its_owners_timeout_not_the_callers(tmp_path):
+    """An owner with a long --claim-timeout beats every tenth of it: a launch or a status query with the default
+    (shorter) timeout must not call it stale between two beats, nor take its run over (double training)."""
+    run_dir = tmp_path / "r"
+    other = _claim_file(run_dir, 0, host="elsewhere.example", pid=1, timeout=3600.0)
+    old = time.time() - 700  # older than the default 600 s, within the owner's own 3600 s
+    os.utime(other, (old, old))
+    assert lease.holder(run_dir)[0].timeout == 3600.0 and sweep.run_state(run_dir) == "running"
+    assert lease.acquire(run_dir, "me") is None
+    old = time.time() - 3601
+    os.utime(other, (old, old))
+    assert lease.holder(run_dir, timeout=10_000) is None  # stale by its own timeout, whatever the caller's
+    mine = lease.acquire(run_dir, "me", timeout=42)
+    assert mine.generation == 1 and lease.read_owner(mine.path).timeout == 42.0 and mine.held()
+    for bad in (0, -1, "600", True, float("inf")):  # a claim whose timeout is no such number is damaged
+        assert lease.read_owner(_claim_file(tmp_path / "bad", 0, timeout=bad)) is None
+    assert lease.read_owner(_claim_file(tmp_path / "old", 0)).timeout is None  # written before: the caller's
+
+
 def test_an_owner_that_lost_its_claim_stops_and_leaves_the_new_owners_files(tmp_path):
     run_dir = tmp_path / "r"
     slow = lease.acquire(run_dir, "slow", timeout=30)

@@ -89,8 +89,9 @@ def register(subparsers) -> None:
     p.add_argument("--keep-checkpoints", action="store_true",
                    help="keep each run's checkpoint.pt when it is done (default: delete it)")
     p.add_argument("--claim-timeout", type=float, default=None, metavar="SECONDS",
-                   help="a claim whose heartbeat is older than this is taken over (default 600); "
-                        "a claim of a dead process on this host is taken over at once")
+                   help="this launch's claims are stale once their heartbeat is older than this (default 600; "
+                        "recorded in each claim, which other launches honour); a claim of a dead process on this "
+                        "host is taken over at once")
     p.add_argument("--no-bar", action="store_true", help="no progress bar over runs")
     p.add_argument("--dry-run", action="store_true",
                    help="list the runs, their state and who runs them; run nothing")
