@@ -209,13 +209,12 @@ SIZES = {d: ModelSpec(f"GPT d_model {d}", "gpt", 1, {"num_classes": 50257, "inpu
 SIZE_STAGES = 4
 #: Interleaved rounds of the models timed in steps of a few milliseconds (the engine-bound ResNet-20, whose
 #: whole-step ratios are the engine's goals, and the MNIST-1D CNN): their per-round ratios spread by several
-#: percent on a shared machine, so their medians take 25 rounds by default (5 gave interquartile ranges of
-#: 3-7 % around goals 10 % wide); a round costs well under a second there.
+#: percent on a shared machine, so their medians take 25 rounds by default (with 5, in runs not kept, the
+#: interquartile ranges were too wide to judge goals 10 % wide); a round costs well under a second there.
 SHORT_STEP_ROUNDS = 25
 #: Rounds of the piece-by-piece ladder (:func:`budget`, 8 variants at the engine-bound ResNet-20): its rungs differ
-#: by up to about 3 % of the step, so it takes more rounds than table 1 (a round costs about half a second there; with 25
-#: rounds, the first run with the ladder, at commit 7103a8c on 2026-11-24, had interquartile ranges of +-5 % and rungs
-#: out of order).
+#: by a few percent of the step (docs/performance.md reads the committed budget.csv files), so it takes more rounds
+#: than table 1 (with 25, in the first run with the ladder, at commit 7103a8c, not kept, rungs came out of order).
 BUDGET_ROUNDS = 60
 QUICK_SIZES = {32: ModelSpec("GPT d_model 32", "gpt", 1, {"num_classes": 512, "input_shape": (16,), "d_model": 32,
                                                          "layers": 2, "heads": 2})}
