@@ -61,7 +61,13 @@ def test_python_block_runs(page, block, tmp_path, monkeypatch, capsys):
     namespace = {"__name__": "__doc_example__"}
     exec(compile(block.code, _id(page, block), "exec"), namespace)
     if page.name == "README.md" and "stages=3, schedule=\"pipemare\"" in block.code:
-        assert "[5, 3, 1] [0, 0, 0]" in capsys.readouterr().out
+        out = capsys.readouterr().out
+        assert "[5, 3, 1] [0, 0, 0]" in out
+        # the loss the comment quotes, as printed at the steps it names (2 decimals: stable across CPUs' rounding)
+        said = re.search(r"falls from ([\d.]+) \(step (\d+)\) to ([\d.]+) \(step (\d+)\)", block.code)
+        printed = {int(s): float(v) for s, v in re.findall(r"step +(\d+) +loss ([\d.]+)", out)}
+        for value, step in ((said[1], said[2]), (said[3], said[4])):
+            assert f"{printed[int(step)]:.2f}" == value, f"README says loss {value} at step {step}: {out}"
 
 
 def _command_lines(block):
