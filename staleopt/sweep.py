@@ -93,7 +93,7 @@ from .stats import check_level, divergence_count, interval, per_run, status_text
 
 __all__ = ["Sweep", "load_sweep", "expand", "few", "load_data", "shard", "parse_shard", "run_sweep", "SweepReport",
            "run_state", "damage", "read_done", "runs", "collect", "summarize", "interval_sizes", "varies",
-           "varying_keys", "config_key", "t_interval", "RECORD_COLUMNS",
+           "varying_keys", "pooled_keys", "config_key", "t_interval", "RECORD_COLUMNS",
            "DEFAULT_TRAIN_FN", "MAX_THREADS"]
 
 #: Columns every records DataFrame must have (one row per epoch).
@@ -885,6 +885,14 @@ def varying_keys(records: pd.DataFrame) -> List[str]:
         return keys
     groups = runs.groupby(["method", "stages"], sort=False)
     return [k for k in keys if any(varies(g[k]) for _, g in groups)]
+
+
+def pooled_keys(records: pd.DataFrame, by: Sequence[str]) -> List[str]:
+    """The configuration keys that a summary grouped ``by`` pools runs over: ``method``, ``stages`` and the
+    :func:`varying_keys`, each where it is not in ``by`` and takes more than one value within some group."""
+    runs = records.drop_duplicates("run") if "run" in records.columns else records  # (a run's config is constant)
+    return [k for k in ("method", "stages", *varying_keys(records))
+            if k not in by and k in runs.columns and runs.groupby(list(by))[k].nunique().max() > 1]
 
 
 def interval_sizes(summary: pd.DataFrame, columns: Sequence[str]) -> List[int]:

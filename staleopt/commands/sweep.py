@@ -291,9 +291,7 @@ def run_results_command(args) -> int:
                       zip(summary[col], summary[f"{col}_lo"], summary[f"{col}_hi"])]
     shown = shown.drop(columns=[f"{c}_{s}" for c in values for s in ("lo", "hi", "ci", "interval", "n")] + ["diverged"])
     print(shown.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
-    runs = records.drop_duplicates("run") if "run" in records.columns else records
-    pooled = [] if by is None else [k for k in ("method", "stages", *sweep.varying_keys(records))
-                                    if k not in by and k in runs.columns and runs.groupby(by)[k].nunique().max() > 1]
+    pooled = [] if by is None else sweep.pooled_keys(records, by)
     caption = interval_caption(interval_sizes(summary, values), args.level, metric.bounds,
                                unit="run" if pooled else "seed")
     if pooled:
