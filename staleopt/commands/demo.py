@@ -21,7 +21,7 @@ __all__ = ["register", "run", "DEFAULT_SWEEP", "QUICK_SWEEP", "LM_SWEEP", "compl
 REPO_ROOT = Path(__file__).resolve().parents[2]
 #: The demo's sweep file, in the repository next to the package.
 DEFAULT_SWEEP = REPO_ROOT / "experiments" / "demo.toml"
-#: ``staleopt demo --quick``'s: the same recipe with 4 of its methods and 1 of its seeds (under a minute on 2 cores).
+#: ``staleopt demo --quick``'s: the same recipe with 4 of its methods and 1 of its seeds (8 runs instead of 42).
 QUICK_SWEEP = DEFAULT_SWEEP.with_name("demo-quick.toml")
 #: ``staleopt demo --task lm``'s: the demo's methods on a GPT language model (docs/language-models.md).
 LM_SWEEP = DEFAULT_SWEEP.with_name("demo-lm.toml")
@@ -45,7 +45,7 @@ are kept.
 
 examples:
   staleopt demo                          # runs/demo, 2 workers
-  staleopt demo --quick                  # a preview in under a minute: 4 methods, 1 seed -> runs/demo-quick
+  staleopt demo --quick                  # a preview: 4 methods, 1 seed (8 runs) -> runs/demo-quick
   staleopt demo --task lm                # the language-model demo: a GPT on text-markov, perplexity -> runs/demo-lm
   staleopt demo --out /tmp/demo --workers 4
   staleopt demo --out /tmp/demo-2t --worker-threads 2   # other float rounding: do the claims still hold?
@@ -64,7 +64,7 @@ def register(subparsers) -> None:
                    help=f"classification (default: MNIST-1D, accuracy) or lm ({LM_SWEEP.name}: a GPT with tied "
                         "embeddings on text-markov, test perplexity, its own claims)")
     p.add_argument("--quick", action="store_true",
-                   help=f"the same story in under a minute on 2 cores: {QUICK_SWEEP.name} (4 of the demo's methods, "
+                   help=f"the same story in 8 runs instead of 42: {QUICK_SWEEP.name} (4 of the demo's methods, "
                         "1 seed); a preview, its claims are not the demo's")
     p.add_argument("--sweep", default=None, metavar="FILE", help=f"sweep file (default {DEFAULT_SWEEP.name} "
                                                                   "in the repository's experiments/)")
