@@ -36,7 +36,8 @@ from .commands import demo
 
 __all__ = ["GENERATORS", "API_MODULES", "markdown_table", "bench_costs", "methods_table", "models_table",
            "hardware_table",
-           "demo_claims", "demo_cpus", "ledger_pipemare", "advisor_during_training", "api_reference", "fill",
+           "demo_claims", "demo_cpus", "demo_checks", "demo_quick_time", "bench_resume", "bench_data",
+           "ledger_pipemare", "advisor_during_training", "api_reference", "fill",
            "block_names", "doc_files",
            "CodeBlock", "code_blocks", "links", "anchors", "main"]
 
@@ -105,6 +106,97 @@ def demo_cpus(committed: str = "demo", root: Path = ROOT / "docs") -> str:
     rows = [[c] + [f"{col.loc[c, 'verdict']}: {col.loc[c, 'evidence']}" if c in col.index else "not in this run"
                    for col in columns] for c in claims]
     return markdown_table(["claim", *heads], rows)
+
+
+def demo_checks(committed: str = "demo", root: Path = ROOT / "docs") -> str:
+    """A demo's robustness checks: its committed run (``docs/<committed>/``) beside each run in
+    ``docs/<committed>-checks/<name>/`` (``staleopt demo --sweep experiments/demo-checks/<name>.toml``), one column
+    per run headed by its sweep file's description, threads, CPU and date (``run.json``): each claim's verdict
+    and evidence (``claims.csv``), then each method's best test metric at each ``P`` that every run has
+    (``summary.csv``)."""
+    import json
+
+    import pandas as pd
+
+    from . import metrics, sweep
+    runs = [root / committed] + sorted(p for p in (root / f"{committed}-checks").iterdir() if p.is_dir())
+    heads, claims, tables = [], [], []
+    for run in runs:
+        info = json.loads((run / "run.json").read_text())
+        what = (sweep.load_sweep(ROOT / info["sweep"]).description if "sweep" in info
+                else "the committed run, seeds 0-2")
+        heads.append(f"{run.name}: {what}; {info['workers']} worker(s) x {info['worker_threads']} thread(s), "
+                     f"{info['cpu']}, {info['date']}")
+        claims.append(pd.read_csv(run / "claims.csv").set_index("claim"))
+        tables.append((run.name, demo.pivot(pd.read_csv(run / "summary.csv"))))
+    shared = set.intersection(*(set(t.columns) for _, t in tables))  # (the P every run has: the checks' P)
+    best = {(name, c): t[c] for name, t in tables for c in t.columns if c in shared}
+    names = list(dict.fromkeys(c for col in claims for c in col.index))
+    rows = [[c] + [f"{col.loc[c, 'verdict']}: {col.loc[c, 'evidence']}" if c in col.index else "not in this run"
+                   for col in claims] for c in names]
+    methods = list(dict.fromkeys(m for col in best.values() for m in col.index))
+    metric = next(m for m in metrics.METRICS.values() if m.best_column in pd.read_csv(runs[0] / "summary.csv"))
+    return (markdown_table(["claim", *heads], rows)
+            + f"\nBest test {metric.noun}, mean [min, max] over the seeds (`div`: runs that diverged):\n\n"
+            + markdown_table(["method", *(f"{name}, {column}" for name, column in best)],
+                             [[f"`{m}`"] + [col.get(m, "") or "-" for col in best.values()] for m in methods]))
+
+
+def demo_quick_time(folder: Path = ROOT / "docs" / "demo-quick") -> str:
+    """How long ``staleopt demo --quick`` took, from the ``run.json`` of its committed run (docs/demo-quick/)."""
+    import json
+    info = json.loads((folder / "run.json").read_text())
+    return (f"Recorded: `staleopt demo --quick` on {info['date']} at commit {info['commit']}, {info['cpu']} "
+            f"({info['cores']} cores, load average {info['load_average']} at the end), torch {info['torch']}, "
+            f"{info['workers']} workers x {info['worker_threads']} thread: {info['runs']} runs in "
+            f"**{info['seconds']} s** ({info['run_seconds']} s of training summed over the runs); "
+            f"[its files](demo-quick/).\n")
+
+
+def _bench_meta(meta: dict) -> str:
+    """Where a small benchmark ran: its command, date, CPU, load average, torch and commit (its ``meta.json``)."""
+    return (f"`{meta['command']}` at commit {meta['commit']}, {meta['date']}, {meta['cpu']} ({meta['cpus']} CPUs, "
+            f"load average {meta['load_average_1min']}), torch {meta['torch'].split('+')[0]}")
+
+
+def bench_resume(folder: Path = ROOT / "docs" / "bench-resume") -> str:
+    """What a kill -9 cost a sweep, from the committed run of ``experiments/bench_resume.py`` (``resume.csv``,
+    ``meta.json``): the step the relaunch resumed from, and its time against an uninterrupted launch's."""
+    import json
+
+    import pandas as pd
+    r = pd.read_csv(folder / "resume.csv").iloc[0]
+    meta = json.loads((folder / "meta.json").read_text())
+    return (f"Recorded ({_bench_meta(meta)}; [its files](bench-resume/)): the run ({int(r.steps):,} steps, a "
+            f"checkpoint every {int(r.checkpoint_every)}) was killed once its checkpoint reached {r.kill_at:.0%} of "
+            f"the run; the relaunch resumed from step {int(r.resumed_at_step):,}, trained the remaining "
+            f"{int(r.steps_retrained):,} steps, and its records "
+            f"{'equal' if bool(r.records_equal) else '**differ from**'} the uninterrupted run's. It took "
+            f"{r.relaunch_s:.1f} s against {r.full_s:.1f} s for the uninterrupted launch ({r.relaunch_over_full:.2f}x; "
+            f"both include starting Python and torch), or {r.relaunch_train_s:.1f} s against {r.full_train_s:.1f} s "
+            f"inside the run ({r.relaunch_train_over_full:.2f}x: the steps left, plus loading the data and the "
+            f"checkpoint).\n")
+
+
+def bench_data(folder: Path = ROOT / "docs" / "bench-data") -> str:
+    """The CIFAR input pipelines' throughput, from the committed run of ``experiments/bench_data.py``
+    (``data.csv``, ``meta.json``): a table and the speedup, with its range over single rounds."""
+    import json
+
+    import pandas as pd
+    table = pd.read_csv(folder / "data.csv").set_index("pipeline")
+    meta = json.loads((folder / "meta.json").read_text())
+    what = {"before": "before: per-sample PIL transforms, `DataLoader(num_workers=0)`",
+            "after": "after: batched uint8 tensors (`data.batches`)"}
+    rows = [[what[name], f"{r.device.upper()}, {r.threads} thread{'s' * (r.threads != 1)}", f"{r.images_per_s:,}",
+             f"{r.ms_per_batch:.2f}", f"{r.min_images_per_s:,} to {r.max_images_per_s:,}"]
+            for name, r in table.iterrows()]
+    batch = int(table["batch_size"].iloc[0])
+    rounds = meta["speedup_per_round"]
+    return (markdown_table(["pipeline", "device", "images/s (median)", f"ms per batch of {batch}",
+                            f"images/s over {int(table['rounds'].iloc[0])} rounds"], rows)
+            + f"\nRecorded ({_bench_meta(meta)}; [its files](bench-data/)): **{meta['speedup']:.0f}x** as many "
+            f"images per second ({min(rounds):.0f}x to {max(rounds):.0f}x within single rounds).\n")
 
 
 def demo_lm_claims() -> str:
@@ -323,7 +415,10 @@ def api_reference() -> str:
 GENERATORS: Dict[str, Callable[[], str]] = {"bench-costs": bench_costs, "methods-table": methods_table,
                                             "models-table": models_table,
                                             "hardware-table": hardware_table, "demo-claims": demo_claims,
-                                            "demo-cpus": demo_cpus,
+                                            "demo-cpus": demo_cpus, "demo-checks": demo_checks,
+                                            "demo-lm-checks": functools.partial(demo_checks, "demo-lm"),
+                                            "demo-quick-time": demo_quick_time,
+                                            "bench-resume": bench_resume, "bench-data": bench_data,
                                             "demo-lm-cpus": functools.partial(demo_cpus, "demo-lm"),
                                             "demo-lm-claims": demo_lm_claims,
                                             "ledger-pipemare": ledger_pipemare, "api-reference": api_reference,

@@ -155,6 +155,28 @@ def test_committed_claims_are_what_the_committed_records_give():
     pd.testing.assert_frame_equal(fast, pd.read_csv(REPO / "docs" / "demo" / "speedup.csv"), check_dtype=False)
 
 
+#: The committed runs of sweep files other than the demo's own: its checks and the --quick preview (its timing).
+CHECKS = sorted(p for kind in ("demo-checks", "demo-lm-checks") if (REPO / "docs" / kind).is_dir()
+                for p in (REPO / "docs" / kind).iterdir()) + [REPO / "docs" / "demo-quick"]
+
+
+@pytest.mark.parametrize("directory", CHECKS, ids=lambda d: f"{d.parent.name}/{d.name}")
+def test_each_committed_check_is_its_sweep_files_runs_and_its_tables_what_they_give(directory):
+    """docs/demo.md and docs/language-models.md show the demo's robustness checks (docgen's demo-checks blocks)
+    and the --quick preview's time:
+    each committed check holds every run of the sweep file its run.json names, and its claims and summary are
+    what those records give at its target; a check may find a claim that does not hold (the momentum recipe)."""
+    info = json.loads((directory / "run.json").read_text())
+    path = REPO / info["sweep"]
+    records = complete(pd.read_csv(directory / "records.csv"), path)
+    assert set(records["run"]) == {c.run_id() for c in sweep.load_sweep(path).configs} and info["commit"]
+    assert info["runs"] == len(set(records["run"])) and "+changes" not in info["commit"]
+    table = claims.evaluate(records, target=info["target"])
+    pd.testing.assert_frame_equal(table, pd.read_csv(directory / "claims.csv"))
+    pd.testing.assert_frame_equal(sweep.summarize(records, by=["method", "stages"]),
+                                  pd.read_csv(directory / "summary.csv"), check_dtype=False)
+
+
 @pytest.mark.parametrize("directory", sorted((REPO / "docs" / "demo-other-cpus").iterdir()), ids=lambda d: d.name)
 def test_demo_claims_hold_on_every_cpu_the_demo_was_recorded_on(directory):
     """The demo states only what holds on another CPU too: each recorded run's claims, at the demo's target, hold,
