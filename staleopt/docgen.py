@@ -128,14 +128,15 @@ def demo_checks(committed: str = "demo", root: Path = ROOT / "docs") -> str:
         heads.append(f"{run.name}: {what}; {info['workers']} worker(s) x {info['worker_threads']} thread(s), "
                      f"{info['cpu']}, {info['date']}")
         claims.append(pd.read_csv(run / "claims.csv").set_index("claim"))
-        tables.append((run.name, demo.pivot(pd.read_csv(run / "summary.csv"))))
+        summary = pd.read_csv(run / "summary.csv")
+        metric = next(m for m in metrics.METRICS.values() if m.best_column in summary)  # (one task: the demo's)
+        tables.append((run.name, demo.pivot(summary)))
     shared = set.intersection(*(set(t.columns) for _, t in tables))  # (the P every run has: the checks' P)
     best = {(name, c): t[c] for name, t in tables for c in t.columns if c in shared}
     names = list(dict.fromkeys(c for col in claims for c in col.index))
     rows = [[c] + [f"{col.loc[c, 'verdict']}: {col.loc[c, 'evidence']}" if c in col.index else "not in this run"
                    for col in claims] for c in names]
     methods = list(dict.fromkeys(m for col in best.values() for m in col.index))
-    metric = next(m for m in metrics.METRICS.values() if m.best_column in pd.read_csv(runs[0] / "summary.csv"))
     return (markdown_table(["claim", *heads], rows)
             + f"\nBest test {metric.noun}, mean [min, max] over the seeds (`div`: runs that diverged):\n\n"
             + markdown_table(["method", *(f"{name}, {column}" for name, column in best)],
@@ -148,7 +149,7 @@ def demo_quick_time(folder: Path = ROOT / "docs" / "demo-quick") -> str:
     info = json.loads((folder / "run.json").read_text())
     return (f"Recorded: `staleopt demo --quick` on {info['date']} at commit {info['commit']}, {info['cpu']} "
             f"({info['cores']} cores, load average {info['load_average']} at the end), torch {info['torch']}, "
-            f"{info['workers']} workers x {info['worker_threads']} thread: {info['runs']} runs in "
+            f"{info['workers']} worker(s) x {info['worker_threads']} thread(s): {info['runs']} runs in "
             f"**{info['seconds']} s** ({info['run_seconds']} s of training summed over the runs); "
             f"[its files](demo-quick/).\n")
 
