@@ -349,7 +349,8 @@ def run(args) -> int:
         raise ConfigError("--quick runs its own sweep file; pass --quick or --sweep FILE, not both")
     if args.quick and args.task == "lm":
         raise ConfigError("--quick previews the classification demo; --task lm runs the language-model demo "
-                          "(experiments/demo-lm.toml, about 10 minutes on 2 cores): pass one of the two")
+                          "(experiments/demo-lm.toml, 48 runs; docs/language-models.md gives its recorded times): "
+                          "pass one of the two")
     if args.out is None:
         args.out = "runs/demo-lm" if args.task == "lm" else "runs/demo-quick" if args.quick else "runs/demo"
     if args.figures:  # (before any work: training, or rebuilding the tables)
