@@ -36,7 +36,7 @@ from .commands import demo
 
 __all__ = ["GENERATORS", "API_MODULES", "markdown_table", "bench_costs", "methods_table", "models_table",
            "hardware_table",
-           "demo_claims", "demo_cpus", "demo_checks", "demo_quick_time", "bench_resume", "bench_data",
+           "demo_claims", "demo_cpus", "demo_checks", "demo_reruns", "demo_quick_time", "bench_resume", "bench_data",
            "ledger_pipemare", "advisor_during_training", "api_reference", "fill",
            "block_names", "doc_files",
            "CodeBlock", "code_blocks", "links", "anchors", "main"]
@@ -141,6 +141,30 @@ def demo_checks(committed: str = "demo", root: Path = ROOT / "docs") -> str:
             + f"\nBest test {metric.noun}, mean [min, max] over the seeds (`div`: runs that diverged):\n\n"
             + markdown_table(["method", *(f"{name}, {column}" for name, column in best)],
                              [[f"`{m}`"] + [col.get(m, "") or "-" for col in best.values()] for m in methods]))
+
+
+#: The files of a demo run that say what it trained to (its records' summary, time to target and claims).
+RESULT_FILES = ("summary.csv", "speedup.csv", "claims.csv")
+
+
+def demo_reruns(root: Path = ROOT / "docs") -> str:
+    """Whether the committed demo run (``docs/demo/``) is what the code trains today: one line per retraining from
+    scratch in ``docs/demo-reruns/<date>-<commit>/`` (``make demo`` in a fresh clone; its ``run.json`` and
+    :data:`RESULT_FILES`), saying where it ran and which of the result files equal the committed run's byte for
+    byte."""
+    import json
+    lines = []
+    for run in sorted(p for p in (root / "demo-reruns").iterdir() if p.is_dir()):
+        info = json.loads((run / "run.json").read_text())
+        same = [f for f in RESULT_FILES if (run / f).read_bytes() == (root / "demo" / f).read_bytes()]
+        verdict = (f"{', '.join(f'`{f}`' for f in RESULT_FILES)} byte-identical to the committed run's"
+                   if len(same) == len(RESULT_FILES) else
+                   f"different from the committed run's: {', '.join(f'`{f}`' for f in RESULT_FILES if f not in same)}")
+        lines.append(f"* {info['date']}, commit {info['commit']}, {info['cpu']} ({info['cores']} cores, load average "
+                     f"{info['load_average']} at the end), torch {info['torch']}, {info['workers']} worker(s) x "
+                     f"{info['worker_threads']} thread(s): {info['runs_trained_now']} of {info['runs']} runs trained "
+                     f"from scratch in {info['seconds']} s; {verdict} ([its files](demo-reruns/{run.name}/)).")
+    return "\n".join(lines) + "\n"
 
 
 def demo_quick_time(folder: Path = ROOT / "docs" / "demo-quick") -> str:
@@ -419,7 +443,7 @@ GENERATORS: Dict[str, Callable[[], str]] = {"bench-costs": bench_costs, "methods
                                             "hardware-table": hardware_table, "demo-claims": demo_claims,
                                             "demo-cpus": demo_cpus, "demo-checks": demo_checks,
                                             "demo-lm-checks": functools.partial(demo_checks, "demo-lm"),
-                                            "demo-quick-time": demo_quick_time,
+                                            "demo-quick-time": demo_quick_time, "demo-reruns": demo_reruns,
                                             "bench-resume": bench_resume, "bench-data": bench_data,
                                             "demo-lm-cpus": functools.partial(demo_cpus, "demo-lm"),
                                             "demo-lm-claims": demo_lm_claims,

@@ -177,6 +177,41 @@ def test_each_committed_check_is_its_sweep_files_runs_and_its_tables_what_they_g
                                   pd.read_csv(directory / "summary.csv"), check_dtype=False)
 
 
+RERUNS = sorted((REPO / "docs" / "demo-reruns").iterdir()) if (REPO / "docs" / "demo-reruns").is_dir() else []
+
+
+@pytest.mark.parametrize("directory", RERUNS, ids=lambda d: d.name)
+def test_each_rerun_of_the_demo_retrained_it_from_scratch_on_committed_code(directory):
+    """docs/demo.md's demo-reruns block says whether today's code trains the committed run (docgen compares the
+    files): a rerun counts only if it trained every run of the demo's own sweep file, on a commit, with its
+    result files present."""
+    info = json.loads((directory / "run.json").read_text())
+    assert info["sweep"] == "experiments/demo.toml" and info["target"] == claims.DEMO_TARGET
+    assert info["runs_trained_now"] == info["runs"] == len(sweep.load_sweep(DEFAULT_SWEEP).configs)
+    assert info["commit"] and "+changes" not in info["commit"]
+    from staleopt.docgen import RESULT_FILES
+    assert all((directory / f).is_file() for f in RESULT_FILES)
+
+
+def test_the_reruns_block_says_which_result_files_differ_from_the_committed_run(tmp_path):
+    import shutil
+    from staleopt import docgen
+    shutil.copytree(REPO / "docs" / "demo", tmp_path / "demo")
+    rerun = tmp_path / "demo-reruns" / "2026-01-01-abc1234"
+    rerun.mkdir(parents=True)
+    for f in docgen.RESULT_FILES:
+        shutil.copy(tmp_path / "demo" / f, rerun / f)
+    (rerun / "run.json").write_text(json.dumps({
+        "date": "2026-01-01", "commit": "abc1234", "cpu": "X", "cores": 2, "load_average": 0.5, "torch": "2.14.1",
+        "workers": 2, "worker_threads": 1, "runs_trained_now": 42, "runs": 42, "seconds": 600}))
+    assert "byte-identical" in docgen.demo_reruns(tmp_path)
+    summary = pd.read_csv(rerun / "summary.csv")
+    summary.loc[0, "best_acc"] += 0.001  # one run's accuracy moved (another CPU's rounding, or the code)
+    summary.to_csv(rerun / "summary.csv", index=False)
+    line = docgen.demo_reruns(tmp_path)
+    assert "byte-identical" not in line and "different from the committed run's: `summary.csv`" in line
+
+
 @pytest.mark.parametrize("directory", sorted((REPO / "docs" / "demo-other-cpus").iterdir()), ids=lambda d: d.name)
 def test_demo_claims_hold_on_every_cpu_the_demo_was_recorded_on(directory):
     """The demo states only what holds on another CPU too: each recorded run's claims, at the demo's target, hold,
