@@ -24,6 +24,7 @@ import contextlib
 import functools
 import inspect
 import io
+import json
 import math
 import re
 import sys
@@ -92,8 +93,6 @@ def demo_cpus(committed: str = "demo", root: Path = ROOT / "docs") -> str:
     """A demo's claims on every CPU it was recorded on: the committed run (``docs/<committed>/``) and each run in
     ``docs/<committed>-other-cpus/``, one column per run (its CPU and date from ``run.json``), the verdict and its
     evidence from its ``claims.csv`` (``staleopt demo``, or ``--from-records`` after a threshold changed)."""
-    import json
-
     import pandas as pd
     others = root / f"{committed}-other-cpus"
     runs = [root / committed] + sorted(p for p in others.iterdir() if p.is_dir())
@@ -102,6 +101,12 @@ def demo_cpus(committed: str = "demo", root: Path = ROOT / "docs") -> str:
         info = json.loads((run / "run.json").read_text())
         heads.append(f"{info['cpu']}, {info['date']}")
         columns.append(pd.read_csv(run / "claims.csv").set_index("claim"))
+    return _claims_table(heads, columns)
+
+
+def _claims_table(heads: Sequence[str], columns) -> str:
+    """One row per claim of any run, one column per run (``heads``; ``columns``: each run's ``claims.csv`` indexed
+    by claim): ``verdict: evidence``, or "not in this run"."""
     claims = list(dict.fromkeys(c for col in columns for c in col.index))
     rows = [[c] + [f"{col.loc[c, 'verdict']}: {col.loc[c, 'evidence']}" if c in col.index else "not in this run"
                    for col in columns] for c in claims]
@@ -114,8 +119,6 @@ def demo_checks(committed: str = "demo", root: Path = ROOT / "docs") -> str:
     per run headed by its sweep file's description, threads, CPU and date (``run.json``): each claim's verdict
     and evidence (``claims.csv``), then each method's best test metric at each ``P`` that every run has
     (``summary.csv``)."""
-    import json
-
     import pandas as pd
 
     from . import metrics, sweep
@@ -133,11 +136,8 @@ def demo_checks(committed: str = "demo", root: Path = ROOT / "docs") -> str:
         tables.append((run.name, demo.pivot(summary)))
     shared = set.intersection(*(set(t.columns) for _, t in tables))  # (the P every run has: the checks' P)
     best = {(name, c): t[c] for name, t in tables for c in t.columns if c in shared}
-    names = list(dict.fromkeys(c for col in claims for c in col.index))
-    rows = [[c] + [f"{col.loc[c, 'verdict']}: {col.loc[c, 'evidence']}" if c in col.index else "not in this run"
-                   for col in claims] for c in names]
     methods = list(dict.fromkeys(m for col in best.values() for m in col.index))
-    return (markdown_table(["claim", *heads], rows)
+    return (_claims_table(heads, claims)
             + f"\nBest test {metric.noun}, mean [min, max] over the seeds (`div`: runs that diverged):\n\n"
             + markdown_table(["method", *(f"{name}, {column}" for name, column in best)],
                              [[f"`{m}`"] + [col.get(m, "") or "-" for col in best.values()] for m in methods]))
@@ -152,7 +152,6 @@ def demo_reruns(root: Path = ROOT / "docs") -> str:
     scratch in ``docs/demo-reruns/<date>-<commit>/`` (``make demo`` in a fresh clone; its ``run.json`` and
     :data:`RESULT_FILES`), saying where it ran and which of the result files equal the committed run's byte for
     byte."""
-    import json
     lines = []
     for run in sorted(p for p in (root / "demo-reruns").iterdir() if p.is_dir()):
         info = json.loads((run / "run.json").read_text())
@@ -169,7 +168,6 @@ def demo_reruns(root: Path = ROOT / "docs") -> str:
 
 def demo_quick_time(folder: Path = ROOT / "docs" / "demo-quick") -> str:
     """How long ``staleopt demo --quick`` took, from the ``run.json`` of its committed run (docs/demo-quick/)."""
-    import json
     info = json.loads((folder / "run.json").read_text())
     return (f"Recorded: `staleopt demo --quick` on {info['date']} at commit {info['commit']}, {info['cpu']} "
             f"({info['cores']} cores, load average {info['load_average']} at the end), torch {info['torch']}, "
@@ -187,8 +185,6 @@ def _bench_meta(meta: dict) -> str:
 def bench_resume(folder: Path = ROOT / "docs" / "bench-resume") -> str:
     """What a kill -9 cost a sweep, from the committed run of ``experiments/bench_resume.py`` (``resume.csv``,
     ``meta.json``): the step the relaunch resumed from, and its time against an uninterrupted launch's."""
-    import json
-
     import pandas as pd
     r = pd.read_csv(folder / "resume.csv").iloc[0]
     meta = json.loads((folder / "meta.json").read_text())
@@ -206,8 +202,6 @@ def bench_resume(folder: Path = ROOT / "docs" / "bench-resume") -> str:
 def bench_data(folder: Path = ROOT / "docs" / "bench-data") -> str:
     """The CIFAR input pipelines' throughput, from the committed run of ``experiments/bench_data.py``
     (``data.csv``, ``meta.json``): a table and the speedup, with its range over single rounds."""
-    import json
-
     import pandas as pd
     table = pd.read_csv(folder / "data.csv").set_index("pipeline")
     meta = json.loads((folder / "meta.json").read_text())
@@ -232,7 +226,6 @@ def demo_lm_claims() -> str:
 def ledger_pipemare(path: Path = ROOT / "docs" / "reproductions.csv") -> str:
     """The PipeMare rows of the reproduction ledger at every run length, from the rows file that
     ``staleopt reproduce --doc docs/reproductions.md`` writes beside the page (docs/reproductions.csv)."""
-    import json
     import math
 
     import pandas as pd
@@ -269,8 +262,6 @@ def advisor_during_training(path: Path = ROOT / "docs" / "advisor-during-trainin
     ``experiments/advisor_during_training.py`` writes (``meta.json``, ``curvature.csv``, ``losses.csv``): per seed,
     the advisor's bound after each count of synchronous steps and each pipelined run's outcome, and the sentences
     that the outcomes support."""
-    import json
-
     import pandas as pd
     meta = json.loads((path / "meta.json").read_text())
     curv, losses = pd.read_csv(path / "curvature.csv"), pd.read_csv(path / "losses.csv")
@@ -350,8 +341,6 @@ def bench_costs(runs: Sequence[str] = BENCH_RUNS) -> str:
     """README's cost paragraph from recorded ``make bench`` runs (:data:`BENCH_RUNS`; tables 1, 6, 7 and 8 of
     each): ranges over the runs, each run named by its date, CPU and commit, and the engine's goals (table 7)
     that some run did not meet, with that run's value."""
-    import json
-
     import pandas as pd
 
     dirs = [ROOT / r for r in runs]
