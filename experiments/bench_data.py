@@ -47,7 +47,7 @@ import pandas as pd
 import torch
 
 from staleopt import data
-from staleopt.machine import cpu_name, source_commit
+from staleopt.machine import cpu_name, load_average, source_commit
 
 __all__ = ["main", "write_copy", "before", "after", "images_per_second"]
 
@@ -148,7 +148,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     meta = {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
             "command": "python " + " ".join([sys.argv[0], *(argv if argv is not None else sys.argv[1:])]),
             "commit": source_commit(), "cpu": cpu, "cpus": os.cpu_count(),
-            "load_average_1min": round(os.getloadavg()[0], 2),
+            "load_average_1min": load_average(),
             "torch": torch.__version__,
             "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
             "root": "written random copy" if not args.root else str(root), "quick": args.quick,

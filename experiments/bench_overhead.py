@@ -135,7 +135,7 @@ import staleopt
 from staleopt import methods, models, schedules, segments
 from staleopt._torch_compat import queue_callback
 from staleopt.corrections import DiscrepancyCorrection, WeightPrediction, t1_factor
-from staleopt.machine import cpu_name, source_commit
+from staleopt.machine import cpu_name, load_average, source_commit
 from staleopt.theory import t2_gamma
 
 __all__ = ["main", "HandRolled", "DataMovementFloor", "PipemareFloor", "FLOORS", "HooksFloor", "LADDER", "budget", "EngineClock", "OpCounter", "engine_counts", "SegmentClock", "TorchCheckpoint", "new_storage_bytes", "minimum_bytes",
@@ -1246,7 +1246,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             "torch": torch.__version__, "threads": torch.get_num_threads(), "rounds": rounds,
             "short_step_rounds": short_rounds,
             "budget_rounds": budget_rounds,
-            "load_before": os.getloadavg()[0], "quick": args.quick,
+            "load_before": load_average(), "quick": args.quick,
             "device": str(DEVICE) if DEVICE.type == "cpu" else f"{DEVICE} ({torch.cuda.get_device_name(DEVICE)})",
             "clock": {time.thread_time: "thread CPU time", time.perf_counter: "wall time"}.get(
                 clock, "wall time between CUDA synchronizations")}
@@ -1287,7 +1287,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         plot_growth(growth, out / "growth.png")
     goal = goals(step, hand, growth)
     goal.to_csv(out / "goals.csv", index=False)
-    meta["load_after"] = os.getloadavg()[0]
+    meta["load_after"] = load_average()
     meta["seconds"] = time.perf_counter() - started
     (out / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
 

@@ -42,7 +42,7 @@ import torch
 
 from staleopt import checkpoint, sweep, train
 from staleopt.errors import CheckpointError
-from staleopt.machine import cpu_name, source_commit
+from staleopt.machine import cpu_name, load_average, source_commit
 
 __all__ = ["main", "sweep_file", "launch"]
 
@@ -155,7 +155,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     meta = {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
             "command": "python " + " ".join([sys.argv[0], *(argv if argv is not None else sys.argv[1:])]),
             "commit": source_commit(), "cpu": cpu, "cpus": os.cpu_count(),
-            "load_average_1min": round(os.getloadavg()[0], 2),
+            "load_average_1min": load_average(),
             "torch": torch.__version__, "quick": args.quick}
     (out / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
     print(pd.DataFrame([row]).T.to_string(header=False))

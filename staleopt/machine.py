@@ -9,7 +9,7 @@ import subprocess
 from pathlib import Path
 from typing import Optional
 
-__all__ = ["cpu_name", "describe", "source_commit"]
+__all__ = ["cpu_name", "describe", "source_commit", "load_average"]
 
 
 def cpu_name() -> str:
@@ -28,6 +28,12 @@ def describe() -> str:
     import torch
     return (f"{os.cpu_count()}-core {cpu_name()}, {platform.system()} {platform.release()}, "
             f"Python {platform.python_version()}, torch {torch.__version__}")
+
+
+def load_average() -> Optional[float]:
+    """The machine's 1-minute load average (2 decimals), recorded beside a timing because other jobs slow a run
+    down; ``None`` where the OS has none (Windows)."""
+    return round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None
 
 
 def source_commit() -> Optional[str]:

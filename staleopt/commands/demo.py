@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Optional
 
 from ..errors import ConfigError, RunFileError
-from ..machine import cpu_name, source_commit
+from ..machine import cpu_name, load_average, source_commit
 from ..validate import check_int, output_dir
 
 __all__ = ["register", "run", "DEFAULT_SWEEP", "QUICK_SWEEP", "LM_SWEEP", "complete", "pivot", "speedup_pivot",
@@ -179,7 +179,7 @@ def provenance(seconds: float, report, run_dirs, workers: int, threads: int, tar
             "workers": workers, "worker_threads": threads,
             "target": target, "runs": report.total, "runs_trained_now": len(report.finished),
             "seconds": round(seconds), "run_seconds": round(run_seconds),
-            "load_average": round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None}
+            "load_average": load_average()}
 
 
 def _show(result) -> None:
