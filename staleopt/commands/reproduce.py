@@ -85,7 +85,7 @@ def run(args) -> int:
     configs, _ = ledger.plan(selection, args.tier)
     out = Path(args.out or ("runs/reproduce" if args.scale == "cpu" else "runs/reproduce-paper"))
     if args.list:
-        _list(selection, ledger.plan, args.tier)
+        _list(selection, args.tier)
         print(f"{len(configs)} distinct runs at scale {args.scale}, tier {args.tier}")
         return 0
     mine = sweep.shard(configs, *shard) if shard else configs  # (this launch's runs: what it lists and costs)
@@ -121,9 +121,10 @@ def run(args) -> int:
     return 0
 
 
-def _list(selection, plan, tier: str) -> None:
+def _list(selection, tier: str) -> None:
     """Print the experiments of ``selection`` (as of ``spec.find``) with their selected checks (all where the whole
     experiment is selected) and the runs of each in ``tier``."""
+    from ..ledger.run import plan
     chosen = {}   # experiment name -> its part of the selection
     for e, check in selection:
         chosen.setdefault(e.name, []).append((e, check))
