@@ -1148,10 +1148,11 @@ class PipelineOptimizer(torch.optim.Optimizer):
         return plan.delays[0] != plan.delays[1] or bool(plan.rewriters)
 
     def _on_backward_start(self, grad):
-        if "backward-pending" not in self._seen and self._microbatch_passes and self._counts is not None:
+        first = "backward-pending" not in self._seen  # (the pass's first hook: the refusal comes before any mark)
+        if first and self._microbatch_passes and self._counts is not None:
             self._refuse_mixed_backward(self._counts[0] - self._counts[1])
         self._seen.add("backward")
-        if "backward-pending" not in self._seen:
+        if first:
             self._seen.add("backward-pending")
             self._watch_recomputation()
             queue_callback(self._calls_back[1])
