@@ -114,9 +114,9 @@ def run(args) -> int:
         if args.stages is not None:
             raise ConfigError("--stages selects the stage count of --curves or --time; the default figure shows "
                               "all stages")
-        level = 0.95 if args.level is None else args.level
-        fig = plots.plot_accuracy_vs_stages(records, metric=args.metric, level=level, methods=methods,
-                                            title=title, target=target)
+        bands = {} if args.level is None else {"level": args.level}  # (else the figure's own default)
+        fig = plots.plot_accuracy_vs_stages(records, metric=args.metric, methods=methods, title=title,
+                                            target=target, **bands)
         out = args.out or mine / "accuracy_vs_stages.png"
     print(f"wrote {plots.save(fig, out, dpi=args.dpi)}")
     from .sweep import failed_runs_note
