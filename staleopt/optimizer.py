@@ -1542,6 +1542,8 @@ class PipelineOptimizer(torch.optim.Optimizer):
             raise OptimizerMismatchError("this state dict has no 'staleopt' entry: it was saved from a plain "
                                          "optimizer; load it into the base optimizer before wrapping instead")
         mine = _upgrade(state_dict["staleopt"])
+        # the random delays' generator is a CPU one; torch.load(map_location="cuda") moved its state with the rest
+        mine["generator"] = mine["generator"].to("cpu")
         differ = self._mismatch(mine["signature"])
         if differ:
             raise OptimizerMismatchError("this checkpoint was saved by another pipeline setup: " + "; ".join(differ)

@@ -1,8 +1,8 @@
 """The engine on an accelerator: every method and correction trains there as it does on the CPU, what the wrapper
 keeps lives there, and a checkpoint moves between the two.
 
-The device is ``STALEOPT_TEST_DEVICE`` (default ``cuda``; ``cuda:1``, ``mps``, ... also), and the module is
-skipped where torch cannot use it. ``STALEOPT_TEST_DEVICE=cpu python -m pytest tests/test_accelerator.py`` runs
+The device is ``STALEOPT_TEST_DEVICE`` (default ``cuda``; ``cuda:1``, ... also; one with float64: not ``mps``),
+and the module is skipped where torch cannot use it. ``STALEOPT_TEST_DEVICE=cpu python -m pytest tests/test_accelerator.py`` runs
 the same checks with the CPU in the accelerator's place (then both runs are equal bit for bit): the tests of the
 tests, on a machine without one.
 
@@ -128,8 +128,8 @@ def test_fused_adam_with_a_tensor_lr(method):
     runs = []
     for device in ("cpu", DEVICE):
         model = mlp(SIZES, seed=4).to(device)
-        base = torch.optim.Adam(model.parameters(), lr=torch.tensor(1e-2, dtype=torch.float64, device=device),
-                                fused=True)
+        # (a float32 lr: torch's CUDA fused Adam reads it as a float, whatever the parameters' dtype)
+        base = torch.optim.Adam(model.parameters(), lr=torch.tensor(1e-2, device=device), fused=True)
         opt = staleopt.PipelineOptimizer(model, base, stages=4, schedule=method, method_args=ARGS.get(method))
         _train(model, opt, batches(STEPS, in_dim=SIZES[0], batch=12, seed=5), 1, device)
         runs.append(model)

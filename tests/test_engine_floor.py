@@ -368,6 +368,31 @@ def test_a_tensor_lr_predicts_like_a_float_lr():
     assert not torch.equal(runs[0], torch.cat([p.detach().flatten() for p in mlp(SIZES, seed=2).parameters()]))
 
 
+def _pipeoptim_weights(**adam):
+    model = mlp(SIZES, seed=2)
+    opt = staleopt.PipelineOptimizer(model, torch.optim.Adam(model.parameters(), **adam), stages=4,
+                                     schedule="pipeoptim")
+    for x, y in batches(8, in_dim=SIZES[0], out_dim=SIZES[-1]):
+        _step(model, opt, x, y)
+    return torch.cat([p.detach().flatten() for p in model.parameters()])
+
+
+def test_fused_adam_predicts_in_float64_as_the_host_path():
+    """With ``Adam(fused=True)`` (Adam's step a tensor the prediction must not read back) the bias corrections
+    ``1 - beta^k`` were computed in the step's float32: 7e-8 off in the weights after 8 steps against the same
+    run's host path (Python floats). They are float64 tensors now: the two agree to float64 rounding (fused Adam's
+    own kernel rounds its update differently, by about 1e-16)."""
+    fused = _pipeoptim_weights(lr=0.01, fused=True)
+    torch.testing.assert_close(fused, _pipeoptim_weights(lr=0.01, foreach=False), rtol=1e-12, atol=1e-15)
+
+
+def test_a_one_element_tensor_lr_predicts_as_a_0d_one():
+    """``lr=torch.tensor([0.01])`` (torch takes it) made the prediction's step sizes an (n, n) matrix: a shape error
+    at the first step. It is the 0-d lr's value now, bit for bit."""
+    one = _pipeoptim_weights(lr=torch.tensor([0.01], dtype=torch.float64), fused=True)
+    assert torch.equal(one, _pipeoptim_weights(lr=torch.tensor(0.01, dtype=torch.float64), fused=True))
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("method", ["dataflow", "pipemare", "pipeoptim", "xpipe"])
 def test_no_cuda_sync_per_step(method):
