@@ -332,9 +332,9 @@ API_MODULES = ("staleopt", "staleopt.optimizer", "staleopt.partition", "staleopt
 #: when no parameter has a gradient), the Intel one twice; and the engine at 47a783e (the correctness fixes since
 #: 131c38b: Tensor-lr paths, corrections reading the base's groups, memory_bytes counting every buffer) on an AMD
 #: EPYC; and the engine at 7a89f82 (since 47a783e: the base-step pre-hook, the first forward's graph read, the
-#: replicas read by the model's mode) on an AMD EPYC too.
+#: replicas read by the model's mode) on an AMD EPYC too, and the same engine again at 02080ce on that machine.
 BENCH_RUNS = ("docs/bench/25c5cec/run-1", "docs/bench/dc9a20d/run-1", "docs/bench/131c38b/run-1",
-              "docs/bench/47a783e/run-1", "docs/bench/7a89f82/run-1")
+              "docs/bench/47a783e/run-1", "docs/bench/7a89f82/run-1", "docs/bench/02080ce/run-1")
 
 
 def bench_costs(runs: Sequence[str] = BENCH_RUNS) -> str:
