@@ -2,9 +2,9 @@
 keeps lives there, and a checkpoint moves between the two.
 
 The device is ``STALEOPT_TEST_DEVICE`` (default ``cuda``; ``cuda:1``, ... also; one with float64: not ``mps``),
-and the module is skipped where torch cannot use it. ``STALEOPT_TEST_DEVICE=cpu python -m pytest tests/test_accelerator.py`` runs
-the same checks with the CPU in the accelerator's place (then both runs are equal bit for bit): the tests of the
-tests, on a machine without one.
+and the module is skipped where torch cannot use it. ``STALEOPT_TEST_DEVICE=cpu python -m pytest
+tests/test_accelerator.py`` runs the same checks with the CPU in the accelerator's place (then both runs are equal
+bit for bit): the tests of the tests, on a machine without one.
 
 On the accelerator the float64 weights are compared to the CPU's with a tolerance, not bit for bit: its kernels
 may fuse a multiply and an add (one rounding instead of two) and sum a matrix product in another order.
