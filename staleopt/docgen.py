@@ -155,25 +155,27 @@ def demo_reruns(root: Path = ROOT / "docs") -> str:
     lines = []
     for run in sorted(p for p in (root / "demo-reruns").iterdir() if p.is_dir()):
         info = json.loads((run / "run.json").read_text())
-        same = [f for f in RESULT_FILES if (run / f).read_bytes() == (root / "demo" / f).read_bytes()]
-        verdict = (f"{', '.join(f'`{f}`' for f in RESULT_FILES)} byte-identical to the committed run's"
-                   if len(same) == len(RESULT_FILES) else
-                   f"different from the committed run's: {', '.join(f'`{f}`' for f in RESULT_FILES if f not in same)}")
-        lines.append(f"* {info['date']}, commit {info['commit']}, {info['cpu']} ({info['cores']} cores, load average "
-                     f"{info['load_average']} at the end), torch {info['torch']}, {info['workers']} worker(s) x "
-                     f"{info['worker_threads']} thread(s): {info['runs_trained_now']} of {info['runs']} runs trained "
-                     f"from scratch in {info['seconds']} s; {verdict} ([its files](demo-reruns/{run.name}/)).")
+        differ = [f for f in RESULT_FILES if (run / f).read_bytes() != (root / "demo" / f).read_bytes()]
+        verdict = (f"different from the committed run's: {', '.join(f'`{f}`' for f in differ)}" if differ else
+                   f"{', '.join(f'`{f}`' for f in RESULT_FILES)} byte-identical to the committed run's")
+        lines.append(f"* {info['date']}, commit {info['commit']}, {_demo_machine(info)}: {info['runs_trained_now']} of "
+                     f"{info['runs']} runs trained from scratch in {info['seconds']} s; {verdict} ([its files]"
+                     f"(demo-reruns/{run.name}/)).")
     return "\n".join(lines) + "\n"
+
+
+def _demo_machine(info: dict) -> str:
+    """Where a demo ran, from its ``run.json``: CPU, cores, load average at the end, torch, workers x threads."""
+    return (f"{info['cpu']} ({info['cores']} cores, load average {info['load_average']} at the end), torch "
+            f"{info['torch']}, {info['workers']} worker(s) x {info['worker_threads']} thread(s)")
 
 
 def demo_quick_time(folder: Path = ROOT / "docs" / "demo-quick") -> str:
     """How long ``staleopt demo --quick`` took, from the ``run.json`` of its committed run (docs/demo-quick/)."""
     info = json.loads((folder / "run.json").read_text())
-    return (f"Recorded: `staleopt demo --quick` on {info['date']} at commit {info['commit']}, {info['cpu']} "
-            f"({info['cores']} cores, load average {info['load_average']} at the end), torch {info['torch']}, "
-            f"{info['workers']} worker(s) x {info['worker_threads']} thread(s): {info['runs']} runs in "
-            f"**{info['seconds']} s** ({info['run_seconds']} s of training summed over the runs); "
-            f"[its files](demo-quick/).\n")
+    return (f"Recorded: `staleopt demo --quick` on {info['date']} at commit {info['commit']}, {_demo_machine(info)}: "
+            f"{info['runs']} runs in **{info['seconds']} s** ({info['run_seconds']} s of training summed over the "
+            f"runs); [its files](demo-quick/).\n")
 
 
 def _bench_meta(meta: dict) -> str:
